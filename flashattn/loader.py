@@ -1,0 +1,124 @@
+"""Build kernels/<name>.cu with torch.utils.cpp_extension.load_inline and cache the result.
+
+The same file text goes to both compilers (see kernels/README.md): nvcc compiles the kernel half and
+never sees PyTorch's headers; the host compiler compiles the small binding half. Passing
+`no_implicit_headers=True` keeps load_inline from prepending <torch/types.h> to the CUDA half, which is
+what makes a cold build take seconds instead of a minute.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from .versions import INFO
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
+BUILD_SECONDS: dict[str, float] = {}   # wall time of the last load() per version, build or cache hit
+
+
+def _find_cuda_home() -> str | None:
+    """Torch guesses CUDA_HOME from `which nvcc`, which is wrong when nvcc is a wrapper script in
+    /usr/local/bin; follow the real toolkit instead."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    for candidate in ("/usr/local/cuda",):
+        if (Path(candidate) / "bin" / "nvcc").exists():
+            return candidate
+    nvcc = shutil.which("nvcc")
+    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
+
+
+def arch_list() -> list[str]:
+    """Compute capabilities to compile for, as "8.0"-style strings.
+
+    TORCH_CUDA_ARCH_LIST wins when set; otherwise the GPU in this machine; with neither, sm_90 (the H200
+    the book was measured on), which is enough to check that the kernel compiles.
+    """
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(",", ";").replace(" ", ";")
+    archs = [a for a in env.split(";") if a]
+    if archs:
+        return archs
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return [f"{major}.{minor}"]
+    return ["9.0"]
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for arch in archs:
+        ptx = arch.endswith("+PTX")
+        num = arch.removesuffix("+PTX").replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
+def source(name: str) -> str:
+    path = KERNELS_DIR / f"{name}.cu"
+    if not path.exists():
+        raise ValueError(f"no kernel file for version {name!r} (looked for {path})")
+    return path.read_text()
+
+
+def check_device(name: str) -> None:
+    """Refuse, with the reason, a GPU older than the instructions the kernel uses."""
+    if not torch.cuda.is_available():
+        return
+    need = INFO[name].min_sm if name in INFO else (7, 0)
+    have = torch.cuda.get_device_capability()
+    if have < need:
+        raise RuntimeError(f"{name} needs a GPU of compute capability {need[0]}.{need[1]} or newer "
+                           f"(it uses cp.async/mma.sync); this {torch.cuda.get_device_name()} is "
+                           f"{have[0]}.{have[1]}")
+
+
+def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
+          module_name: str | None = None, src: str | None = None):
+    """Compile (or fetch from torch's extension cache) one kernel file; returns the extension module.
+
+    torch rebuilds when the source text or the flags change, so editing a .cu and calling this again is
+    enough. `extra_cuda_cflags` (for example -D macros of a tile sweep) and `module_name` let scripts
+    build variants side by side.
+    """
+    cuda_home = _find_cuda_home()
+    if cuda_home:
+        os.environ["CUDA_HOME"] = cuda_home
+    from torch.utils import cpp_extension
+    if cuda_home:
+        cpp_extension.CUDA_HOME = cuda_home
+    src = source(name) if src is None else src
+    flags = NVCC_FLAGS + gencode_flags(arch_list()) + list(extra_cuda_cflags or [])
+    start = time.perf_counter()
+    module = cpp_extension.load_inline(
+        name=module_name or f"flashattn_{name}", cpp_sources=src, cuda_sources=src,
+        functions=["forward"], extra_cflags=["-O2"], extra_cuda_cflags=flags,
+        no_implicit_headers=True, verbose=verbose)
+    BUILD_SECONDS[module_name or name] = time.perf_counter() - start
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(name: str):
+    return build(name)
+
+
+def load(name: str):
+    """The compiled extension for version `name` (v0 ... v6); built once per process.
+
+    The returned module's `forward(q, k, v)` (v6: `forward(q, k, v, causal)`) is the raw binding: it
+    checks its inputs in C++ and refuses head dims its kernel does not take. `flashattn.forward` adds the
+    friendlier Python checks and routes such head dims to the fallback version.
+    """
+    if name not in INFO or not INFO[name].kernel:
+        kernels = ", ".join(n for n, v in INFO.items() if v.kernel)
+        raise ValueError(f"load() builds CUDA kernels: name must be one of {kernels}; got {name!r}")
+    check_device(name)
+    return _cached(name)

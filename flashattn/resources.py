@@ -1,0 +1,100 @@
+"""What the compiler says each kernel costs: registers, shared memory, stack, spills.
+
+Runs nvcc on the kernel half of a file (nvcc alone, no PyTorch headers) with `-Xptxas -v` and parses
+ptxas's report, so it needs no GPU. `python -m flashattn.resources --json PATH` records the report for
+every kernel and architecture; tests/test_compile.py checks that the record matches the current sources.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home
+from .versions import KERNEL_VERSIONS
+
+ARCHS = ("80", "89", "90")
+_FUNC = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+a?)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def nvcc() -> str:
+    home = _find_cuda_home()
+    return str(Path(home) / "bin" / "nvcc") if home else "nvcc"
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
+        return dict(zip(names, out.stdout.splitlines()))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def parse_ptxas(text: str) -> list[dict]:
+    """One dict per compiled entry function in ptxas -v output."""
+    kernels, current = [], None
+    for line in text.splitlines():
+        if m := _FUNC.search(line):
+            current = {"function": m.group(1), "arch": m.group(2)}
+            kernels.append(current)
+        elif current is not None and (m := _PROPS.search(line)):
+            current.update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)),
+                           spill_load_bytes=int(m.group(3)))
+        elif current is not None and (m := _USED.search(line)):
+            current.update(registers=int(m.group(1)), static_smem_bytes=int(m.group(2) or 0))
+    names = demangle([k["function"] for k in kernels])
+    for k in kernels:
+        k["name"] = names[k["function"]].split("(")[0]
+    return kernels
+
+
+def compile_report(name: str, arch: str = "90") -> list[dict]:
+    """Compile kernels/<name>.cu for sm_<arch> and return ptxas's per-kernel report."""
+    src = KERNELS_DIR / f"{name}.cu"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
+               "-c", str(src), "-o", str(Path(tmp) / f"{name}.o")]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {name} (sm_{arch}):\n{res.stderr}")
+    return parse_ptxas(res.stderr)
+
+
+def report_all(names=KERNEL_VERSIONS, archs=ARCHS, jobs: int = 2) -> dict:
+    pairs = [(n, a) for n in names for a in archs if (KERNELS_DIR / f"{n}.cu").exists()]
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(lambda p: compile_report(*p), pairs))
+    report: dict = {}
+    for (n, a), kernels in zip(pairs, results):
+        report.setdefault(n, {})[f"sm_{a}"] = kernels
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=list(KERNEL_VERSIONS))
+    parser.add_argument("--arch", action="append", help="sm number such as 90 (repeatable; default 80 89 90)")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args(argv)
+    report = report_all(args.names, tuple(args.arch or ARCHS))
+    for name, per_arch in report.items():
+        for arch, kernels in per_arch.items():
+            for k in kernels:
+                print(f"{name:3} {arch:6} {k['name'][:48]:48} regs {k.get('registers', '?'):>3}  "
+                      f"smem {k.get('static_smem_bytes', 0):>6} B  stack {k.get('stack_bytes', 0):>4} B  "
+                      f"spills {k.get('spill_store_bytes', 0)}/{k.get('spill_load_bytes', 0)} B")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

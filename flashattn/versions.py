@@ -1,0 +1,64 @@
+"""The implementations the book walks through, in chapter order, and what each one accepts.
+
+Everything here is plain data, so the validation in `flashattn.validate` and the tables in the book and
+README can be derived from one place without a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FP32 = (torch.float32,)
+HALF = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Version:
+    name: str
+    title: str
+    description: str
+    kernel: bool = True                    # a kernels/<name>.cu exists
+    dtypes: tuple = FP32
+    head_dims: tuple | None = None         # None: any D in 1..max_head_dim
+    max_head_dim: int = 128
+    fallback: str | None = None            # version that takes the head dims this one does not
+    self_attention_only: bool = False      # M must equal N
+    causal: bool = False                   # takes causal=True
+    min_sm: tuple = (7, 0)                 # oldest GPU architecture the kernel is written for
+    fused: bool = True                     # one kernel launch per forward (what the profiler can read)
+    extra: dict = field(default_factory=dict)
+
+
+INFO: dict[str, Version] = {v.name: v for v in (
+    Version("baseline", "Naive PyTorch",
+            "Explicit PyTorch matmul, softmax, matmul: the correctness and latency reference",
+            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, fused=False),
+    Version("sdpa", "PyTorch SDPA",
+            "torch.nn.functional.scaled_dot_product_attention with its automatic backend choice",
+            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, fused=False),
+    Version("v0", "Naive CUDA",
+            "Three unfused kernels that write the full attention matrix to memory",
+            self_attention_only=True, fused=False),
+    Version("v1", "FlashAttention-1",
+            "Fused, tiled online softmax; one block per (batch, head), state kept in global memory"),
+    Version("v2", "Simplified FlashAttention-2",
+            "Query-tile grid; running max, sum, output and scores in shared memory"),
+    Version("v3", "Warp-local FlashAttention-2",
+            "Each warp owns 8 query rows; m, l and O live in registers; K and V share one tile",
+            head_dims=(64,), fallback="v2"),
+    Version("v4", "Optimized V3",
+            "V3 plus 16-byte copies, forced inlining, padded K rows and 32-bit loop indices",
+            head_dims=(64,), fallback="v2"),
+    Version("v5", "Register-tiled FP32",
+            "SGEMM-style register tiles for both products, cp.async double buffering, exp2 softmax",
+            head_dims=(64, 128), fallback="v2", min_sm=(8, 0)),
+    Version("v6", "Tensor cores (mma.sync)",
+            "bf16/fp16 FlashAttention-2 on mma.sync with ldmatrix, swizzled tiles, P in registers; "
+            "causal; TF32 mode for fp32",
+            dtypes=HALF + FP32, head_dims=(64, 128), causal=True, min_sm=(8, 0)),
+)}
+
+VERSIONS: tuple[str, ...] = tuple(INFO)
+KERNEL_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.kernel)
+FUSED_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.kernel and v.fused)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The README's test command: set up, build the book, run every test. On a machine without a GPU the
+# GPU tests skip with a reason; on a GPU machine they run.
+#   scripts/test.sh            everything (pytest, nbval on the notebooks, book build + browser test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+    || echo "warning: could not install chromium; the browser test will skip" >&2
+fi
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+source .venv/bin/activate
+jupyter-book build . -W -q
+BOOK_BUILT=1 python -m pytest -q tests
+python -m pytest -q --nbval-lax book/

@@ -1,0 +1,43 @@
+"""compute-sanitizer memcheck and racecheck are clean for every kernel (small and odd shapes)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flashattn
+
+from conftest import needs_gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = needs_gpu
+
+
+def sanitizer():
+    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    pytest.fail("compute-sanitizer not found on a GPU machine (install the CUDA toolkit's sanitizer)")
+
+
+@pytest.fixture(scope="module")
+def built():
+    for name in flashattn.KERNEL_VERSIONS:  # build outside the sanitizer: nvcc under it is slow
+        flashattn.load(name)
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_clean(built, tool):
+    """One sanitized process per tool runs every kernel (starting CUDA under the sanitizer is the slow
+    part); the target prints a line per kernel and shape, so a failure names the kernel before it."""
+    cmd = [sanitizer(), f"--tool={tool}", "--error-exitcode=99", sys.executable,
+           str(ROOT / "tests" / "sanitizer_target.py")]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
+    for name in flashattn.KERNEL_VERSIONS:
+        assert f"ran {name} " in out, f"{name} did not run under {tool}"
