@@ -2,7 +2,7 @@
 # One call on a GPU machine that has CUDA PyTorch but no package index (the H200 host): install the
 # carried wheels, build every kernel, then run the requested steps, writing logs and results to OUTDIR.
 #   scripts/gpu_session.sh OUTDIR STEP...
-#   STEP: build | tests | sanitizer | sweep | record | profile | notebooks | nbval | <python code>
+#   STEP[:SECONDS]: build | tests | sanitizer | sweep5 | sweep6 | record | profile | notebooks | nbval | <python code>
 # Everything written under OUTDIR is packed into OUTDIR/session.tar.gz at the end.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_session.sh OUTDIR STEP...}; shift
@@ -17,8 +17,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=$
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-for step in "$@"; do
-  stamp "step $step"
+pack() { tar -C "$OUT" -czf "$OUT/session.tar.gz" work; }
+for arg in "$@"; do
+  step=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=600
+  T="timeout -k 10 $limit"
+  stamp "step $step (limit ${limit}s)"
   case $step in
   build)  # all kernels in parallel, each in its own process (16 cores)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > "$W/gpu.txt"
@@ -27,25 +30,27 @@ for step in "$@"; do
           > "$W/build_$v.log" 2>&1 || echo "BUILD FAILED $v" >> "$W/build_$v.log" ) &
     done; wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
   tests)
-    python3 -m pytest -q -p no:cacheprovider tests -k "not sanitizer" --junitxml="$W/junit.xml" > "$W/pytest.log" 2>&1
+    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-4} tests -k "not sanitizer" --junitxml="$W/junit.xml" > "$W/pytest.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40 ;;
   sanitizer)
-    python3 -m pytest -q -p no:cacheprovider tests/test_sanitizer_gpu.py > "$W/sanitizer.log" 2>&1
+    $T python3 -m pytest -q -p no:cacheprovider tests/test_sanitizer_gpu.py > "$W/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; tail -3 "$W/sanitizer.log" ;;
-  sweep)
-    python3 scripts/v5_sweep.py --out "$W" > "$W/v5_sweep.log" 2>&1; echo "sweep rc=$?"; tail -25 "$W/v5_sweep.log" ;;
+  sweep5)
+    $T python3 scripts/v5_sweep.py --out "$W" > "$W/v5_sweep.log" 2>&1; echo "v5 sweep rc=$?"; tail -25 "$W/v5_sweep.log" ;;
+  sweep6)
+    $T python3 scripts/v6_sweep.py --out "$W" > "$W/v6_sweep.log" 2>&1; echo "v6 sweep rc=$?"; tail -25 "$W/v6_sweep.log" ;;
   record)
-    bash scripts/record_h200.sh "$W/h200" bench v6 > "$W/record.log" 2>&1; echo "record rc=$?"
+    $T bash scripts/record_h200.sh "$W/h200" bench v6 > "$W/record.log" 2>&1; echo "record rc=$?"
     tail -40 "$W/h200/bench.txt"; tail -30 "$W/h200/bench_v6.txt" ;;
   profile)
-    bash scripts/record_h200.sh "$W/h200" profile > "$W/profile.log" 2>&1; echo "profile rc=$?"; tail -15 "$W/profile.log" ;;
+    $T bash scripts/record_h200.sh "$W/h200" profile > "$W/profile.log" 2>&1; echo "profile rc=$?"; tail -15 "$W/profile.log" ;;
   notebooks)
-    python3 scripts/execute_notebooks.py book "$W/book" > "$W/notebooks.log" 2>&1; echo "notebooks rc=$?"; tail -15 "$W/notebooks.log" ;;
+    $T python3 scripts/execute_notebooks.py book "$W/book" > "$W/notebooks.log" 2>&1; echo "notebooks rc=$?"; tail -15 "$W/notebooks.log" ;;
   nbval)
-    python3 -m pytest -q -p no:cacheprovider --nbval-lax book/ > "$W/nbval.log" 2>&1; echo "nbval rc=$?"; tail -5 "$W/nbval.log" ;;
-  *) python3 -c "$step" ;;
+    $T python3 -m pytest -q -p no:cacheprovider --nbval-lax book/ > "$W/nbval.log" 2>&1; echo "nbval rc=$?"; tail -5 "$W/nbval.log" ;;
+  *) $T bash -c "$step" ;;
   esac
+  pack
 done
-stamp "packing"
-tar -C "$OUT" -czf "$OUT/session.tar.gz" work && rm -rf "$W"
-ls -la "$OUT"
+stamp "done"
+rm -rf "$W"

@@ -1,0 +1,318 @@
+"""Benchmark: `python -m flashattn.bench IMPL [IMPL ...] [options]` (see --help).
+
+Every version in one run is timed side by side on the same inputs with `flashattn.timing.time_cuda`
+(CUDA events around each call, L2 flushed between calls, median with min and max). Each row reports
+latency, TFLOP/s (4*B*H*M*N*D floating-point operations, half that for causal), the change against the
+naive PyTorch baseline and the ratio to SDPA, as in the README's results table. A version that cannot
+take a shape or dtype gets a row saying why instead of stopping the run. At the smallest shape of the
+run every version's output is also checked against the float64 reference.
+
+`--json PATH` writes every figure with the device, driver, torch and CUDA versions, the git commit and
+the shapes; `flashattn.table` turns that file into the README table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .versions import INFO, VERSIONS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Bench-only names: SDPA with one backend forced through torch.nn.attention.sdpa_kernel, for the
+# tensor-core comparisons. They are not versions of the book, so they are not in flashattn.VERSIONS.
+SDPA_BACKENDS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
+BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 2048],
+                warmup=25, repetitions=100, max_seconds=3.0, dtype="float32")
+
+EPILOG = f"""\
+names: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
+{', '.join(SDPA_BACKENDS)} (SDPA with that backend forced by torch.nn.attention.sdpa_kernel; the backend
+context is entered outside the timed region). Several names may be given.
+
+Timing: CUDA events around each call; a buffer of twice the L2 size is zeroed before each call,
+outside the timed region; the median is reported with min and max.
+Slow versions: --max-seconds S (default {DEFAULTS['max_seconds']:g}) stops a row's timed calls once they
+have used S seconds of device time (after at least 5 calls) and caps the warm-ups at S seconds of wall
+time too; the number of calls actually timed is printed and written to the JSON. --max-seconds 0 turns
+the cap off.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.split("\n\n")[0],
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("impl", nargs="+", metavar="IMPL", help="all, a version name, or an SDPA variant")
+    p.add_argument("-B", "--batch-size", type=int, default=DEFAULTS["batch_size"])
+    p.add_argument("-H", "--num-heads", type=int, default=DEFAULTS["num_heads"])
+    p.add_argument("-D", "--head-dim", type=int, default=DEFAULTS["head_dim"])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=DEFAULTS["seq_lens"], metavar="L",
+                   help="sequence lengths M = N to run (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up calls (default: %(default)s)")
+    p.add_argument("--repetitions", type=int, default=DEFAULTS["repetitions"],
+                   help="timed calls (default: %(default)s)")
+    p.add_argument("--max-seconds", type=float, default=DEFAULTS["max_seconds"], metavar="S",
+                   help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=DEFAULTS["dtype"],
+                   help="input dtype; bfloat16/float16 only for sdpa, baseline, v6 (default: %(default)s)")
+    p.add_argument("--causal", action="store_true", help="causal masking (v6, sdpa, baseline)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write all figures and the environment here")
+    p.add_argument("--append", action="store_true", help="add this run to an existing --json file")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness check at the smallest shape")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default: %(default)s)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    names = []
+    for name in args.impl:
+        if name == "all":
+            names.extend(VERSIONS)
+        elif name in BENCH_NAMES:
+            names.append(name)
+        else:
+            parser.error(f"unknown IMPL {name!r}; choose all or one of {', '.join(BENCH_NAMES)}")
+    args.impl = list(dict.fromkeys(names))          # keep order, drop repeats
+    for opt in ("batch_size", "num_heads", "head_dim", "repetitions"):
+        if getattr(args, opt) < 1:
+            parser.error(f"--{opt.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    if any(L < 1 for L in args.seq_lens):
+        parser.error("--seq-lens must all be >= 1")
+    args.seq_lens = sorted(dict.fromkeys(args.seq_lens))
+    return args
+
+
+def attention_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
+    """4*B*H*M*N*D: two matrix products of 2*M*N*D each per head; causal masking skips about half."""
+    flops = 4.0 * B * H * M * N * D
+    return flops / 2 if causal else flops
+
+
+# --------------------------------------------------------------------------------------------- calls
+def _sdpa_backend_context(name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
+
+
+def make_call(name: str, q, k, v, causal: bool):
+    """(fn, context, ran_as): `fn()` runs one forward; `context` must be entered around warm-ups and
+    timing (it forces an SDPA backend, so the choice happens outside the timed region); `ran_as` is the
+    version that really runs (v3/v4/v5 hand unsupported head dims to v2). Raises ValueError/TypeError
+    when the version cannot take these inputs."""
+    if name in SDPA_BACKENDS:
+        from .reference import sdpa
+        return (lambda: sdpa(q, k, v, causal=causal)), _sdpa_backend_context(name), "sdpa"
+    import flashattn
+    from . import reference
+    from .validate import check_inputs
+    ran_as = check_inputs(q, k, v, version=name, causal=causal)
+    if name in ("baseline", "sdpa"):
+        fn = getattr(reference, name)
+        return (lambda: fn(q, k, v, causal=causal)), contextlib.nullcontext(), ran_as
+    if INFO[name].kernel:
+        flashattn.load(ran_as)                     # compile/load before any timing
+    return (lambda: flashattn.forward(q, k, v, version=name, causal=causal)), contextlib.nullcontext(), ran_as
+
+
+# --------------------------------------------------------------------------------------- environment
+def _run(cmd, cwd=None) -> str | None:
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_commit() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT)
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def environment(argv=None) -> dict:
+    """Device, driver, torch, CUDA, cuDNN and git versions (strings; None where unknown)."""
+    env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "python": platform.python_version(),
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "git": git_commit(),
+           "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(["python -m flashattn.bench"] + list(sys.argv[1:] if argv is None else argv))}
+    if torch.cuda.is_available():
+        prop = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["device"] = {"name": prop.name, "capability": f"{prop.major}.{prop.minor}",
+                         "sm_count": prop.multi_processor_count, "memory_bytes": prop.total_memory,
+                         "l2_bytes": getattr(prop, "L2_cache_size", None)}
+        smi = shutil.which("nvidia-smi")
+        env["driver"] = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"]) if smi else None
+        if env["driver"]:
+            env["driver"] = env["driver"].splitlines()[0]
+    return env
+
+
+# ----------------------------------------------------------------------------------------------- run
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, unit="row", file=sys.stderr, disable=None, dynamic_ncols=True)
+    except ImportError:                            # the GPU image may not ship tqdm
+        class _Quiet:
+            def update(self, n=1): pass
+            def set_postfix_str(self, s): print(s, file=sys.stderr, flush=True)
+            def close(self): pass
+        return _Quiet()
+
+
+def bench_row(name: str, q, k, v, causal: bool, args, ref=None) -> dict:
+    """Time one version on one set of inputs; never raises for a version that refuses the inputs."""
+    from .timing import time_cuda
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    row = dict(impl=name, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
+               dtype=str(q.dtype).replace("torch.", ""), causal=causal,
+               flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, ran_as=None,
+               rel_error=None)
+    try:
+        fn, context, row["ran_as"] = make_call(name, q, k, v, causal)
+        with context:
+            out = fn()                             # first call: errors surface here, before timing
+            torch.cuda.synchronize()
+            if ref is not None:
+                from .reference import relative_error
+                row["rel_error"] = relative_error(out, ref)
+            del out
+            timing = time_cuda(fn, warmup=args.warmup, repetitions=args.repetitions,
+                               max_seconds=args.max_seconds)
+    except (ValueError, TypeError) as err:
+        row.update(status="unsupported", message=str(err).strip().splitlines()[0])
+        return row
+    except RuntimeError as err:                    # launch failures, refused backends, out of memory
+        row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
+        return row
+    row.update(timing.summary())
+    row["tflops"] = row["flops"] / (row["median_us"] * 1e-6) / 1e12
+    return row
+
+
+def add_comparisons(rows: list[dict]) -> list[dict]:
+    """Add change vs baseline (%, negative = faster) and the SDPA ratios to every timed row, each
+    against the baseline/sdpa row of the same shape, dtype and masking in the same run."""
+    def key(r):
+        return (r["batch_size"], r["num_heads"], r["seq_len_q"], r["seq_len_kv"], r["head_dim"], r["dtype"],
+                r["causal"])
+    ref = {(key(r), r["impl"]): r.get("median_us") for r in rows if r["status"] == "ok"}
+    for r in rows:
+        t, base, sdpa = r.get("median_us"), ref.get((key(r), "baseline")), ref.get((key(r), "sdpa"))
+        r["change_vs_baseline_pct"] = (t / base - 1) * 100 if t and base else None
+        r["time_ratio_vs_sdpa"] = t / sdpa if t and sdpa else None          # < 1: faster than SDPA
+        r["speedup_vs_sdpa"] = sdpa / t if t and sdpa else None              # > 1: faster than SDPA
+    return rows
+
+
+def run(args) -> dict:
+    if not torch.cuda.is_available():
+        raise SystemExit("flashattn.bench needs a CUDA GPU: torch.cuda.is_available() is False")
+    from .reference import attention_reference
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    rows, bar = [], _progress(len(args.seq_lens) * len(args.impl))
+    try:
+        for L in args.seq_lens:
+            shape = (args.batch_size, args.num_heads, L, args.head_dim)
+            q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            check = not args.no_check and L == args.seq_lens[0]
+            ref = attention_reference(q, k, v, causal=args.causal) if check else None
+            for name in args.impl:
+                bar.set_postfix_str(f"{name} L={L}")
+                rows.append(bench_row(name, q, k, v, args.causal, args, ref))
+                bar.update(1)
+            del q, k, v, ref
+            torch.cuda.empty_cache()
+    finally:
+        bar.close()
+    settings = {k: getattr(args, k) for k in ("impl", "batch_size", "num_heads", "head_dim", "seq_lens",
+                                              "warmup", "repetitions", "max_seconds", "dtype", "causal", "seed")}
+    settings["l2_flush"] = True
+    settings["flops_formula"] = "4*B*H*M*N*D" + (" / 2 (causal)" if args.causal else "")
+    return {"meta": environment(getattr(args, "argv", None)), "settings": settings,
+            "rows": add_comparisons(rows)}
+
+
+# ----------------------------------------------------------------------------------------- printing
+def _num(x, fmt="{:,.2f}"):
+    return "—" if x is None else fmt.format(x)
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A plain-text table per shape: latency (median, min-max, calls), TFLOP/s, comparisons, error."""
+    out, groups = [], {}
+    for r in rows:
+        groups.setdefault((r["batch_size"], r["num_heads"], r["seq_len_q"], r["seq_len_kv"], r["head_dim"],
+                           r["dtype"], r["causal"]), []).append(r)
+    head = ("version", "median us", "min - max us", "calls", "TFLOP/s", "vs baseline", "x SDPA time", "rel. error")
+    for (B, H, M, N, D, dt, causal), group in groups.items():
+        out.append(f"\nB={B} H={H} M={M} N={N} D={D} {dt}{' causal' if causal else ''}")
+        lines = [head]
+        for r in group:
+            if r["status"] != "ok":
+                lines.append((r["impl"], f"{r['status']}: {r['message']}"))
+                continue
+            calls = str(r["calls_timed"]) + ("*" if r["calls_timed"] < r["requested_repetitions"] else "")
+            name = r["impl"] + (f" (as {r['ran_as']})" if r["ran_as"] not in (None, r["impl"], "sdpa") else "")
+            lines.append((name, _num(r["median_us"]), f"{r['min_us']:,.1f} - {r['max_us']:,.1f}", calls,
+                          _num(r["tflops"]), _num(r["change_vs_baseline_pct"], "{:+.1f}%"),
+                          _num(r["time_ratio_vs_sdpa"], "{:.3f}"), _num(r["rel_error"], "{:.1e}")))
+        widths = [max(len(l[i]) for l in lines if len(l) == len(head)) for i in range(len(head))]
+        widths[0] = max(len(l[0]) for l in lines)
+        for l in lines:
+            if len(l) != len(head):                # a refusal: the message instead of figures
+                out.append(f"  {l[0]:<{widths[0]}}  {l[1]}")
+            else:
+                out.append("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(l, widths))))
+    if any(r.get("stopped_early") for r in rows):
+        out.append("\n* fewer calls than --repetitions: --max-seconds stopped the row early")
+    return "\n".join(out)
+
+
+def write_json(result: dict, path: Path, append: bool = False) -> None:
+    doc = {"schema": 1, "runs": []}
+    if append and path.exists():
+        doc = json.loads(path.read_text())
+    doc["runs"].append(result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(format_rows(result["rows"]))
+    if args.json:
+        write_json(result, args.json, append=args.append)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Nsight Compute profile of one fused kernel: `python -m flashattn.profile IMPL [options]`.
+
+IMPL is a fused version (one kernel launch per forward: v1 and later) or `all` for every one of them.
+baseline and v0 launch several kernels, so one roofline point or occupancy figure would be ambiguous,
+and sdpa is PyTorch's kernel rather than this project's: passing them is an error that says so.
+
+ncu runs this same module in an internal `--target` mode, which builds the inputs at the primary shape
+(B=4, H=12, M=N=2048, D=64; float32, bfloat16 for v6), makes warm-up calls and then one more call. The
+kernel-name filter (the `__global__` names read from kernels/<impl>.cu) together with `--launch-skip`
+(one skipped launch per warm-up; the count applies to filtered launches only) and `--launch-count 1`
+selects exactly the last call's kernel. Clocks are left alone (`--clock-control none`). Only the sections
+the tables and the roofline need are collected, which keeps each report small:
+
+    SpeedOfLight, SpeedOfLight_RooflineChart, Occupancy, LaunchStats, ComputeWorkloadAnalysis
+    (+ SpeedOfLight_HierarchicalTensorRooflineChart for tensor-core versions, when this ncu has it)
+
+The report is written to OUT/flash_<impl>_s<M>_profile.ncu-rep (OUT defaults to /tmp) together with what
+`ncu --import` prints for it: the details page as CSV in base units (.details.csv) and as text
+(.details.txt), and the raw page as CSV in base units (.raw.csv). `tests/test_ncu.py` checks
+`flashattn.ncu`'s parsed values against those files.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .versions import INFO, VERSIONS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNEL_DIR = REPO_ROOT / "kernels"
+
+PROFILED = tuple(n for n in VERSIONS if INFO[n].kernel and INFO[n].fused)
+BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "LaunchStats",
+                 "ComputeWorkloadAnalysis")
+TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
+PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
+
+
+def uses_tensor_cores(name: str) -> bool:
+    """v6 (mma.sync); versions.py may also flag others with extra={'tensor_cores': True}."""
+    return bool(INFO[name].extra.get("tensor_cores", name == "v6"))
+
+
+def default_dtype(name: str) -> str:
+    return "bfloat16" if name == "v6" else "float32"
+
+
+def refusal(name: str) -> str | None:
+    """Why `name` cannot be profiled here, or None when it can."""
+    if name not in INFO:
+        return f"unknown IMPL {name!r}; choose all or one of {', '.join(PROFILED)}"
+    if name == "sdpa" or not INFO[name].kernel and name != "baseline":
+        return (f"{name} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
+                f"here; the fused versions are {', '.join(PROFILED)}")
+    if name == "baseline":
+        return (f"baseline runs several PyTorch kernels (matmul, softmax, matmul), so a single roofline point "
+                f"or occupancy figure would be ambiguous; profile one of {', '.join(PROFILED)}")
+    if not INFO[name].fused:
+        return (f"{name} launches several kernels per forward with different register counts and occupancy, "
+                f"so a single roofline point would be ambiguous; profile one of {', '.join(PROFILED)}")
+    return None
+
+
+def report_stem(name: str, seq_len: int) -> str:
+    return f"flash_{name}_s{seq_len}_profile"
+
+
+def kernel_names(name: str, kernel_dir: Path = KERNEL_DIR) -> list[str]:
+    """The `__global__` function names declared in kernels/<name>.cu."""
+    path = kernel_dir / f"{name}.cu"
+    return kernel_names_in(path.read_text()) if path.exists() else []
+
+
+def kernel_names_in(source: str) -> list[str]:
+    source = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
+    source = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", source)
+    return list(dict.fromkeys(re.findall(r"__global__\s+(?:static\s+)?void\s+(\w+)\s*\(", source)))
+
+
+def kernel_filter(name: str) -> str:
+    """ncu --kernel-name value matching the version's kernels (and its fallback's: v3-v5 hand head dims
+    they are not written for to v2)."""
+    names = kernel_names(name) + (kernel_names(INFO[name].fallback) if INFO[name].fallback else [])
+    if not names:
+        raise SystemExit(f"no __global__ kernel found in {KERNEL_DIR / (name + '.cu')}; pass --kernel-regex")
+    return "regex:" + "|".join(names)
+
+
+# ------------------------------------------------------------------------------------------- ncu
+def find_ncu(explicit: str | None = None) -> str | None:
+    """ncu from --ncu, PATH, $CUDA_HOME/bin or /usr/local/cuda/bin (None when absent)."""
+    candidates = [explicit] if explicit else []
+    candidates.append(shutil.which("ncu"))
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates.append(str(Path(root) / "bin" / "ncu"))
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+MISSING_NCU = ("Nsight Compute (ncu) was not found in PATH, $CUDA_HOME/bin or /usr/local/cuda/bin. Install "
+               "it with the CUDA toolkit (or the nsight-compute package) or pass --ncu /path/to/ncu.")
+NO_PERMISSION = ("ncu could not read the GPU performance counters (ERR_NVGPUCTRPERM): this machine lets only "
+                 "administrators profile. Run with sudo (using this venv's python by absolute path), or ask "
+                 "for NVreg_RestrictProfilingToAdminUsers=0; see "
+                 "https://developer.nvidia.com/ERR_NVGPUCTRPERM")
+
+
+def diagnose(output: str) -> str | None:
+    """A readable reason for a failed ncu run, from its output."""
+    if "ERR_NVGPUCTRPERM" in output:
+        return NO_PERMISSION
+    if "No kernels were profiled" in output:
+        return ("ncu profiled no kernel: the kernel-name filter matched nothing that ran. Check the "
+                "__global__ names in kernels/<impl>.cu or pass --kernel-regex.")
+    return None
+
+
+def available_sections(ncu: str) -> set[str] | None:
+    try:
+        text = subprocess.run([ncu, "--list-sections"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = {line.split()[0] for line in text.splitlines() if line.strip() and not line.startswith("-")}
+    return found if found & set(BASE_SECTIONS) else None      # an unexpected listing: don't filter on it
+
+
+def sections_for(name: str, available: set[str] | None) -> list[str]:
+    wanted = list(BASE_SECTIONS) + ([TENSOR_SECTION] if uses_tensor_cores(name) else [])
+    if available is None:
+        return [s for s in wanted if s != TENSOR_SECTION]
+    missing = [s for s in wanted if s not in available]
+    for s in missing:
+        print(f"note: this ncu has no section {s}; collecting without it", file=sys.stderr)
+    return [s for s in wanted if s in available]
+
+
+def export_pages(ncu: str, report: Path) -> list[Path]:
+    """Save what `ncu --import` prints for `report` next to it (the tests compare against these)."""
+    base = str(report)[: -len(".ncu-rep")]
+    pages = {
+        base + ".details.csv": ["--page", "details", "--csv", "--print-units", "base"],
+        base + ".details.txt": ["--page", "details", "--print-details", "all"],
+        base + ".raw.csv": ["--page", "raw", "--csv", "--print-units", "base"],
+    }
+    written = []
+    for path, opts in pages.items():
+        proc = subprocess.run([ncu, "--import", str(report), *opts], capture_output=True, text=True)
+        if proc.returncode == 0:
+            Path(path).write_text(proc.stdout)
+            written.append(Path(path))
+        else:
+            print(f"warning: ncu --import {' '.join(opts)} failed:\n{proc.stderr.strip()}", file=sys.stderr)
+    return written
+
+
+def ncu_command(ncu: str, name: str, args, out_base: Path, sections: list[str]) -> list[str]:
+    cmd = [ncu, "--clock-control", "none", "--kernel-name", args.kernel_regex or kernel_filter(name),
+           "--launch-skip", str(args.warmup), "--launch-count", "1", "--force-overwrite", "-o", str(out_base)]
+    for s in sections:
+        cmd += ["--section", s]
+    cmd += [sys.executable, "-m", "flashattn.profile", "--target", name, "--dtype", args.dtype or default_dtype(name),
+            "--batch-size", str(args.batch_size), "--num-heads", str(args.num_heads), "--seq-len",
+            str(args.seq_len), "--head-dim", str(args.head_dim), "--warmup", str(args.warmup)]
+    return cmd + (["--causal"] if args.causal else [])
+
+
+def profile_one(ncu: str, name: str, args, available: set[str] | None) -> Path:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_base = out_dir / report_stem(name, args.seq_len)
+    cmd = ncu_command(ncu, name, args, out_base, sections_for(name, available))
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+    output = proc.stdout + proc.stderr
+    report = out_base.with_name(out_base.name + ".ncu-rep")
+    reason = diagnose(output)
+    if reason or proc.returncode != 0 or not report.exists():
+        tail = "\n".join(output.strip().splitlines()[-25:])
+        raise RuntimeError(f"profiling {name} failed: {reason or 'ncu exit status ' + str(proc.returncode)}\n{tail}")
+    export_pages(ncu, report)
+    print(f"wrote {report}", flush=True)
+    return report
+
+
+# ----------------------------------------------------------------------------------------- target
+def run_target(args) -> int:
+    """What ncu launches: warm-up calls, then the one call that the filter selects."""
+    import torch
+    import flashattn
+    dtype = getattr(torch, args.dtype or default_dtype(args.target))
+    shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    flashattn.load(args.target)                    # build before anything is launched
+    for _ in range(args.warmup + 1):               # ncu skips the warm-ups and profiles the last call
+        out = flashattn.forward(q, k, v, version=args.target, causal=args.causal)
+    torch.cuda.synchronize()
+    return 0 if torch.isfinite(out).all().item() else 1
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashattn.profile", description=__doc__.split("\n\n")[0],
+                                epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them)")
+    p.add_argument("impl", nargs="?", metavar="IMPL", help="all or one of " + ", ".join(PROFILED))
+    p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="input dtype (default: float32; bfloat16 for v6)")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("-B", "--batch-size", type=int, default=PRIMARY["batch_size"])
+    p.add_argument("-H", "--num-heads", type=int, default=PRIMARY["num_heads"])
+    p.add_argument("--seq-len", type=int, default=PRIMARY["seq_len"], help="M = N (default: %(default)s)")
+    p.add_argument("-D", "--head-dim", type=int, default=PRIMARY["head_dim"])
+    p.add_argument("--warmup", type=int, default=1, help="unprofiled calls before the profiled one")
+    p.add_argument("--ncu", help="path to ncu (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+    p.add_argument("--kernel-regex", help="ncu --kernel-name filter (default: regex of kernels/<impl>.cu names)")
+    p.add_argument("--target", metavar="IMPL", help=argparse.SUPPRESS)   # internal: the profiled program
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.target:
+        return run_target(args)
+    if not args.impl:
+        parser.error("IMPL is required: all or one of " + ", ".join(PROFILED))
+    names = list(PROFILED) if args.impl == "all" else [args.impl]
+    reason = refusal(args.impl) if args.impl != "all" else None
+    if reason:
+        parser.error(reason)
+    ncu = find_ncu(args.ncu)
+    if ncu is None:
+        print(f"error: {MISSING_NCU}", file=sys.stderr)
+        return 2
+    available = available_sections(ncu)
+    failed = []
+    for name in names:
+        try:
+            profile_one(ncu, name, args, available)
+        except (RuntimeError, SystemExit) as err:
+            print(f"error: {err}", file=sys.stderr)
+            failed.append(name)
+            if NO_PERMISSION in str(err):
+                break                              # every other version would fail the same way
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

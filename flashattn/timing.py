@@ -1,0 +1,115 @@
+"""CUDA-event timing of one GPU call, shared by `flashattn.bench` and the notebooks.
+
+How a call is timed (the book explains the why once; this is the how):
+
+* before each timed call a buffer twice the size of the device's L2 cache is zeroed, outside the timed
+  region, so every call starts with a cold cache instead of finding last call's Q, K and V in L2;
+* a start and an end CUDA event are recorded on the current stream around the call alone, and their
+  difference is the call's device time (host timers around asynchronous launches measure the launch,
+  not the kernel);
+* the flush is queued before the start event, so the GPU is still busy zeroing while the host enqueues
+  the call: the launch latency hides behind the flush rather than landing inside the measurement;
+* warm-ups run first (module load, lazy initialisation, cuBLAS/cuDNN handle creation stay out), and the
+  summary is the median with the minimum and maximum.
+
+Slow versions can take 0.5 s per call at large shapes, so both the warm-ups and the timed calls stop
+early once they have used `max_seconds` (after at least `min_calls` timed calls); the number of calls
+actually timed is returned so that readers can see it.
+
+Importable without a GPU: torch.cuda is touched only when a timing runs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+_flush_buffers: dict = {}
+
+
+def l2_flush_buffer(device=None) -> torch.Tensor:
+    """A byte buffer of 2x the device's L2 size (cached per device); zeroing it evicts L2."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    key = (device.type, device.index)
+    if key not in _flush_buffers:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
+        _flush_buffers[key] = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+    return _flush_buffers[key]
+
+
+@dataclass
+class Timing:
+    """Per-call device times in milliseconds and how many calls were made."""
+    times_ms: list = field(default_factory=list)
+    warmups: int = 0
+    requested_warmups: int = 0
+    requested_repetitions: int = 0
+    stopped_early: bool = False       # the max_seconds cap cut the timed calls short
+
+    @property
+    def calls(self) -> int:
+        return len(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.times_ms)
+
+    def summary(self) -> dict:
+        """Median, min and max in microseconds plus the call counts (what the JSON records)."""
+        d = {k: v for k, v in asdict(self).items() if k != "times_ms"}
+        d.update(calls_timed=self.calls, median_us=self.median_ms * 1e3, min_us=self.min_ms * 1e3,
+                 max_us=self.max_ms * 1e3)
+        return d
+
+
+def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100,
+              max_seconds: float | None = 3.0, min_calls: int = 5, flush_l2: bool = True,
+              on_call: Callable[[], None] | None = None) -> Timing:
+    """Time `fn()` on the current CUDA stream; see the module docstring for the method.
+
+    `max_seconds` (None or <= 0: no cap) bounds the warm-ups and, separately, the timed calls: timing
+    stops once the timed calls have used that much device time and at least `min_calls` were made.
+    `on_call` is called after every timed call (a progress bar hook).
+    """
+    cap = max_seconds if max_seconds and max_seconds > 0 else None
+    flush = l2_flush_buffer() if flush_l2 else None
+    stream = torch.cuda.current_stream()
+    result = Timing(requested_warmups=warmup, requested_repetitions=repetitions)
+
+    started = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+        torch.cuda.synchronize()
+        result.warmups += 1
+        if cap is not None and time.perf_counter() - started >= cap:
+            break
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    used_ms = 0.0
+    for _ in range(repetitions):
+        if flush is not None:
+            flush.zero_()
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        result.times_ms.append(ms)
+        used_ms += ms
+        if on_call is not None:
+            on_call()
+        if cap is not None and used_ms >= cap * 1e3 and result.calls >= min_calls:
+            result.stopped_early = result.calls < repetitions
+            break
+    return result

@@ -1,0 +1,608 @@
+// v6: FlashAttention-2 on tensor cores -- mma.sync, bf16/fp16 with fp32 accumulation, a TF32 mode for
+// fp32 inputs, causal masking, head dims 64 and 128.
+//
+// What changed from v5: the two matrix products of every tile run on tensor cores through inline PTX
+// (mma.sync.aligned.m16n8k16 for bf16/fp16, m16n8k8 for TF32) instead of FFMA on CUDA cores. The rest is
+// the FlashAttention-2 forward design of the paper's sm80 code:
+//   * a block owns B_r query rows (Q_i); each of its 4 warps owns whole 16-row slices of them, so the
+//     online-softmax state m_i, l_i and the accumulator O_i live in that warp's registers;
+//   * K_j and V_j tiles stream through shared memory, double-buffered with cp.async (16-byte copies,
+//     zero-filled past the last key), stored with an XOR swizzle (16-byte chunk c of row r is kept at
+//     chunk c ^ (r % 8)) so that every ldmatrix is free of bank conflicts;
+//   * operands reach the tensor cores through ldmatrix.x4 (K: non-transposed, V: .trans);
+//   * S_ij = Q_i K_j^T stays in registers; P_ij is computed there (exp2 with log2(e)/sqrt(D) folded into
+//     one FMA, row max reduced over the 4 lanes of a quad with shuffles) and reused directly as the A
+//     operand of P_ij V_j: the accumulator layout of two neighbouring n8 tiles is the A layout of one
+//     k16 slice, so P never touches shared memory (TF32: see "P reuse in TF32 mode" below);
+//   * causal: key tiles entirely above the diagonal are never loaded; the per-element mask runs only on
+//     tiles that cross the diagonal or the end of the keys.
+//
+// Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
+//   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
+//     in the input dtype.
+//   dtype fp32: TF32 mode -- operands rounded to TF32 (cvt.rna), fp32 accumulation, fp32 output.
+//     Expect a relative error around 1e-3 against float64, not fp32 accuracy.
+//   D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
+//   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). When M > N
+//     the first M - N query rows have no key at all; their output is defined as 0 (not NaN).
+//   Needs compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async); the launcher refuses
+//     older GPUs. Build with -gencode=arch=compute_90,code=sm_90 (H100/H200) or _80/_86/_89 for Ampere
+//     and Ada.
+//
+// Tiles (per template instance; override with -D at build time for a sweep, see V6_* macros below):
+//   bf16/fp16 D=64 : B_r = 128 (2 m16 slices per warp), B_c = 64, Q kept as A fragments in registers.
+//                    smem 16 KB Q + 2 x (8 KB K + 8 KB V) = 48 KB.
+//   bf16/fp16 D=128: B_r = 128 (2 m16 slices per warp), B_c = 32, Q re-read from shared memory with
+//                    ldmatrix every tile (128 O accumulators leave no room for 64 Q registers).
+//                    smem 32 KB Q + 2 x (8 KB K + 8 KB V) = 64 KB. (B_c = 64 spills 80 B under the
+//                    255-register cap with nvcc 13.0; B_r = 64 with Q in registers does not -- the sweep
+//                    macros V6_D128_WM=1 V6_D128_QREG=1 V6_D128_BC=64 select it.)
+//   TF32 D=64      : B_r = 64 (1 slice per warp), B_c = 64, Q in registers. smem 16 + 64 = 80 KB.
+//   TF32 D=128     : B_r = 64, B_c = 32, Q in registers. smem 32 + 64 = 96 KB.
+//   Every instance runs 128 threads and fits 2 blocks per SM on sm_90 (<= 113 KB smem, <= 255 regs).
+//   ptxas (nvcc 13.0, sm_90), no spills: bf16/fp16 D=64 240-241 regs, D=128 247-252; TF32 D=64 182,
+//   D=128 243-246. ptxas fills the 255-register budget with hoisted ldmatrix loads; only spills matter.
+//   Why: 2 m16 slices per warp halve the shared-memory traffic per mma (each K/V fragment feeds two
+//   mma), which matters because an H200 SM reads 128 B/clock of shared memory while its tensor cores
+//   want far more operand bytes per clock at 16 rows per warp. Register arithmetic per thread:
+//   O = WM*D/2, S = WM*B_c/2, Q = WM*D/4 (16-bit) or WM*D/2 (TF32) 32-bit registers.
+//
+// P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
+// k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
+// of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->
+// key 2q+1, and reads V rows in the same permuted order. So P stays in registers here too, no shuffles.
+//
+// Measured on H200: (filled from results/h200 by the coordinator)
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+
+// Tile choices for bf16/fp16 (TF32 is fixed below). WM = m16 slices per warp, so B_r = 64 * WM.
+#ifndef V6_D64_WM
+#define V6_D64_WM 2
+#endif
+#ifndef V6_D64_BC
+#define V6_D64_BC 64
+#endif
+#ifndef V6_D64_QREG
+#define V6_D64_QREG 1
+#endif
+#ifndef V6_D128_WM
+#define V6_D128_WM 2
+#endif
+#ifndef V6_D128_BC
+#define V6_D128_BC 32
+#endif
+#ifndef V6_D128_QREG
+#define V6_D128_QREG 0
+#endif
+
+namespace v6 {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+
+// ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy that bypasses L1. src_bytes = 0 writes 16 zero bytes instead of reading
+// (the "zfill" form), which is how rows past the end of Q or K/V become zeros without a branch.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements (8 rows of 16 bytes each). Lanes 8i..8i+7 give the row addresses
+// of matrix i; afterwards lane l holds, in register i, row l/4 and elements 2(l%4), 2(l%4)+1 of matrix
+// i (.trans: column l/4, rows 2(l%4) and 2(l%4)+1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A * B + D for one 16x8 tile. A: 4 registers, B: 2 registers, C/D: 4 floats, in the fragment
+// layouts of the PTX ISA (lane l: group g = l/4, thread-in-group q = l%4).
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<float>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Round-to-nearest (ties away) to TF32; the tensor core would otherwise just drop the low 13 bits.
+__device__ __forceinline__ uint32_t to_tf32(uint32_t bits) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
+  return r;
+}
+__device__ __forceinline__ uint32_t to_tf32(float x) { return to_tf32(__float_as_uint(x)); }
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats -> one register of two 16-bit values; the lower column goes to the low half, as the mma
+// fragment layout wants.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T> __device__ __forceinline__ void store2(T* dst, float a, float b);
+template <> __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+}
+template <> __device__ __forceinline__ void store2<__half>(__half* dst, float a, float b) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+}
+template <> __device__ __forceinline__ void store2<float>(float* dst, float a, float b) {
+  *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+}
+
+// ---------------------------------------------------------------- shared-memory tiles -----------------
+//
+// A tile is ROWS rows of D elements, row-major, cut into 16-byte chunks (CPR chunks per row: 8 or 16 for
+// 16-bit types, 16 or 32 for fp32). Chunk c of row r is stored at chunk c ^ (r % 8) of that row. An
+// ldmatrix phase reads one chunk from each of 8 consecutive rows; with rows a multiple of 128 bytes
+// apart, the swizzle sends those 8 chunks to 8 different 16-byte bank groups.
+
+// Issue the cp.async copies of rows [row0, row0 + ROWS) of a [rows, D] matrix; rows past `rows` are
+// zero-filled. Each thread copies ROWS * CPR / 128 chunks, consecutive threads consecutive chunks.
+template <int ROWS, int CPR, typename T>
+__device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gmem, int row0, int rows,
+                                          int tid) {
+  constexpr int kElemsPerChunk = 16 / sizeof(T);
+  constexpr int kD = CPR * kElemsPerChunk;
+  static_assert((ROWS * CPR) % kThreads == 0, "tile must split evenly over the block");
+  const uint32_t base = smem_addr(smem_tile);
+#pragma unroll
+  for (int it = 0; it < ROWS * CPR / kThreads; ++it) {
+    const int idx = tid + it * kThreads;
+    const int r = idx / CPR, c = idx % CPR;
+    const bool valid = row0 + r < rows;
+    // An out-of-range row still needs a legal address; row 0 of this (batch, head) is one.
+    const T* src = gmem + (valid ? (size_t)(row0 + r) * kD + c * kElemsPerChunk : 0);
+    cp_async_16(base + (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u, src, valid);
+  }
+}
+
+// ---------------------------------------------------------------- the kernel --------------------------
+//
+// One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
+// of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
+// n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                  T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
+  constexpr bool kTF32 = sizeof(T) == 4;
+  constexpr int BR = 16 * WM * kWarps;
+  constexpr int CPR = D * (int)sizeof(T) / 16;   // 16-byte chunks per row
+  constexpr int ROWB = CPR * 16;                 // bytes per row
+  constexpr int KSTEPS = CPR / 2;                // k steps over D: 32 bytes = k16 (16-bit) or k8 (TF32)
+  constexpr int NT = BC / 8;                     // n8 tiles of S_ij per slice
+  constexpr int DT = D / 8;                      // n8 tiles of O_i per slice
+  static_assert(CPR >= 8, "the swizzle needs rows of at least 128 bytes");
+  static_assert(BC % 16 == 0 && D % 16 == 0, "tile sizes must be multiples of 16");
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
+  T* sK = sQ + BR * D;                      // 2 buffers of [B_c][D]
+  T* sV = sK + 2 * BC * D;                  // 2 buffers of [B_c][D]
+
+  // Non-causal: consecutive blocks walk the query blocks of one head, so they share K/V in L2.
+  // Causal: the longest query blocks (most key tiles) start first, all heads at once, so the short ones
+  // fill the tail of the launch instead of extending it.
+  int m_block, bh;
+  if (CAUSAL) {
+    bh = blockIdx.x % BH;
+    m_block = m_blocks - 1 - (int)(blockIdx.x / BH);
+  } else {
+    m_block = blockIdx.x % m_blocks;
+    bh = blockIdx.x / m_blocks;
+  }
+  const int m0 = m_block * BR;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+
+  const T* Qh = Q + (size_t)bh * M * D;
+  const T* Kh = K + (size_t)bh * N * D;
+  const T* Vh = V + (size_t)bh * N * D;
+  T* Oh = O + (size_t)bh * M * D;
+
+  // Key tiles to visit. Causal: row i sees keys j <= i + N - M, so the block's last row bounds them.
+  int n_tiles = (N + BC - 1) / BC;
+  if (CAUSAL) {
+    const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
+    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+  }
+
+  float o[WM][DT][4];
+  float m_i[WM][2], l_i[WM][2];   // per slice and row half (g, g+8): running max (raw score) and sum
+#pragma unroll
+  for (int s = 0; s < WM; ++s) {
+#pragma unroll
+    for (int t = 0; t < DT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[s][t][e] = 0.f;
+    m_i[s][0] = m_i[s][1] = -INFINITY;
+    l_i[s][0] = l_i[s][1] = 0.f;
+  }
+
+  if (n_tiles > 0) {   // block-uniform: the barriers below are reached by every thread or none
+    // Lane-constant parts of the ldmatrix addresses. Every row index used below is (multiple of 8) +
+    // (lane & 7), so the swizzle term is always (lane & 7).
+    const int x = lane & 7;
+    const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;   // Q (A operand) and V (.trans)
+    const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;   // K (B operand)
+    const uint32_t sQ_addr = smem_addr(sQ) + (uint32_t)((warp * WM * 16 + a_row) * ROWB);
+
+    uint32_t q_frag[WM][KSTEPS][4];   // used only when QREG (dead otherwise, so never allocated)
+
+    load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
+    load_tile<BC, CPR>(sK, Kh, 0, N, tid);
+    load_tile<BC, CPR>(sV, Vh, 0, N, tid);
+    cp_async_commit();
+
+    for (int jt = 0; jt < n_tiles; ++jt) {
+      const int buf = jt & 1;
+      // Prefetch K_{j+1}, V_{j+1} into the other buffer; it was last read in iteration j-1, which
+      // ended with a barrier.
+      if (jt + 1 < n_tiles) {
+        load_tile<BC, CPR>(sK + (buf ^ 1) * BC * D, Kh, (jt + 1) * BC, N, tid);
+        load_tile<BC, CPR>(sV + (buf ^ 1) * BC * D, Vh, (jt + 1) * BC, N, tid);
+        cp_async_commit();
+        cp_async_wait<1>();   // everything but the prefetch just issued has landed
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+
+      const int j0 = jt * BC;
+      const uint32_t sK_addr = smem_addr(sK + buf * BC * D) + (uint32_t)(b_row * ROWB);
+      const uint32_t sV_addr = smem_addr(sV + buf * BC * D) + (uint32_t)(a_row * ROWB);
+
+      if constexpr (QREG) {
+        if (jt == 0) {
+#pragma unroll
+          for (int s = 0; s < WM; ++s)
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+              ldmatrix_x4(q_frag[s][ks], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+              if constexpr (kTF32)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) q_frag[s][ks][r] = to_tf32(q_frag[s][ks][r]);
+            }
+        }
+      }
+
+      // ---- S_ij = Q_i K_j^T (raw scores; the scale is folded into the exponent later) ----
+      float s_acc[WM][NT][4];
+#pragma unroll
+      for (int s = 0; s < WM; ++s)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[s][t][e] = 0.f;
+
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a_tmp[WM][4];   // used only when !QREG
+        if constexpr (!QREG) {
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+            if constexpr (kTF32)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          // Matrices: keys 16np+0..7 / chunk 2ks, same keys / chunk 2ks+1, keys +8..15 / 2ks, +8..15 /
+          // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
+          // contiguous in k, which is exactly the "col" B layout: no transpose needed.
+          uint32_t b[4];
+          ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+          if constexpr (kTF32)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            const uint32_t(&a)[4] = QREG ? q_frag[s][ks] : a_tmp[s];
+            mma<T>(s_acc[s][2 * np], a, b[0], b[1]);
+            mma<T>(s_acc[s][2 * np + 1], a, b[2], b[3]);
+          }
+        }
+      }
+
+      // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
+      const bool tail = j0 + BC > N;
+      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+      if (tail || diag) {
+#pragma unroll
+        for (int s = 0; s < WM; ++s)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
+              const int col = j0 + t * 8 + 2 * q + (e & 1);
+              // j <= i + N - M written as j - N <= i - M so that nothing can overflow
+              if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
+            }
+      }
+
+      // ---- online softmax, one row half (g or g+8) at a time ----
+#pragma unroll
+      for (int s = 0; s < WM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = m_i[s][h];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s_acc[s][t][2 * h], s_acc[s][t][2 * h + 1]));
+          // the four lanes of a quad hold the same row
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
+          // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
+          const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
+          const float alpha = ex2(m_i[s][h] * scale_log2 - m_base);
+          m_i[s][h] = mx;
+          float row_sum = 0.f;
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              const float p = ex2(fmaf(s_acc[s][t][e], scale_log2, -m_base));
+              s_acc[s][t][e] = p;
+              row_sum += p;
+            }
+          // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
+          l_i[s][h] = l_i[s][h] * alpha + row_sum;
+#pragma unroll
+          for (int t = 0; t < DT; ++t) {
+            o[s][t][2 * h] *= alpha;
+            o[s][t][2 * h + 1] *= alpha;
+          }
+        }
+
+      // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
+      if constexpr (!kTF32) {
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          // A fragment of keys [16kk, 16kk+16): rows g / g+8, keys 2q.. (tile 2kk) and 8+2q.. (2kk+1).
+          uint32_t p_frag[WM][4];
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            p_frag[s][0] = pack2<T>(s_acc[s][2 * kk][0], s_acc[s][2 * kk][1]);
+            p_frag[s][1] = pack2<T>(s_acc[s][2 * kk][2], s_acc[s][2 * kk][3]);
+            p_frag[s][2] = pack2<T>(s_acc[s][2 * kk + 1][0], s_acc[s][2 * kk + 1][1]);
+            p_frag[s][3] = pack2<T>(s_acc[s][2 * kk + 1][2], s_acc[s][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dp = 0; dp < D / 16; ++dp) {
+            // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
+            // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
+#pragma unroll
+            for (int s = 0; s < WM; ++s) {
+              mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
+              mma<T>(o[s][2 * dp + 1], p_frag[s], b[2], b[3]);
+            }
+          }
+        }
+      } else {
+        // TF32: k8 slice kk = n8 tile kk of S. k-slot q carries key 2q and k-slot q+4 key 2q+1 (see the
+        // header), so a = {P[g][2q], P[g+8][2q], P[g][2q+1], P[g+8][2q+1]} = accumulators 0, 2, 1, 3,
+        // and b0/b1 are V rows 2q and 2q+1, column g of the n8 tile. ldmatrix.trans moves 16-bit halves,
+        // so V is read with plain 4-byte loads; with the swizzle they hit 32 different banks.
+        const unsigned char* sVb = reinterpret_cast<const unsigned char*>(sV + buf * BC * D);
+#pragma unroll
+        for (int kk = 0; kk < BC / 8; ++kk) {
+          uint32_t p_frag[WM][4];
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            p_frag[s][0] = to_tf32(s_acc[s][kk][0]);
+            p_frag[s][1] = to_tf32(s_acc[s][kk][2]);
+            p_frag[s][2] = to_tf32(s_acc[s][kk][1]);
+            p_frag[s][3] = to_tf32(s_acc[s][kk][3]);
+          }
+          const int r0 = kk * 8 + 2 * q;   // (r0 & 7) == 2q, (r0 + 1) & 7 == 2q + 1
+#pragma unroll
+          for (int t = 0; t < DT; ++t) {
+            const int chunk = 2 * t + (g >> 2), within = (g & 3) * 4;
+            const float v0 = *reinterpret_cast<const float*>(sVb + r0 * ROWB + ((chunk ^ (2 * q)) << 4) + within);
+            const float v1 =
+                *reinterpret_cast<const float*>(sVb + (r0 + 1) * ROWB + ((chunk ^ (2 * q + 1)) << 4) + within);
+            const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
+#pragma unroll
+            for (int s = 0; s < WM; ++s) mma<T>(o[s][t], p_frag[s], b0, b1);
+          }
+        }
+      }
+      __syncthreads();   // all warps are done with this buffer before iteration j+1 refills it
+    }
+  }
+
+  // ---- O_i / l_i, written straight from registers (each quad writes 16 or 32 contiguous bytes) ----
+#pragma unroll
+  for (int s = 0; s < WM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_i[s][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;   // l = 0 only for rows with no allowed key -> 0
+      const int row = m0 + (warp * WM + s) * 16 + g + 8 * h;
+      if (row < M) {
+        T* dst = Oh + (size_t)row * D + 2 * q;
+#pragma unroll
+        for (int t = 0; t < DT; ++t) store2<T>(dst + t * 8, o[s][t][2 * h] * inv_l, o[s][t][2 * h + 1] * inv_l);
+      }
+    }
+}
+
+// ---------------------------------------------------------------- launcher ----------------------------
+
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL>
+const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+                   cudaStream_t stream) {
+  constexpr int BR = 16 * WM * kWarps;
+  constexpr size_t smem = (size_t)(BR + 4 * BC) * D * sizeof(T);
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL>;
+
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if ((size_t)optin < smem) return "v6: this GPU has too little shared memory per block for this tile";
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+
+  const int m_blocks = (M + BR - 1) / BR;
+  const long long BH = (long long)B * H;
+  const long long blocks = (long long)m_blocks * BH;
+  if (blocks > 0x7fffffffLL) return "v6: B * H * ceil(M / B_r) must be below 2^31";
+  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
+  kernel<<<(unsigned)blocks, kThreads, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+                                                        static_cast<const T*>(v), static_cast<T*>(o),
+                                                        (int)BH, M, N, m_blocks, scale_log2);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, bool CAUSAL>
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+                       int D, cudaStream_t stream) {
+  constexpr bool kTF32 = sizeof(T) == 4;
+  if (D == 64) {
+    if constexpr (kTF32) return launch<T, 64, 1, 64, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    else return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL>(q, k, v, o, B, H, M, N, stream);
+  }
+  if (D == 128) {
+    if constexpr (kTF32) return launch<T, 128, 1, 32, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    else return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL>(q, k, v, o, B, H, M, N, stream);
+  }
+  return "v6 supports head_dim 64 and 128 only";
+}
+
+template <typename T>
+const char* dispatch_causal(const void* q, const void* k, const void* v, void* o, int B, int H, int M,
+                            int N, int D, bool causal, cudaStream_t stream) {
+  return causal ? dispatch_d<T, true>(q, k, v, o, B, H, M, N, D, stream)
+                : dispatch_d<T, false>(q, k, v, o, B, H, M, N, D, stream);
+}
+
+}  // namespace v6
+
+// dtype: 0 = bfloat16, 1 = float16, 2 = float32 (TF32 mode). Returns nullptr or a message.
+const char* v6_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+                       int M, int N, int D, bool causal, cudaStream_t stream) {
+  if (B < 1 || H < 1 || M < 1 || N < 1) return "v6: B, H, M and N must all be >= 1";
+  if (D != 64 && D != 128) return "v6 supports head_dim 64 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major < 8)
+    return "v6 needs a GPU of compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async)";
+  switch (dtype) {
+    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, B, H, M, N, D, causal, stream);
+    case 1: return v6::dispatch_causal<__half>(q, k, v, o, B, H, M, N, D, causal, stream);
+    case 2: return v6::dispatch_causal<float>(q, k, v, o, B, H, M, N, D, causal, stream);
+    default: return "v6: dtype must be bfloat16, float16 or float32";
+  }
+}
+
+#else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+const char* v6_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+                       int M, int N, int D, bool causal, cudaStream_t stream);
+
+// q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16, all float16 or all float32 (TF32
+// mode), on one CUDA device; D in {64, 128}. Returns o like q (same dtype).
+torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16 || dtype == torch::kFloat32,
+              "q must be bfloat16, float16 or float32 (TF32 mode), got ", dtype);
+  for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == dtype, name, " must have q's dtype ", dtype, ", got ", t->scalar_type());
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got ", t->sizes());
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension: ", t->sizes());
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (the kernel copies 16-byte chunks)");
+    for (int d = 0; d < 4; ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 supports head_dim 64 and 128, got ", q.size(3));
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k must match q in batch, heads and head_dim: q ", q.sizes(), ", k ", k.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k: k ", k.sizes(), ", v ", v.sizes());
+  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const int code = dtype == torch::kBFloat16 ? 0 : dtype == torch::kFloat16 ? 1 : 2;
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = torch::empty_like(q);
+  const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), code, B, H, M, N, D,
+                               causal, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return o;
+}
+#endif

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Regenerate the recorded GPU results in one command, on a machine with a CUDA GPU (and ncu for the
+# profiles):
+#
+#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v6, profile, figures (default: all four)
+#
+#   bench    every version, seed suite + 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
+#              -> OUTDIR/bench.json, bench.txt
+#   v6       v6 against SDPA and its forced backends, bf16, causal and not, at B=4,H=12,2048,D=64 and
+#            B=2,H=16,8192,D=128 -> OUTDIR/bench_v6.json, bench_v6.txt
+#   profile  Nsight Compute report of every fused version at the primary shape, with ncu's details and
+#            raw pages -> OUTDIR/flash_<v>_s2048_profile.{ncu-rep,details.csv,details.txt,raw.csv}
+#   figures  roofline.png and results_table.md (needs matplotlib and ncu_report; skipped if absent,
+#            they can be made later on any machine from the files above)
+#
+# Also writes the git commit, nvidia-smi and ncu versions. Steps may be run in separate calls (each one
+# stays within a few minutes once the kernels are built). PYTHON picks the interpreter (default python3).
+set -uo pipefail
+OUT=${1:?usage: scripts/record_h200.sh OUTDIR [bench|v6|profile|figures ...]}
+shift
+STEPS=${*:-bench v6 profile figures}
+PY=${PYTHON:-python3}
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+status=0
+
+run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
+    local log=$1; shift
+    echo "+ $*" | tee -a "$OUT/$log"
+    "$@" 2>&1 | tee -a "$OUT/$log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*" | tee -a "$OUT/$log"; status=1; }
+}
+
+{ git rev-parse HEAD 2>/dev/null || echo "no commit"; git status --porcelain --untracked-files=no; } \
+    > "$OUT/git_commit.txt"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+$PY -c "import torch; print(torch.__version__, torch.version.cuda)" > "$OUT/torch_version.txt" 2>&1 || true
+
+for step in $STEPS; do
+    case $step in
+    bench)
+        rm -f "$OUT/bench.json" "$OUT/bench.txt"
+        run bench.txt $PY -m flashattn.bench all --seq-lens 512 1024 2048 4096 --json "$OUT/bench.json"
+        ;;
+    v6)
+        rm -f "$OUT/bench_v6.json" "$OUT/bench_v6.txt"
+        for causal in "" "--causal"; do
+            run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient \
+                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v6.json" --append
+            run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient \
+                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v6.json" --append
+        done
+        ;;
+    profile)
+        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
+        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        run profile.txt $PY -m flashattn.profile all --out "$OUT"
+        ;;
+    figures)
+        if $PY -c "import matplotlib, ncu_report" 2>/dev/null && ls "$OUT"/*.ncu-rep >/dev/null 2>&1; then
+            run figures.txt $PY -m flashattn.plots "$OUT"/*.ncu-rep -o "$OUT/roofline.png"
+            for r in "$OUT"/*.ncu-rep; do
+                run ncu_tables.md $PY -m flashattn.ncu "$r"
+            done
+        else
+            echo "figures: matplotlib/ncu_report or reports missing; roofline skipped" | tee -a "$OUT/figures.txt"
+        fi
+        if [ -f "$OUT/bench.json" ]; then
+            $PY -m flashattn.table "$OUT/bench.json" > "$OUT/results_table.md" || status=1
+        fi
+        ;;
+    *)
+        echo "unknown step $step (bench, v6, profile, figures)" >&2; status=2
+        ;;
+    esac
+done
+exit $status

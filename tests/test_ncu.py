@@ -1,0 +1,93 @@
+"""flashattn.ncu: the parsed values equal what `ncu --import REPORT` prints for every committed report.
+
+`flashattn.profile` saves ncu's details page (.details.csv, base units) and raw page (.raw.csv) next to
+each report; there is no ncu on the machines that run these tests without a GPU, so those files are the
+reference. The unit and number helpers are tested on their own so this file says something before any
+report is committed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flashattn import ncu
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
+REPORTS = sorted(RESULTS.glob("*.ncu-rep"))
+
+
+def test_unit_scales():
+    assert ncu.unit_scale("nsecond") == pytest.approx(1e-9)
+    assert ncu.unit_scale("usecond") == pytest.approx(1e-6)
+    assert ncu.unit_scale("Gbyte/second") == pytest.approx(1e9)
+    assert ncu.unit_scale("cycle/nsecond") == pytest.approx(1e9)
+    assert ncu.unit_scale("Kbyte") == pytest.approx(1e3)
+    assert ncu.unit_scale("Kibyte") == pytest.approx(1024)
+    assert ncu.unit_scale("Ghz") == pytest.approx(1e9)
+    for base in ("%", "byte", "second", "register/thread", "block", "", None, "inst/cycle"):
+        assert ncu.unit_scale(base) == 1.0
+
+
+def test_printed_numbers():
+    assert ncu.parse_number("1,234,567") == 1234567 and ncu.parse_number("n/a") is None
+    assert ncu.equals_printed(48.386, "48.39", "%")
+    assert not ncu.equals_printed(48.40, "48.39", "%")
+    assert ncu.equals_printed(4_123_456e-9, "4,123,456", "nsecond")
+    assert ncu.equals_printed(3.7449e10, "3.745e+10", "byte/second")
+    assert ncu.equals_printed(80, "80", "register/thread")
+
+
+def test_report_names():
+    assert ncu.version_of("results/h200/flash_v4_s2048_profile.ncu-rep") == "v4"
+    assert ncu.version_of("flash_v6_s8192_profile.ncu-rep") == "v6"
+
+
+def test_export_readers(tmp_path):
+    details = tmp_path / "r.details.csv"
+    details.write_text(
+        '==PROF== note\n"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+        '"0","k","GPU Speed Of Light Throughput","Duration","nsecond","4,123,456"\n'
+        '"0","k","Occupancy","Achieved Occupancy","%","48.39"\n')
+    raw = tmp_path / "r.raw.csv"
+    raw.write_text('"ID","Kernel Name","gpu__time_duration.sum"\n"","","nsecond"\n"0","k","4,123,456"\n')
+    assert ncu.read_details_csv(details)["Duration"] == ("4,123,456", "nsecond")
+    assert ncu.read_raw_csv(raw)["gpu__time_duration.sum"] == ("4,123,456", "nsecond")
+    summary = {f: None for f in ncu.FIELDS} | {"duration_s": 4.123456e-3, "achieved_occupancy_pct": 48.386,
+                                                 "block_limits": {}}
+    assert ncu.compare_with_exports(summary, ncu.read_details_csv(details)) == []
+    summary["achieved_occupancy_pct"] = 50.0
+    assert ncu.compare_with_exports(summary, ncu.read_details_csv(details))
+
+
+def test_table_rows_from_a_synthetic_summary():
+    s = dict(duration_s=4.12e-3, fp32_flops_per_s=14.1e12, fp32_peak_flops_per_s=60e12, fp32_pct_of_peak=23.5,
+             tensor_ops_per_s=None, tensor_pipe_pct=None, arithmetic_intensity=376.4, fp32_ridge=15.0,
+             dram_bytes_per_s=37.5e9, dram_peak_bytes_per_s=4.8e12, achieved_occupancy_pct=48.39,
+             theoretical_occupancy_pct=50.0, blocks_per_sm=3, limited_by=["registers", "shared memory"],
+             registers_per_thread=80, block_size=256, grid_size=1536, shared_total_bytes=33920,
+             shared_dynamic_bytes=32896, shared_static_bytes=0, shared_driver_bytes=1024)
+    text = ncu.markdown_table(s)
+    assert "compute-bound side" in text and "limited jointly by registers and shared memory" in text
+    assert "33.92 KB/block" in text and "32.90 KB dynamic" in text
+
+
+@pytest.mark.skipif(not REPORTS, reason="no Nsight Compute report committed under results/h200/ yet")
+@pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
+def test_parsed_values_equal_ncu_pages(report):
+    pytest.importorskip("ncu_report", reason="needs NVIDIA's ncu_report module (pip install ncu-report)")
+    base = str(report)[: -len(".ncu-rep")]
+    details, raw = Path(base + ".details.csv"), Path(base + ".raw.csv")
+    assert details.exists(), f"{details.name} missing: profile.py saves it next to each report"
+    s = ncu.summarize(report)
+    assert s["duration_s"] > 0 and s["registers_per_thread"] > 0 and s["blocks_per_sm"] >= 1
+    assert s["dram_bytes_per_s"] > 0 and s["fp32_peak_flops_per_s"] > 0 and s["arithmetic_intensity"] > 0
+    printed = ncu.read_details_csv(details)
+    for label in ("Duration", "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy",
+                  "Dynamic Shared Memory Per Block", "Driver Shared Memory Per Block", "Block Limit Registers"):
+        assert label in printed, f"{label} not on the details page"
+    problems = ncu.compare_with_exports(s, printed, ncu.read_raw_csv(raw) if raw.exists() else None,
+                                        ncu.load_action(report))
+    assert not problems, "\n".join(problems)
+    if ncu.version_of(report.name) == "v6":
+        assert s["tensor_ops_per_s"] or s["tensor_pipe_pct"], "v6 runs on tensor cores"

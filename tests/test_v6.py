@@ -1,0 +1,400 @@
+"""v6 (tensor cores, mma.sync): correctness of bf16/fp16 and TF32, causal masking, odd shapes, refusals.
+
+Two kinds of tests:
+  * CPU-only: a numpy emulation of ldmatrix and mma.sync (fragment layouts as tabulated in the PTX ISA)
+    driven by the same lane -> address formulas as kernels/v6.cu. It checks that S = Q K^T and O = P V
+    come out right through the swizzled tiles, that P can be reused from the accumulator registers, and
+    that the shared-memory accesses are free of bank conflicts. Runs anywhere.
+  * GPU: the compiled kernel against a float32-upcast reference (bf16/fp16, the flash-attention rule:
+    error <= 2 x PyTorch's own low-precision error + 1e-5) and a float64 reference (TF32 mode).
+
+Sanitizers (on the GPU host):
+  compute-sanitizer --tool memcheck  python tests/test_v6.py --sanitize
+  compute-sanitizer --tool racecheck python tests/test_v6.py --sanitize
+"""
+from __future__ import annotations
+
+import math
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ================================================================ CPU emulation of the fragment maps
+# PTX ISA fragment layouts, lane l: group g = l // 4, thread-in-group q = l % 4.
+def a16(l, i):   # m16n8k16 A (16x16, row): element i of 8 -> (row, k)
+    g, q = divmod(l, 4)
+    return g + 8 * ((i // 2) % 2), 2 * q + i % 2 + 8 * (i // 4)
+
+
+def b16(l, i):   # m16n8k16 B (16x8, col): element i of 4 -> (k, n)
+    g, q = divmod(l, 4)
+    return 2 * q + i % 2 + 8 * (i // 2), g
+
+
+def a_tf32(l, i):   # m16n8k8 TF32 A (16x8): element i of 4 -> (row, k)
+    g, q = divmod(l, 4)
+    return g + 8 * (i % 2), q + 4 * (i // 2)
+
+
+def b_tf32(l, i):   # m16n8k8 TF32 B (8x8): element i of 2 -> (k, n)
+    g, q = divmod(l, 4)
+    return q + 4 * i, g
+
+
+def c_frag(l, i):   # accumulator (16x8) of both shapes: element i of 4 -> (row, col)
+    g, q = divmod(l, 4)
+    return g + 8 * (i // 2), 2 * q + i % 2
+
+
+def swizzled_tile(tile: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Store tile [R, D] the way load_tile does (thread idx -> row idx // CPR, chunk idx % CPR, stored at
+    chunk (c ^ (r % 8))). Returns the shared memory as uint16 units and the byte address written by
+    each consecutive thread, for the bank check of the cp.async stores."""
+    R, D = tile.shape
+    es = tile.itemsize
+    cpr = D * es // 16
+    raw = np.ascontiguousarray(tile).view(np.uint16).reshape(R, cpr, 8)   # 8 uint16 per 16-byte chunk
+    mem = np.zeros((R * cpr, 8), np.uint16)
+    writes = []
+    for idx in range(R * cpr):
+        r, c = divmod(idx, cpr)
+        mem[r * cpr + (c ^ (r & 7))] = raw[r, c]
+        writes.append((r * cpr + (c ^ (r & 7))) * 16)
+    return mem.reshape(-1), writes
+
+
+def check_ldmatrix_banks(addrs):
+    for i in range(4):   # one phase per 8x8 matrix: 8 rows of 16 bytes must use 8 distinct bank groups
+        groups = {(addrs[8 * i + r] // 16) % 8 for r in range(8)}
+        assert len(groups) == 8, f"ldmatrix phase {i} has a bank conflict: {addrs[8 * i:8 * i + 8]}"
+
+
+def ldmatrix_x4(mem16: np.ndarray, addrs, trans=False) -> np.ndarray:
+    """PTX ldmatrix.sync.aligned.m8n8.x4(.trans).b16: lanes 8i..8i+7 address the rows of matrix i; lane l
+    receives in register i the pair (row l/4, cols 2(l%4), 2(l%4)+1), or with .trans (rows 2(l%4),
+    2(l%4)+1, col l/4). Returns uint32 registers [32, 4], low half = first element."""
+    check_ldmatrix_banks(addrs)
+    regs = np.zeros((32, 4), np.uint64)
+    for i in range(4):
+        mat = np.stack([mem16[addrs[8 * i + r] // 2: addrs[8 * i + r] // 2 + 8] for r in range(8)])
+        if trans:
+            mat = mat.T
+        for l in range(32):
+            lo, hi = int(mat[l // 4, 2 * (l % 4)]), int(mat[l // 4, 2 * (l % 4) + 1])
+            regs[l, i] = lo | (hi << 16)
+    return regs
+
+
+def halves(reg, dtype):
+    return np.array([reg & 0xFFFF, reg >> 16], np.uint16).view(dtype).astype(np.float64)
+
+
+def as_f32(reg):
+    return float(np.array([reg], np.uint32).view(np.float32)[0])
+
+
+def mma(a, b, c, tf32: bool, dtype=np.float16):
+    """One warp-wide mma.sync: a [32, 4] and b [32, 2] registers, c [32, 4] floats (updated copy)."""
+    if tf32:
+        A, B = np.full((16, 8), np.nan), np.full((8, 8), np.nan)
+        for l in range(32):
+            for i in range(4):
+                A[a_tf32(l, i)] = as_f32(a[l, i])
+            for i in range(2):
+                B[b_tf32(l, i)] = as_f32(b[l, i])
+    else:
+        A, B = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
+        for l in range(32):
+            for i in range(8):
+                A[a16(l, i)] = halves(int(a[l, i // 2]), dtype)[i % 2]
+            for i in range(4):
+                B[b16(l, i)] = halves(int(b[l, i // 2]), dtype)[i % 2]
+    assert not np.isnan(A).any() and not np.isnan(B).any(), "a fragment element was never written"
+    C = A @ B
+    out = c.copy()
+    for l in range(32):
+        for i in range(4):
+            out[l, i] += C[c_frag(l, i)]
+    return out
+
+
+def pack2(lo, hi, dtype):
+    return int(np.array([lo, hi], dtype).view(np.uint32)[0])
+
+
+def f32_bits(x):
+    return int(np.array([x], np.float32).view(np.uint32)[0])
+
+
+def emulate_warp(D, BC, WM, tf32, seed=0):
+    """Slice 0..WM-1 of warp 0: S = Q K^T and O = P V (with P := S) through the kernel's index math."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if tf32 else np.float16
+    es = 4 if tf32 else 2
+    Q = rng.integers(-2, 3, (16 * WM, D)).astype(dtype)   # small integers: every product is exact
+    K = rng.integers(-2, 3, (BC, D)).astype(dtype)
+    V = rng.integers(-2, 3, (BC, D)).astype(dtype)
+    cpr = D * es // 16
+    rowb = cpr * 16
+    memQ, _ = swizzled_tile(Q)
+    memK, writes = swizzled_tile(K)
+    memV, _ = swizzled_tile(V)
+    for w in range(0, len(writes), 8):   # cp.async: each 8 consecutive threads fill 128 distinct bytes
+        assert len({(a // 16) % 8 for a in writes[w:w + 8]}) == 8
+
+    lanes = range(32)
+    x = [l & 7 for l in lanes]
+    a_row = [x[l] + 8 * ((l >> 3) & 1) for l in lanes]
+    a_chunk = [l >> 4 for l in lanes]
+    b_row = [x[l] + 8 * (l >> 4) for l in lanes]
+    b_chunk = [(l >> 3) & 1 for l in lanes]
+
+    NT, DT = BC // 8, D // 8
+    s_acc = np.zeros((WM, NT, 32, 4))
+    for ks in range(cpr // 2):
+        qa = [ldmatrix_x4(memQ, [(s * 16 + a_row[l]) * rowb + (((2 * ks + a_chunk[l]) ^ x[l]) << 4)
+                                 for l in lanes]) for s in range(WM)]
+        for np_ in range(NT // 2):
+            b = ldmatrix_x4(memK, [(np_ * 16 + b_row[l]) * rowb + (((2 * ks + b_chunk[l]) ^ x[l]) << 4)
+                                   for l in lanes])
+            for s in range(WM):
+                s_acc[s, 2 * np_] = mma(qa[s], b[:, 0:2], s_acc[s, 2 * np_], tf32)
+                s_acc[s, 2 * np_ + 1] = mma(qa[s], b[:, 2:4], s_acc[s, 2 * np_ + 1], tf32)
+    S = np.zeros((16 * WM, BC))
+    for s in range(WM):
+        for t in range(NT):
+            for l in lanes:
+                for i in range(4):
+                    r, c = c_frag(l, i)
+                    S[16 * s + r, 8 * t + c] = s_acc[s, t, l, i]
+    S_ref = Q.astype(np.float64) @ K.astype(np.float64).T
+    np.testing.assert_array_equal(S, S_ref)
+
+    o = np.zeros((WM, DT, 32, 4))
+    if not tf32:
+        for kk in range(BC // 16):
+            p = []
+            for s in range(WM):
+                pf = np.zeros((32, 4), np.uint64)
+                for l in lanes:
+                    t0, t1 = s_acc[s, 2 * kk, l], s_acc[s, 2 * kk + 1, l]
+                    pf[l] = [pack2(t0[0], t0[1], dtype), pack2(t0[2], t0[3], dtype),
+                             pack2(t1[0], t1[1], dtype), pack2(t1[2], t1[3], dtype)]
+                p.append(pf)
+            for dp in range(D // 16):
+                b = ldmatrix_x4(memV, [(kk * 16 + a_row[l]) * rowb + (((2 * dp + a_chunk[l]) ^ x[l]) << 4)
+                                       for l in lanes], trans=True)
+                for s in range(WM):
+                    o[s, 2 * dp] = mma(p[s], b[:, 0:2], o[s, 2 * dp], tf32)
+                    o[s, 2 * dp + 1] = mma(p[s], b[:, 2:4], o[s, 2 * dp + 1], tf32)
+    else:
+        memV_bytes = memV.view(np.uint8)
+        for kk in range(BC // 8):
+            p = []
+            for s in range(WM):
+                pf = np.zeros((32, 4), np.uint64)
+                for l in lanes:
+                    c = s_acc[s, kk, l]
+                    pf[l] = [f32_bits(c[0]), f32_bits(c[2]), f32_bits(c[1]), f32_bits(c[3])]
+                p.append(pf)
+            for t in range(DT):
+                bv = np.zeros((32, 2), np.uint64)
+                addrs = []
+                for l in lanes:
+                    g, q = divmod(l, 4)
+                    r0 = kk * 8 + 2 * q
+                    chunk, within = 2 * t + (g >> 2), (g & 3) * 4
+                    a0 = r0 * rowb + ((chunk ^ (2 * q)) << 4) + within
+                    a1 = (r0 + 1) * rowb + ((chunk ^ (2 * q + 1)) << 4) + within
+                    bv[l] = [int(memV_bytes[a0:a0 + 4].view(np.uint32)[0]),
+                             int(memV_bytes[a1:a1 + 4].view(np.uint32)[0])]
+                    addrs.append((a0, a1))
+                for j in range(2):   # 32 four-byte loads per instruction: 32 distinct banks
+                    assert len({(a[j] // 4) % 32 for a in addrs}) == 32, "TF32 V load has a bank conflict"
+                for s in range(WM):
+                    o[s, t] = mma(p[s], bv, o[s, t], tf32)
+    O = np.zeros((16 * WM, D))
+    for s in range(WM):
+        for t in range(DT):
+            for l in lanes:
+                for i in range(4):
+                    r, c = c_frag(l, i)
+                    O[16 * s + r, 8 * t + c] = o[s, t, l, i]
+    np.testing.assert_array_equal(O, S_ref @ V.astype(np.float64))
+
+
+@pytest.mark.parametrize("D,BC,WM,tf32", [(64, 64, 2, False), (128, 32, 2, False), (128, 64, 1, False),
+                                          (64, 64, 1, True), (128, 32, 1, True)])
+def test_fragment_mappings_emulated(D, BC, WM, tf32):
+    emulate_warp(D, BC, WM, tf32)
+
+
+# ================================================================ GPU tests
+SHAPES = [(113, 203), (128, 217), (1023, 1024), (1024, 1023), (1, 1), (2048, 2048)]
+BHS = [(1, 1), (2, 3)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_v6():
+    if (ROOT / "flashattn" / "loader.py").exists():
+        import flashattn
+        return flashattn.load("v6")
+    from torch.utils.cpp_extension import load_inline
+    src = (ROOT / "kernels" / "v6.cu").read_text()
+    major, minor = torch.cuda.get_device_capability()
+    return load_inline("flashattn_v6_test", cpp_sources=src, cuda_sources=src, functions=["forward"],
+                       extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17",
+                                          f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"],
+                       no_implicit_headers=True)
+
+
+@pytest.fixture(scope="module")
+def v6():
+    return build_v6()
+
+
+def allowed(M, N, device):
+    i = torch.arange(M, device=device)[:, None]
+    j = torch.arange(N, device=device)[None, :]
+    return j <= i + (N - M)   # bottom-right aligned
+
+
+def attention_in(q, k, v, causal, dtype):
+    """matmul -> softmax -> matmul with every step in `dtype`; rows with no allowed key give 0."""
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        mask = allowed(q.shape[2], k.shape[2], q.device)
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)   # fully masked rows: 0, not NaN
+    else:
+        p = torch.softmax(s, dim=-1)
+    return p @ v
+
+
+def run_poisoned(v6, q, k, v, causal):
+    """forward(), after freeing a NaN-filled block of the output's size: PyTorch's caching allocator hands
+    that block to the binding's empty_like, so any element the kernel forgets to write stays NaN."""
+    junk = torch.full_like(q, float("nan"))
+    del junk
+    return v6.forward(q, k, v, causal)
+
+
+def check_low_precision(v6, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(B, H, M, D, device="cuda", generator=g) * q_scale).to(dtype)
+    k = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
+    out = run_poisoned(v6, q, k, v, causal)
+    torch.cuda.synchronize()
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN element)"
+    ref = attention_in(q, k, v, causal, torch.float32)
+    ours = (out.float() - ref).abs().max().item()
+    torch_err = (attention_in(q, k, v, causal, dtype).float() - ref).abs().max().item()
+    assert ours <= 2 * torch_err + 1e-5, f"max abs error {ours:.3e} > 2 x PyTorch's {torch_err:.3e} + 1e-5"
+    if causal and M > N:   # the first M - N rows see no key: defined as 0
+        assert (out[:, :, :M - N] == 0).all()
+
+
+@needs_gpu
+@pytest.mark.parametrize("B,H", BHS)
+@pytest.mark.parametrize("M,N", SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_low_precision_matches(v6, dtype, causal, D, M, N, B, H):
+    seed = zlib.crc32(repr((dtype, causal, D, M, N, B, H)).encode())   # fixed across runs
+    check_low_precision(v6, B, H, M, N, D, DTYPES[dtype], causal, seed)
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_large_logits(v6, dtype, D, causal):
+    # q x 20: scores far beyond exp's range without the running max
+    check_low_precision(v6, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=7 + D, q_scale=20.0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("M,N", [(1, 1), (113, 203), (1024, 1023), (2048, 2048)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tf32_mode(v6, causal, D, M, N):
+    """fp32 inputs run as TF32 (10-bit mantissa, cvt.rna); tested bound: relative error <= 2e-3."""
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + D + causal)
+    q, k, v = (torch.randn(2, 3, L, D, device="cuda", generator=g) for L in (M, N, N))
+    out = run_poisoned(v6, q, k, v, causal)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    ref = attention_in(q, k, v, causal, torch.float64)
+    rel = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    assert rel <= 2e-3, f"TF32 relative error {rel:.2e}"
+    if M == N == 1:
+        assert rel < 1e-3
+
+
+@needs_gpu
+def test_tf32_fully_masked_rows_are_zero(v6):
+    q, k, v = (torch.randn(1, 2, L, 64, device="cuda") for L in (200, 70, 70))
+    out = v6.forward(q, k, v, True)
+    assert (out[:, :, :130] == 0).all() and torch.isfinite(out).all()
+
+
+@needs_gpu
+def test_bad_inputs_refused_then_good_call_works(v6):
+    good = [torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = good
+    cases = {
+        "cpu": (q.cpu(), k.cpu(), v.cpu()),
+        "int32": tuple(t.to(torch.int32) for t in good),
+        "float64": tuple(t.double() for t in good),
+        "rank3": (q[0], k[0], v[0]),
+        "mixed dtype": (q, k.half(), v),
+        "k head_dim": (q, torch.randn(1, 2, 33, 128, device="cuda", dtype=torch.bfloat16), v),
+        "v length": (q, k, torch.randn(1, 2, 34, 64, device="cuda", dtype=torch.bfloat16)),
+        "batch": (q, k.expand(2, 2, 33, 64).contiguous(), v.expand(2, 2, 33, 64).contiguous()),
+        "D=80": tuple(torch.randn(1, 2, 33, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+        "non-contiguous": (q.transpose(2, 3).contiguous().transpose(2, 3), k, v),
+    }
+    for name, (a, b, c) in cases.items():
+        with pytest.raises(RuntimeError):
+            v6.forward(a, b, c, False)
+    out = v6.forward(q, k, v, False)
+    ref = attention_in(q, k, v, False, torch.float32)
+    assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+# ================================================================ sanitizer driver
+def sanitize_run():
+    """A few small launches of every template instance, tails included, for compute-sanitizer."""
+    v6 = build_v6()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for D in (64, 128):
+            for causal in (False, True):
+                for M, N in ((113, 203), (130, 67), (1, 1)):
+                    q = torch.randn(2, 3, M, D, device="cuda").to(dtype)
+                    k = torch.randn(2, 3, N, D, device="cuda").to(dtype)
+                    v = torch.randn(2, 3, N, D, device="cuda").to(dtype)
+                    out = v6.forward(q, k, v, causal)
+                    torch.cuda.synchronize()
+                    assert torch.isfinite(out).all(), (dtype, D, causal, M, N)
+    print("v6 sanitize run: done")
+
+
+if __name__ == "__main__":
+    if "--sanitize" in sys.argv:
+        sanitize_run()
+    else:
+        sys.exit(pytest.main([__file__, "-q"]))
