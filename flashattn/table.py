@@ -110,7 +110,9 @@ def results_table(path, **select) -> str:
     return markdown(rows, run)
 
 
-def update_readme(readme, table: str) -> None:
+def update_readme(readme, table: str, block: str = "results-table") -> None:
+    """Replace the text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->` in `readme`."""
+    START, END = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
     path = Path(readme)
     text = path.read_text()
     if START not in text or END not in text or text.index(START) > text.index(END):
@@ -118,6 +120,66 @@ def update_readme(readme, table: str) -> None:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     path.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+
+
+def comparison_table(doc: dict, impl: str, against: list[str]) -> str:
+    """One line per shape in the file: `impl`'s median and its speed relative to each of `against`
+    (>1: impl is faster), every ratio taken within one run. For the README's v5 and v6 sections."""
+    lines = ["| B, H, M=N, D | dtype | causal | " + f"{impl} (µs) | "
+             + " | ".join(f"{a} (µs) | {impl} vs {a}" for a in against) + " |",
+             "|---|---|---|--:|" + "--:|--:|" * len(against)]
+    for run in doc["runs"]:
+        by_shape: dict = {}
+        for r in run["rows"]:
+            key = (r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], r["dtype"], bool(r["causal"]))
+            by_shape.setdefault(key, {})[r["impl"]] = r
+        for (B, H, L, D, dtype, causal), rows in by_shape.items():
+            mine = rows.get(impl)
+            if not mine or mine["status"] != "ok":
+                continue
+            cells = []
+            for a in against:
+                other = rows.get(a)
+                if other and other["status"] == "ok":
+                    cells.append(f"{other['median_us']:,.1f} | {other['median_us'] / mine['median_us']:.2f}×")
+                else:
+                    cells.append("n/a | —")
+            lines.append(f"| {B}, {H}, {L}, {D} | {dtype} | {'yes' if causal else 'no'} | "
+                         f"{mine['median_us']:,.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def header_line(r: dict, command: str) -> str:
+    """One comment line for a kernel's header: the measured median at the row's shape and its ratio to
+    SDPA in the same run."""
+    shape = (f"B={r['batch_size']}, H={r['num_heads']}, M={r['seq_len_q']}, N={r['seq_len_kv']}, "
+             f"D={r['head_dim']}, {r['dtype']}{', causal' if r['causal'] else ''}")
+    s = r.get("speedup_vs_sdpa")
+    vs = f", {s:.2f}x SDPA's speed in the same run" if s else ""
+    return f"// Measured on H200 ({shape}): {r['median_us']:,.1f} us median{vs} [{command}]"
+
+
+def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, append: bool = False) -> list[str]:
+    """Replace each kernel file's `// Measured on H200` line(s) with the figures of `rows`
+    (`append=True` adds a line under the existing ones, for a second dtype). Returns the files changed."""
+    kernels_dir = Path(kernels_dir or Path(__file__).resolve().parent.parent / "kernels")
+    changed = []
+    for r in rows:
+        path = kernels_dir / f"{r['impl']}.cu"
+        if r["status"] != "ok" or not path.exists():
+            continue
+        lines = path.read_text().split("\n")
+        idx = [i for i, line in enumerate(lines) if line.startswith("// Measured on H200")]
+        if not idx:
+            continue
+        new = header_line(r, command)
+        if append:
+            lines.insert(idx[-1] + 1, new)
+        else:
+            lines[idx[0]:idx[-1] + 1] = [new]
+        path.write_text("\n".join(lines))
+        changed.append(str(path))
+    return changed
 
 
 def main(argv=None) -> int:
@@ -128,9 +190,26 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--update-readme", type=Path, metavar="README", help="replace the marked block in README")
+    p.add_argument("--update-headers", metavar="COMMAND",
+                   help="write the rows' medians into kernels/*.cu '// Measured on H200' lines, citing COMMAND")
+    p.add_argument("--append", action="store_true", help="with --update-headers: add a line, keep the old ones")
+    p.add_argument("--compare", nargs="+", metavar="NAME",
+                   help="IMPL OTHER...: a table of IMPL against OTHER at every shape in the file")
     args = p.parse_args(argv)
-    table = results_table(args.json, seq_len=args.seq_len, dtype=args.dtype, causal=args.causal,
-                          head_dim=args.head_dim)
+    select = dict(seq_len=args.seq_len, dtype=args.dtype, causal=args.causal, head_dim=args.head_dim)
+    if args.compare:
+        table = comparison_table(load(args.json), args.compare[0], args.compare[1:])
+        if args.update_readme:
+            update_readme(args.update_readme, table, block=f"{args.compare[0]}-table")
+        else:
+            print(table)
+        return 0
+    if args.update_headers:
+        rows, _ = select_rows(load(args.json), **select)
+        for path in update_kernel_headers(rows, args.update_headers, append=args.append):
+            print(f"updated {path}")
+        return 0
+    table = results_table(args.json, **select)
     if args.update_readme:
         update_readme(args.update_readme, table)
         print(f"updated {args.update_readme}")

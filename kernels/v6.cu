@@ -80,6 +80,23 @@
 #ifndef V6_D128_QREG
 #define V6_D128_QREG 0
 #endif
+// Sweep-only pipeline variants (defaults reproduce the kernels described above):
+//   V6_D64_SUB / V6_D128_SUB = S > 1: one pipeline stage brings S * B_c keys of K and V (one cp.async
+//     wait, two barriers per stage, as for S = 1) and the compute walks them as S sub-tiles of B_c keys,
+//     each a full online-softmax step. Registers stay those of B_c; barriers and waits per key drop S-fold;
+//     shared memory grows to Q + 2 x S x (K + V) tiles.
+//   V6_SPLIT_KV = 1: K_j and V_j travel in separate cp.async groups; a warp waits for K_j before S_ij and
+//     for V_j only before P_ij V_j (FlashAttention-2's order). Still two barriers per stage: the one that
+//     publishes K_j also frees the other buffer, so the prefetch is issued right after it.
+#ifndef V6_D64_SUB
+#define V6_D64_SUB 1
+#endif
+#ifndef V6_D128_SUB
+#define V6_D128_SUB 1
+#endif
+#ifndef V6_SPLIT_KV
+#define V6_SPLIT_KV 0
+#endif
 
 namespace v6 {
 
@@ -221,7 +238,7 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL>
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                   T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
@@ -232,13 +249,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int KSTEPS = CPR / 2;                // k steps over D: 32 bytes = k16 (16-bit) or k8 (TF32)
   constexpr int NT = BC / 8;                     // n8 tiles of S_ij per slice
   constexpr int DT = D / 8;                      // n8 tiles of O_i per slice
+  constexpr int KV = SUB * BC;                   // keys per pipeline stage (SUB sub-tiles of B_c)
   static_assert(CPR >= 8, "the swizzle needs rows of at least 128 bytes");
   static_assert(BC % 16 == 0 && D % 16 == 0, "tile sizes must be multiples of 16");
+  static_assert(SUB >= 1, "a stage holds at least one sub-tile");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
-  T* sK = sQ + BR * D;                      // 2 buffers of [B_c][D]
-  T* sV = sK + 2 * BC * D;                  // 2 buffers of [B_c][D]
+  T* sK = sQ + BR * D;                      // 2 buffers of [SUB * B_c][D]
+  T* sV = sK + 2 * KV * D;                  // 2 buffers of [SUB * B_c][D]
 
   // Non-causal: consecutive blocks walk the query blocks of one head, so they share K/V in L2.
   // Causal: the longest query blocks (most key tiles) start first, all heads at once, so the short ones
@@ -260,11 +279,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* Vh = V + (size_t)bh * N * D;
   T* Oh = O + (size_t)bh * M * D;
 
-  // Key tiles to visit. Causal: row i sees keys j <= i + N - M, so the block's last row bounds them.
-  int n_tiles = (N + BC - 1) / BC;
+  // Keys [0, n_keys) to visit, in n_tiles stages of KV keys. Causal: row i sees keys j <= i + N - M, so
+  // the block's last row bounds them.
+  int n_keys = N, n_tiles = (N + KV - 1) / KV;
   if (CAUSAL) {
     const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+    n_keys = last_key < 0 ? 0 : (int)min((long long)N, last_key + 1);
+    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + KV - 1) / KV);
   }
 
   float o[WM][DT][4];
@@ -290,27 +311,41 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint32_t q_frag[WM][KSTEPS][4];   // used only when QREG (dead otherwise, so never allocated)
 
     load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
-    load_tile<BC, CPR>(sK, Kh, 0, N, tid);
-    load_tile<BC, CPR>(sV, Vh, 0, N, tid);
+    load_tile<KV, CPR>(sK, Kh, 0, N, tid);
+    if constexpr (SPLIT) cp_async_commit();   // group: Q_i + K_0, then V_0
+    load_tile<KV, CPR>(sV, Vh, 0, N, tid);
     cp_async_commit();
 
     for (int jt = 0; jt < n_tiles; ++jt) {
       const int buf = jt & 1;
-      // Prefetch K_{j+1}, V_{j+1} into the other buffer; it was last read in iteration j-1, which
-      // ended with a barrier.
-      if (jt + 1 < n_tiles) {
-        load_tile<BC, CPR>(sK + (buf ^ 1) * BC * D, Kh, (jt + 1) * BC, N, tid);
-        load_tile<BC, CPR>(sV + (buf ^ 1) * BC * D, Vh, (jt + 1) * BC, N, tid);
-        cp_async_commit();
-        cp_async_wait<1>();   // everything but the prefetch just issued has landed
+      const bool prefetch = jt + 1 < n_tiles;
+      if constexpr (!SPLIT) {
+        // Prefetch K_{j+1}, V_{j+1} into the other buffer; it was last read in iteration j-1, which
+        // ended with a barrier.
+        if (prefetch) {
+          load_tile<KV, CPR>(sK + (buf ^ 1) * KV * D, Kh, (jt + 1) * KV, N, tid);
+          load_tile<KV, CPR>(sV + (buf ^ 1) * KV * D, Vh, (jt + 1) * KV, N, tid);
+          cp_async_commit();
+          cp_async_wait<1>();   // everything but the prefetch just issued has landed
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();
       } else {
-        cp_async_wait<0>();
+        // Pending here: K_j, V_j. Once K_j is in, the barrier publishes it and also proves every warp
+        // has left iteration j-1, so the other buffer is free for the prefetch.
+        cp_async_wait<1>();
+        __syncthreads();
+        if (prefetch) {
+          load_tile<KV, CPR>(sK + (buf ^ 1) * KV * D, Kh, (jt + 1) * KV, N, tid);
+          cp_async_commit();
+          load_tile<KV, CPR>(sV + (buf ^ 1) * KV * D, Vh, (jt + 1) * KV, N, tid);
+          cp_async_commit();
+        }
       }
-      __syncthreads();
 
-      const int j0 = jt * BC;
-      const uint32_t sK_addr = smem_addr(sK + buf * BC * D) + (uint32_t)(b_row * ROWB);
-      const uint32_t sV_addr = smem_addr(sV + buf * BC * D) + (uint32_t)(a_row * ROWB);
+      const uint32_t sK_stage = smem_addr(sK + buf * KV * D) + (uint32_t)(b_row * ROWB);
+      const uint32_t sV_stage = smem_addr(sV + buf * KV * D) + (uint32_t)(a_row * ROWB);
 
       if constexpr (QREG) {
         if (jt == 0) {
@@ -326,153 +361,179 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
 
-      // ---- S_ij = Q_i K_j^T (raw scores; the scale is folded into the exponent later) ----
-      float s_acc[WM][NT][4];
-#pragma unroll
-      for (int s = 0; s < WM; ++s)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[s][t][e] = 0.f;
+      // A stage holds SUB sub-tiles of B_c keys; each one is a complete online-softmax step, so only
+      // one sub-tile's S_ij is ever live in registers. Sub-tile rows are B_c (a multiple of 8) apart,
+      // so the swizzle term (row % 8) is the same as in a one-tile stage.
+      // Not unrolled: unrolling lets ptxas hoist the next sub-tile's loads into this one's live range,
+      // which spills at D = 128.
+#pragma unroll 1
+      for (int sub = 0; sub < SUB; ++sub) {
+        const int j0 = jt * KV + sub * BC;
+        // A sub-tile that starts at or past the last key to visit (past N, or above the diagonal for
+        // every row of the block) is skipped; the first one never is. Block-uniform, no barrier skipped.
+        if constexpr (SUB > 1)
+          if (j0 >= n_keys) break;
+        const uint32_t sK_addr = sK_stage + sub * BC * ROWB;
+        const uint32_t sV_addr = sV_stage + sub * BC * ROWB;
 
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) {
-        uint32_t a_tmp[WM][4];   // used only when !QREG
-        if constexpr (!QREG) {
-#pragma unroll
-          for (int s = 0; s < WM; ++s) {
-            ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
-            if constexpr (kTF32)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          // Matrices: keys 16np+0..7 / chunk 2ks, same keys / chunk 2ks+1, keys +8..15 / 2ks, +8..15 /
-          // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
-          // contiguous in k, which is exactly the "col" B layout: no transpose needed.
-          uint32_t b[4];
-          ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
-          if constexpr (kTF32)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
-#pragma unroll
-          for (int s = 0; s < WM; ++s) {
-            const uint32_t(&a)[4] = QREG ? q_frag[s][ks] : a_tmp[s];
-            mma<T>(s_acc[s][2 * np], a, b[0], b[1]);
-            mma<T>(s_acc[s][2 * np + 1], a, b[2], b[3]);
-          }
-        }
-      }
-
-      // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
-      const bool tail = j0 + BC > N;
-      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
-      if (tail || diag) {
+        // ---- S_ij = Q_i K_j^T (raw scores; the scale is folded into the exponent later) ----
+        float s_acc[WM][NT][4];
 #pragma unroll
         for (int s = 0; s < WM; ++s)
 #pragma unroll
           for (int t = 0; t < NT; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
-              const int col = j0 + t * 8 + 2 * q + (e & 1);
-              // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-              if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
-            }
-      }
+            for (int e = 0; e < 4; ++e) s_acc[s][t][e] = 0.f;
 
-      // ---- online softmax, one row half (g or g+8) at a time ----
 #pragma unroll
-      for (int s = 0; s < WM; ++s)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = m_i[s][h];
-#pragma unroll
-          for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s_acc[s][t][2 * h], s_acc[s][t][2 * h + 1]));
-          // the four lanes of a quad hold the same row
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
-          // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
-          const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
-          const float alpha = ex2(m_i[s][h] * scale_log2 - m_base);
-          m_i[s][h] = mx;
-          float row_sum = 0.f;
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int e = 2 * h; e < 2 * h + 2; ++e) {
-              const float p = ex2(fmaf(s_acc[s][t][e], scale_log2, -m_base));
-              s_acc[s][t][e] = p;
-              row_sum += p;
-            }
-          // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
-          l_i[s][h] = l_i[s][h] * alpha + row_sum;
-#pragma unroll
-          for (int t = 0; t < DT; ++t) {
-            o[s][t][2 * h] *= alpha;
-            o[s][t][2 * h + 1] *= alpha;
-          }
-        }
-
-      // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
-      if constexpr (!kTF32) {
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-          // A fragment of keys [16kk, 16kk+16): rows g / g+8, keys 2q.. (tile 2kk) and 8+2q.. (2kk+1).
-          uint32_t p_frag[WM][4];
-#pragma unroll
-          for (int s = 0; s < WM; ++s) {
-            p_frag[s][0] = pack2<T>(s_acc[s][2 * kk][0], s_acc[s][2 * kk][1]);
-            p_frag[s][1] = pack2<T>(s_acc[s][2 * kk][2], s_acc[s][2 * kk][3]);
-            p_frag[s][2] = pack2<T>(s_acc[s][2 * kk + 1][0], s_acc[s][2 * kk + 1][1]);
-            p_frag[s][3] = pack2<T>(s_acc[s][2 * kk + 1][2], s_acc[s][2 * kk + 1][3]);
-          }
-#pragma unroll
-          for (int dp = 0; dp < D / 16; ++dp) {
-            // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
-            // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          uint32_t a_tmp[WM][4];   // used only when !QREG
+          if constexpr (!QREG) {
 #pragma unroll
             for (int s = 0; s < WM; ++s) {
-              mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
-              mma<T>(o[s][2 * dp + 1], p_frag[s], b[2], b[3]);
+              ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+              if constexpr (kTF32)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
+            }
+          }
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            // Matrices: keys 16np+0..7 / chunk 2ks, same keys / chunk 2ks+1, keys +8..15 / 2ks, +8..15 /
+            // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
+            // contiguous in k, which is exactly the "col" B layout: no transpose needed.
+            uint32_t b[4];
+            ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+            if constexpr (kTF32)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
+#pragma unroll
+            for (int s = 0; s < WM; ++s) {
+              const uint32_t(&a)[4] = QREG ? q_frag[s][ks] : a_tmp[s];
+              mma<T>(s_acc[s][2 * np], a, b[0], b[1]);
+              mma<T>(s_acc[s][2 * np + 1], a, b[2], b[3]);
             }
           }
         }
-      } else {
-        // TF32: k8 slice kk = n8 tile kk of S. k-slot q carries key 2q and k-slot q+4 key 2q+1 (see the
-        // header), so a = {P[g][2q], P[g+8][2q], P[g][2q+1], P[g+8][2q+1]} = accumulators 0, 2, 1, 3,
-        // and b0/b1 are V rows 2q and 2q+1, column g of the n8 tile. ldmatrix.trans moves 16-bit halves,
-        // so V is read with plain 4-byte loads; with the swizzle they hit 32 different banks.
-        const unsigned char* sVb = reinterpret_cast<const unsigned char*>(sV + buf * BC * D);
+
+        // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
+        const bool tail = j0 + BC > N;
+        const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+        if (tail || diag) {
 #pragma unroll
-        for (int kk = 0; kk < BC / 8; ++kk) {
-          uint32_t p_frag[WM][4];
+          for (int s = 0; s < WM; ++s)
 #pragma unroll
-          for (int s = 0; s < WM; ++s) {
-            p_frag[s][0] = to_tf32(s_acc[s][kk][0]);
-            p_frag[s][1] = to_tf32(s_acc[s][kk][2]);
-            p_frag[s][2] = to_tf32(s_acc[s][kk][1]);
-            p_frag[s][3] = to_tf32(s_acc[s][kk][3]);
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
+                const int col = j0 + t * 8 + 2 * q + (e & 1);
+                // j <= i + N - M written as j - N <= i - M so that nothing can overflow
+                if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
+              }
+        }
+
+        // ---- online softmax, one row half (g or g+8) at a time ----
+#pragma unroll
+        for (int s = 0; s < WM; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = m_i[s][h];
+#pragma unroll
+            for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s_acc[s][t][2 * h], s_acc[s][t][2 * h + 1]));
+            // the four lanes of a quad hold the same row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
+            // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
+            const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
+            const float alpha = ex2(m_i[s][h] * scale_log2 - m_base);
+            m_i[s][h] = mx;
+            float row_sum = 0.f;
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+              for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                const float p = ex2(fmaf(s_acc[s][t][e], scale_log2, -m_base));
+                s_acc[s][t][e] = p;
+                row_sum += p;
+              }
+            // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
+            l_i[s][h] = l_i[s][h] * alpha + row_sum;
+#pragma unroll
+            for (int t = 0; t < DT; ++t) {
+              o[s][t][2 * h] *= alpha;
+              o[s][t][2 * h + 1] *= alpha;
+            }
           }
-          const int r0 = kk * 8 + 2 * q;   // (r0 & 7) == 2q, (r0 + 1) & 7 == 2q + 1
-#pragma unroll
-          for (int t = 0; t < DT; ++t) {
-            const int chunk = 2 * t + (g >> 2), within = (g & 3) * 4;
-            const float v0 = *reinterpret_cast<const float*>(sVb + r0 * ROWB + ((chunk ^ (2 * q)) << 4) + within);
-            const float v1 =
-                *reinterpret_cast<const float*>(sVb + (r0 + 1) * ROWB + ((chunk ^ (2 * q + 1)) << 4) + within);
-            const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
-#pragma unroll
-            for (int s = 0; s < WM; ++s) mma<T>(o[s][t], p_frag[s], b0, b1);
+
+        if constexpr (SPLIT) {
+          if (sub == 0) {   // V_j of the whole stage: pending V_j (+ K_{j+1}, V_{j+1} if prefetched)
+            if (prefetch) cp_async_wait<2>();
+            else cp_async_wait<0>();
+            __syncthreads();
           }
         }
-      }
-      __syncthreads();   // all warps are done with this buffer before iteration j+1 refills it
+
+        // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
+        if constexpr (!kTF32) {
+#pragma unroll
+          for (int kk = 0; kk < BC / 16; ++kk) {
+            // A fragment of keys [16kk, 16kk+16): rows g / g+8, keys 2q.. (tile 2kk) and 8+2q.. (2kk+1).
+            uint32_t p_frag[WM][4];
+#pragma unroll
+            for (int s = 0; s < WM; ++s) {
+              p_frag[s][0] = pack2<T>(s_acc[s][2 * kk][0], s_acc[s][2 * kk][1]);
+              p_frag[s][1] = pack2<T>(s_acc[s][2 * kk][2], s_acc[s][2 * kk][3]);
+              p_frag[s][2] = pack2<T>(s_acc[s][2 * kk + 1][0], s_acc[s][2 * kk + 1][1]);
+              p_frag[s][3] = pack2<T>(s_acc[s][2 * kk + 1][2], s_acc[s][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+              // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
+              // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
+#pragma unroll
+              for (int s = 0; s < WM; ++s) {
+                mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
+                mma<T>(o[s][2 * dp + 1], p_frag[s], b[2], b[3]);
+              }
+            }
+          }
+        } else {
+          // TF32: k8 slice kk = n8 tile kk of S. k-slot q carries key 2q and k-slot q+4 key 2q+1 (see the
+          // header), so a = {P[g][2q], P[g+8][2q], P[g][2q+1], P[g+8][2q+1]} = accumulators 0, 2, 1, 3,
+          // and b0/b1 are V rows 2q and 2q+1, column g of the n8 tile. ldmatrix.trans moves 16-bit halves,
+          // so V is read with plain 4-byte loads; with the swizzle they hit 32 different banks.
+          const unsigned char* sVb = reinterpret_cast<const unsigned char*>(sV + buf * KV * D + sub * BC * D);
+#pragma unroll
+          for (int kk = 0; kk < BC / 8; ++kk) {
+            uint32_t p_frag[WM][4];
+#pragma unroll
+            for (int s = 0; s < WM; ++s) {
+              p_frag[s][0] = to_tf32(s_acc[s][kk][0]);
+              p_frag[s][1] = to_tf32(s_acc[s][kk][2]);
+              p_frag[s][2] = to_tf32(s_acc[s][kk][1]);
+              p_frag[s][3] = to_tf32(s_acc[s][kk][3]);
+            }
+            const int r0 = kk * 8 + 2 * q;   // (r0 & 7) == 2q, (r0 + 1) & 7 == 2q + 1
+#pragma unroll
+            for (int t = 0; t < DT; ++t) {
+              const int chunk = 2 * t + (g >> 2), within = (g & 3) * 4;
+              const float v0 = *reinterpret_cast<const float*>(sVb + r0 * ROWB + ((chunk ^ (2 * q)) << 4) + within);
+              const float v1 =
+                  *reinterpret_cast<const float*>(sVb + (r0 + 1) * ROWB + ((chunk ^ (2 * q + 1)) << 4) + within);
+              const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
+#pragma unroll
+              for (int s = 0; s < WM; ++s) mma<T>(o[s][t], p_frag[s], b0, b1);
+            }
+          }
+        }
+      }   // sub-tiles
+      // all warps are done with this buffer before iteration j+1 refills it (SPLIT: the barrier at the
+      // top of iteration j+1 does this)
+      if constexpr (!SPLIT) __syncthreads();
     }
   }
 
@@ -496,12 +557,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------- launcher ----------------------------
 
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL>
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                    cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
-  constexpr size_t smem = (size_t)(BR + 4 * BC) * D * sizeof(T);
-  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL>;
+  constexpr size_t smem = (size_t)(BR + 4 * SUB * BC) * D * sizeof(T);   // Q_i + 2 stages of K_j, V_j
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL, SUB, SPLIT>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -528,11 +589,15 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int
   constexpr bool kTF32 = sizeof(T) == 4;
   if (D == 64) {
     if constexpr (kTF32) return launch<T, 64, 1, 64, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
-    else return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    else
+      return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL, V6_D64_SUB, (V6_SPLIT_KV != 0)>(
+          q, k, v, o, B, H, M, N, stream);
   }
   if (D == 128) {
     if constexpr (kTF32) return launch<T, 128, 1, 32, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
-    else return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    else
+      return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL, V6_D128_SUB, (V6_SPLIT_KV != 0)>(
+          q, k, v, o, B, H, M, N, stream);
   }
   return "v6 supports head_dim 64 and 128 only";
 }
@@ -579,13 +644,13 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, int
 torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16 || dtype == torch::kFloat32,
-              "q must be bfloat16, float16 or float32 (TF32 mode), got ", dtype);
+              "q must be bfloat16, float16 or float32 (TF32 mode)");
   for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
-    TORCH_CHECK(t->scalar_type() == dtype, name, " must have q's dtype ", dtype, ", got ", t->scalar_type());
-    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got ", t->sizes());
+    TORCH_CHECK(t->scalar_type() == dtype, name, " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got rank ", t->dim());
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
-    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension: ", t->sizes());
+    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
                 " must be 16-byte aligned (the kernel copies 16-byte chunks)");
@@ -594,8 +659,8 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool ca
   }
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 supports head_dim 64 and 128, got ", q.size(3));
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must match q in batch, heads and head_dim: q ", q.sizes(), ", k ", k.sizes());
-  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k: k ", k.sizes(), ", v ", v.sizes());
+              "k must match q in batch, heads and head_dim");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
   const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const int code = dtype == torch::kBFloat16 ? 0 : dtype == torch::kFloat16 ? 1 : 2;
   const c10::cuda::CUDAGuard guard(q.device());

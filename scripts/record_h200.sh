@@ -2,10 +2,11 @@
 # Regenerate the recorded GPU results in one command, on a machine with a CUDA GPU (and ncu for the
 # profiles):
 #
-#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v6, profile, figures (default: all four)
+#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v5, v6, profile, figures (default: all)
 #
 #   bench    every version, seed suite + 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
 #              -> OUTDIR/bench.json, bench.txt
+#   v5       v4, v5 and SDPA (fp32) at M=N 512 ... 8192, D=64 and D=128 -> OUTDIR/bench_v5.json, bench_v5.txt
 #   v6       v6 against SDPA and its forced backends, bf16, causal and not, at B=4,H=12,2048,D=64 and
 #            B=2,H=16,8192,D=128 -> OUTDIR/bench_v6.json, bench_v6.txt
 #   profile  Nsight Compute report of every fused version at the primary shape, with ncu's details and
@@ -18,7 +19,7 @@
 set -uo pipefail
 OUT=${1:?usage: scripts/record_h200.sh OUTDIR [bench|v6|profile|figures ...]}
 shift
-STEPS=${*:-bench v6 profile figures}
+STEPS=${*:-bench v5 v6 profile figures}
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$OUT"
@@ -43,6 +44,13 @@ for step in $STEPS; do
     bench)
         rm -f "$OUT/bench.json" "$OUT/bench.txt"
         run bench.txt $PY -m flashattn.bench all --seq-lens 512 1024 2048 4096 --json "$OUT/bench.json"
+        ;;
+    v5)
+        rm -f "$OUT/bench_v5.json" "$OUT/bench_v5.txt"
+        run bench_v5.txt $PY -m flashattn.bench v4 v5 sdpa --seq-lens 512 1024 2048 4096 8192 \
+            --json "$OUT/bench_v5.json" --append
+        run bench_v5.txt $PY -m flashattn.bench v4 v5 sdpa -D 128 --seq-lens 512 1024 2048 4096 8192 \
+            --json "$OUT/bench_v5.json" --append
         ;;
     v6)
         rm -f "$OUT/bench_v6.json" "$OUT/bench_v6.txt"
@@ -72,7 +80,7 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v6, profile, figures)" >&2; status=2
+        echo "unknown step $step (bench, v5, v6, profile, figures)" >&2; status=2
         ;;
     esac
 done

@@ -29,14 +29,14 @@ def cases():
         yield pytest.param(version, B, H, M, N, D, id=f"{version}-B{B}H{H}-M{M}N{N}-D{D}")
 
 
-def check(version, q, k, v):
+def check(version, q, k, v, tol=TOL):
     poison_allocator(q)
     out = flashattn.forward(q, k, v, version=version)
     torch.cuda.synchronize()
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out).all(), "NaN or Inf in the output: an element was not written or overflowed"
     err = relative_error(out, attention_reference(q, k, v))
-    assert err <= TOL, f"relative error {err:.2e} > {TOL:.0e}"
+    assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"
     return err
 
 
@@ -48,9 +48,14 @@ def test_against_float64(version, B, H, M, N, D):
 @pytest.mark.parametrize("version", FP32_VERSIONS)
 @pytest.mark.parametrize("D", [64, 128])
 def test_large_logits(version, D):
-    """Scores around +-20^2 * sqrt(D): exp() overflows unless the running max is subtracted."""
+    """Scores around +-20^2 * sqrt(D): exp() overflows unless the running max is subtracted.
+
+    Logits this large are ill-conditioned in float32 (a rounding of one score moves a near-one-hot
+    softmax), so the bound is the larger of 1e-5 and twice PyTorch's own float32 error on the same input.
+    """
     q, k, v = randn(2, 2, 113, D, scale=20.0), randn(2, 2, 113, D, scale=20.0), randn(2, 2, 113, D)
-    check(version, q, k, v)
+    torch_err = relative_error(flashattn.reference.baseline(q, k, v), attention_reference(q, k, v))
+    check(version, q, k, v, tol=max(TOL, 2 * torch_err))
 
 
 @pytest.mark.parametrize("version", FP32_VERSIONS)
