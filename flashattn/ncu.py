@@ -295,7 +295,7 @@ def table_rows(s: dict) -> list[tuple[str, str, str]]:
         rows.append(("Tensor-core throughput", _si(s["tensor_ops_per_s"], "OP/s"),
                      f"{s['tensor_pct_of_peak']:.1f}% of the {s['tensor_path']} peak "
                      f"({_si(s['tensor_peak_ops_per_s'], 'OP/s')})"))
-    if s["tensor_pipe_pct"]:
+    if s["tensor_pipe_pct"] and s["tensor_pipe_pct"] >= 1:   # CUDA-core kernels read ~0.3%: noise
         rows.append(("Tensor pipe", f"{s['tensor_pipe_pct']:.1f}%", "active cycles of the tensor pipe"))
     ai, ridge = s["arithmetic_intensity"], s["fp32_ridge"]
     if ai is not None and ridge:

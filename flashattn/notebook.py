@@ -490,8 +490,8 @@ def smem_traffic_table():
     """Shared-memory wavefronts against FFMA issue for V4's inner loop and V5's register tiles: an H200
     SM issues 4 warp-wide FFMA per clock but serves 1 shared-memory wavefront (128 bytes) per clock."""
     rows = [("V4: lane owns 8 rows × 1 column, one d per step", 9, 8, "1 K float + 8 Q broadcasts")]
-    for TM, TN, what in ((4, 4, "V5, D = 128 default"), (8, 4, "V5 candidate"), (4, 8, "V5, D = 64 default")):
-        rows.append((f"{what}: {TM} × {TN} register tile, 4 d per step", TM + TN, 4 * TM * TN,
+    for TM, TN in ((4, 4), (4, 8), (8, 4), (8, 8)):
+        rows.append((f"V5 with a {TM} × {TN} register tile, 4 d per step", TM + TN, 4 * TM * TN,
                      f"{TN} K + {TM} Q float4 loads"))
     lines = ["| inner loop of S = Q Kᵀ (one warp, one step) | shared loads | FFMA | wavefront clocks : FFMA "
              "clocks | FFMA pipe ceiling |", "|---|---|--:|--:|--:|"]
@@ -499,8 +499,33 @@ def smem_traffic_table():
         ffma_clocks = ffma / 4
         lines.append(f"| {name} | {loads} ({waves} wavefronts) | {ffma} | {waves} : {ffma_clocks:g} | "
                      f"{min(1.0, ffma_clocks / waves) * 100:.0f}% |")
-    return _md("\n".join(lines) + "\n\nEvery listed load is one wavefront: broadcasts, or at most 8 distinct "
-               "16-byte words per warp on distinct banks. The ceiling ignores everything but these two pipes.")
+    return _md("\n".join(lines) + "\n\nWith 8 column groups (B_c / T_N = 8) every listed load is one "
+               "wavefront: a broadcast, or 8 distinct 16-byte words on distinct banks; with 16 column groups "
+               "the K loads take two. The ceiling ignores everything but these two pipes.")
+
+
+def v5_tiles() -> dict:
+    """The default tile shape per head dim that kernels/v5.cu compiles (its V5_D64_* / V5_D128_* macros),
+    with the threads and shared memory they imply (the formulas of the file's struct Tiles)."""
+    import re
+    src = (ROOT / "kernels" / "v5.cu").read_text()
+    out = {}
+    for D in (64, 128):
+        BR, BC, TM, TN = (int(re.search(rf"#define V5_D{D}_{k} (\d+)", src).group(1)) for k in ("BR", "BC", "TM", "TN"))
+        threads, smem = launch_of("v5", f"Tiles<{D}, {BR}, {BC}, {TM}, {TN}>")
+        out[D] = dict(B_r=BR, B_c=BC, TM=TM, TN=TN, threads=threads, smem=smem, WC=BC // TN, NRG=BR // TM)
+    return out
+
+
+def v5_tiles_table():
+    lines = ["| D | B_r × B_c | TM × TN | row groups × column groups | threads | shared memory | blocks/SM by shared memory |",
+             "|--:|---|---|---|--:|--:|--:|"]
+    for D, t in v5_tiles().items():
+        o = occupancy(0, t["smem"], t["threads"])
+        lines.append(f"| {D} | {t['B_r']} × {t['B_c']} | {t['TM']} × {t['TN']} | {t['NRG']} × {t['WC']} | "
+                     f"{t['threads']} | {t['smem']:,} B | {o['by']['shared memory']} |")
+    return _md("\n".join(lines) + "\n\nThe defaults compiled into `kernels/v5.cu` (its `V5_D64_*` and "
+               "`V5_D128_*` macros).")
 
 
 def sweep_table(version: str):
@@ -549,8 +574,8 @@ def tile_options(options, D: int = 64, regs: int | None = None, rows_per_warp: i
     and warps (and registers, with the given count per thread), the grid, and how often each K/V byte is
     fetched per (batch, head)."""
     sms = ceilings()["sm_count"]
-    lines = ["| B_r | B_c | threads | shared memory | blocks/SM | warps/SM | grid | waves on "
-             f"{sms} SMs | K/V reads per (b, h) |", "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| B_r | B_c | threads | shared memory | blocks/SM | warps/SM | grid | waves | K/V passes |",
+             "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for B_r, B_c in options:
         threads = 32 * (B_r // rows_per_warp)
         smem = 4 * (B_r * D + kv_tile_floats(B_c, D) + B_r * B_c)
@@ -559,7 +584,8 @@ def tile_options(options, D: int = 64, regs: int | None = None, rows_per_warp: i
         lines.append(f"| {B_r} | {B_c} | {threads} | {smem:,} B | {o['blocks']} | {o['warps']} | {grid:,} | "
                      f"{grid / (sms * o['blocks']):.1f} | {math.ceil(M / B_r)}× |")
     note = f"registers assumed {regs}/thread (ptxas, B_r = 64)" if regs else "registers not counted"
-    return _md("\n".join(lines) + f"\n\nAt M = N = {M}, D = {D}, B·H = {BH}; {note}.")
+    return _md("\n".join(lines) + f"\n\nAt M = N = {M}, D = {D}, B·H = {BH}; {note}. Waves: grid / (blocks "
+               f"per SM × {sms} SMs). K/V passes: how often each (batch, head) streams its K and V.")
 
 
 def variant_timing(version: str, variants: dict, seq_len: int = PRIMARY["L"], warmup=5, repetitions=30):
@@ -659,6 +685,9 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
         ax.set_title(title or "Measured H200 ceilings (no report recorded yet)")
         ax.text(0.5, 0.08, "no Nsight Compute report recorded yet", transform=ax.transAxes, ha="center",
                 color="0.4")
+    top = max([c["fp32"]] + [p["flops_per_s"] for p in points if p.get("flops_per_s")]
+              + [p.get("tensor_peak") or 0 for p in points])
+    ax.set_ylim(top=top * 3)
     ax.legend(loc="upper left", fontsize=7.5)
     ax.grid(True, which="both", alpha=0.25)
     plt.show()
@@ -757,7 +786,7 @@ def fig_attention_bytes(D: int = 64, B: int = 4, H: int = 12):
     b.plot(L, flops / naive, "o-", label="naive")
     b.plot(L, flops / io, "s-", label="fused (ideal)")
     b.axhline(c["fp32"] / c["dram"], color="tab:green", ls="-.", lw=1)
-    b.text(L[0], c["fp32"] / c["dram"] * 1.15, f"FP32 ridge of the H200: {c['fp32'] / c['dram']:.0f} FLOP/byte",
+    b.text(L[0], c["fp32"] / c["dram"] * 0.6, f"FP32 ridge of the H200: {c['fp32'] / c['dram']:.0f} FLOP/byte",
            color="tab:green", fontsize=8)
     b.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="FLOP per DRAM byte",
           title="Arithmetic intensity")
@@ -812,21 +841,25 @@ def fig_online_softmax(n: int = 32, tile: int = 8, seed: int = 3):
     import matplotlib.pyplot as plt
     import numpy as np
     rng = np.random.default_rng(seed)
-    s = rng.normal(0, 2, n)
-    s[19] = 6.5                                      # a late maximum forces a rescale
+    s = np.clip(rng.normal(0, 1.0, n), -3.0, 1.8)
+    s[3], s[12], s[19] = 2.2, 3.2, 5.0               # the max grows in tiles 2 and 3, not in tile 4
     trace = online_softmax_trace(s, tile)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
     cols = [f"C{(i // tile) % 10}" for i in range(n)]
     a.bar(range(n), s, color=cols)
+    last = None
     for t, m, _ in trace:
-        a.hlines(m, t * tile - 0.4, n - 0.6, color="k", lw=1, ls="--" if t < len(trace) - 1 else "-")
-        a.text(t * tile, m + 0.25, f"m after tile {t + 1}", fontsize=8)
+        if m != last:                                 # label the running max where it changes
+            a.hlines(m, t * tile - 0.4, n - 0.6, color="k", lw=1, ls="--")
+            a.text(t * tile, m + 0.2, f"m from tile {t + 1} on", fontsize=8)
+            last = m
     a.set(xlabel="key index j", ylabel="score $s_j$", title=f"One row of S in tiles of {tile} keys")
     steps = [t + 1 for t, _, _ in trace]
     b.plot(steps, [l for *_, l in trace], "o-", label="running $\\ell$ (relative to the running max)")
     b.plot(steps, [np.exp(s[:(t + 1) * tile] - s.max()).sum() * np.exp(s.max() - m) for t, m, _ in trace],
            "x", ms=10, color="k", label="$\\sum_{j<\\mathrm{seen}} e^{s_j - m}$ recomputed from scratch")
-    b.set(xlabel="tiles seen", ylabel="$\\ell$", xticks=steps, title="The rescaled sum never needs old scores")
+    b.set(xlabel="tiles seen", ylabel="$\\ell$", xticks=steps,
+          title="$\\ell$ drops when m grows: old terms are rescaled, not recomputed")
     b.legend(fontsize=8)
     b.grid(alpha=0.3)
     plt.show()
@@ -844,9 +877,12 @@ def fig_v0_dataflow():
     _boxes(ax, 7.2, 1.9, 1.9, 0.8, "pv_kernel\nO = PV", "#fde0c5")
     _boxes(ax, 7.2, 0.1, 1.9, 0.8, "V (DRAM) → O", "#dbe9f6")
     _arrow(ax, (1.6, 2.3), (2.2, 2.3))
-    _arrow(ax, (4.1, 2.3), (4.9, 1.9), "write N² floats", "crimson")
-    _arrow(ax, (4.7, 1.1), (4.1, 0.6), "read + write", "crimson")
-    _arrow(ax, (6.6, 1.6), (7.2, 2.2), "read N²", "crimson")
+    _arrow(ax, (4.1, 2.3), (4.9, 1.9))
+    ax.text(4.6, 2.35, "write N² floats", fontsize=8, color="crimson")
+    _arrow(ax, (4.7, 1.1), (4.1, 0.6))
+    ax.text(4.45, 0.55, "read + write N²", fontsize=8, color="crimson")
+    _arrow(ax, (6.6, 1.6), (7.2, 2.2))
+    ax.text(6.25, 2.05, "read N²", fontsize=8, color="crimson")
     _arrow(ax, (8.15, 0.9), (8.15, 1.9))
     plt.show()
 
@@ -971,29 +1007,35 @@ def fig_bank_mapping(strides=(64, 65), d: int = 0):
     plt.show()
 
 
-def fig_register_tile(B_r=64, B_c=64, TM=4, TN=8, highlight=(0, 1, 8)):
-    """v5: the threads of a block tile S_ij; thread (rg, cg) owns rows rg + i*NRG and columns cg + j*WC."""
+def fig_register_tile(B_r=None, B_c=None, TM=None, TN=None, highlight=(0, 1, 8, 9)):
+    """v5: the threads of a block tile S_ij; thread (rg, cg) owns rows rg + i*NRG and columns cg + j*WC.
+    The shape defaults to the one kernels/v5.cu compiles for D = 64."""
+    t = v5_tiles()[64]
+    B_r, B_c, TM, TN = B_r or t["B_r"], B_c or t["B_c"], TM or t["TM"], TN or t["TN"]
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
     WC, NRG = B_c // TN, B_r // TM
-    owner = np.full((B_r, B_c), np.nan)
-    for t in highlight:
+    owner = np.full((B_r, B_c), -1.0)
+    for k, t in enumerate(highlight):
         rg, cg = t // WC, t % WC
         for i in range(TM):
             for j in range(TN):
-                owner[rg + i * NRG, cg + j * WC] = highlight.index(t)
-    fig, ax = plt.subplots(figsize=(5.8, 5.2), constrained_layout=True)
-    ax.imshow(np.zeros((B_r, B_c)), cmap="Greys", vmin=0, vmax=8)
-    ax.imshow(owner, cmap="Set1", vmin=0, vmax=8)
-    for k, t in enumerate(highlight):
-        rg, cg = t // WC, t % WC
-        ax.text(cg, rg, f"t{t}", color="k", fontsize=7, ha="center", va="center")
+                owner[rg + i * NRG, cg + j * WC] = k
+    colors = ["#eeeeee"] + [plt.cm.tab10(k) for k in range(len(highlight))]
+    fig, ax = plt.subplots(figsize=(6.2, 5.6), constrained_layout=True)
+    ax.pcolormesh(np.arange(B_c + 1), np.arange(B_r + 1), owner + 1, cmap=ListedColormap(colors),
+                  vmin=0, vmax=len(highlight), edgecolors="white", linewidth=0.3)
     ax.set_xticks(range(0, B_c + 1, WC)); ax.set_yticks(range(0, B_r + 1, NRG))
-    ax.grid(color="white", lw=0.6)
-    ax.set(xlabel="key column of S_ij", ylabel="query row of S_ij",
-           title=f"{B_r} × {B_c} tile, {NRG * WC} threads, each a {TM} × {TN} register tile\n"
-                 f"thread t = rg·{WC} + cg owns rows rg + {NRG}i, columns cg + {WC}j (threads {', '.join(map(str, highlight))} shown)")
-    ax.title.set_fontsize(9)
+    ax.set_xlim(0, B_c); ax.set_ylim(B_r, 0); ax.set_aspect("equal")
+    ax.grid(color="0.5", lw=0.8)
+    ax.legend(handles=[Patch(color=colors[k + 1], label=f"thread {t}: rg={t // WC}, cg={t % WC}")
+                       for k, t in enumerate(highlight)], loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=2, fontsize=8)
+    ax.set(xlabel="key column of S_ij", ylabel="query row of S_ij")
+    ax.set_title(f"{B_r} × {B_c} score tile, {NRG * WC} threads, each owning a {TM} × {TN} register tile:\n"
+                 f"rows rg + {NRG}·i (i < {TM}), columns cg + {WC}·j (j < {TN}); thread = {WC}·rg + cg", fontsize=9)
     plt.show()
 
 
@@ -1020,7 +1062,7 @@ def mma_accumulator_owner(rows=16, cols=8):
     lane = np.zeros((rows, cols), dtype=int)
     for r in range(rows):
         for c in range(cols):
-            lane[r, c] = (r % 8) * 4 + c // 2
+            lane[r, c] = (r % 8) * 4 + (c % 8) // 2
     return lane
 
 

@@ -145,9 +145,14 @@ const char* flash_attention_forward(const float* q, const float* k, const float*
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
-#include <torch/extension.h>      // the host compiler only: nvcc never parses PyTorch's headers
+// Only the headers the binding uses: <torch/extension.h> would double this file's build time.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
 size_t flash_attention_workspace_bytes(int B, int H, int M, int N, int D);
 const char* flash_attention_forward(const float* q, const float* k, const float* v, float* o,
@@ -155,11 +160,14 @@ const char* flash_attention_forward(const float* q, const float* k, const float*
                                     cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous float32 on one CUDA device. Returns o like q.
+// Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
+// into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
+// run first, give the details.
 at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
     TORCH_CHECK(t->scalar_type() == at::kFloat, name, " must be float32");
-    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got rank ", t->dim());
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D]");
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
     TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");

@@ -4,9 +4,9 @@
 // each FFMA needs about one float from shared memory. v5 treats both products of a tile like an SGEMM:
 // every thread owns a TM x TN register tile of S_ij = Q_i K_j^T and the same TM rows of O_i, and per
 // 4-deep step of the inner dimension it loads TM + TN float4s (16-byte LDS.128, broadcast or
-// conflict-free across the warp) and issues 4*TM*TN FFMAs from them. With the default 4 x 8 tile that
-// is 128 FFMA per 12 LDS.128; per multiprocessor the shared-memory pipe is then about 40% busy while the
-// FFMA pipes run, so the loop is bound by FFMA issue, as an SGEMM is.
+// conflict-free across the warp) and issues 4*TM*TN FFMAs from them. With the D=64 default 8 x 8 tile
+// that is 256 FFMA per 16 LDS.128 (a 4 x 8 tile: 128 per 12), so the shared-memory pipe stays well below
+// the FFMA pipes' rate and the loop is bound by FFMA issue, as an SGEMM is.
 //
 // Work split (for one block = one query tile Q_i of B_r rows, one (batch, head) pair):
 //   * threads form NRG = B_r/TM row groups x WC = B_c/TN column groups; tid = rg * WC + cg, so the WC
@@ -24,8 +24,12 @@
 //   K_j  [B_c][D+4]      row-major, as in global memory, so cp.async can copy 16-byte chunks directly
 //   V_j  [B_c][D]        row-major; a warp reads one contiguous row segment per load
 //   P_ij [B_r][B_c+pad]  pad = WC mod 32; the A operand of P_ij V_j
-// Defaults: D=64: B_r=64, B_c=64, TM=4, TN=8, 128 threads, 69,632 B -> 3 blocks per SM on sm_90.
-//           D=128: B_r=64, B_c=32, TM=4, TN=4, 128 threads, 77,312 B -> 2 blocks per SM.
+// Defaults, chosen by scripts/v5_sweep.py on the H200 (B=4, H=12, M=N=2048; results/h200/v5_sweep.json):
+//   D=64 : B_r=128, B_c=64, TM=8, TN=8, 128 threads, 255 registers, 105,472 B -> 2 blocks per SM.
+//          1,226.7 us against 1,320.8 us for 64x64 tiles of 4x8 with 3 blocks per SM, the arithmetic's
+//          first choice: halving the shared-memory loads per FFMA beat the extra resident warps.
+//   D=128: B_r=128, B_c=64, TM=8, TN=4, 256 threads, 255 registers, 175,104 B -> 1 block per SM
+//          (2,534.2 us; the 2-blocks-per-SM 64x32 tile of 4x4 ran 2,909.2 us).
 //
 // Overlap: one K buffer and one V buffer form a two-stage cp.async pipeline across the two halves of a
 // tile: V_j is fetched while S_ij = Q_i K_j^T and the softmax run, and K_{j+1} is fetched while
@@ -467,9 +471,14 @@ const char* flash_attention_v5_info(int D, long long* out) {
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
-#include <torch/extension.h>      // the host compiler only: nvcc never parses PyTorch's headers
+// Only the headers the binding uses: <torch/extension.h> would double this file's build time.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 #include <vector>
 
 size_t flash_attention_workspace_bytes(int B, int H, int M, int N, int D);
@@ -480,11 +489,14 @@ const char* flash_attention_v5_info(int D, long long* out);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous float32 on one CUDA device, D in {64, 128}.
 // Returns o like q.
+// Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
+// into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
+// run first, give the details.
 at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
     TORCH_CHECK(t->scalar_type() == at::kFloat, name, " must be float32");
-    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got rank ", t->dim());
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D]");
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
     TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");

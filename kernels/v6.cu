@@ -632,23 +632,30 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, int
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
-#include <torch/extension.h>
+// Only the headers the binding uses: <torch/extension.h> would double this half's build time.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
 const char* v6_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
                        int M, int N, int D, bool causal, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16, all float16 or all float32 (TF32
 // mode), on one CUDA device; D in {64, 128}. Returns o like q (same dtype).
-torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool causal) {
+// Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
+// into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
+// run first, give the details.
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
   const auto dtype = q.scalar_type();
-  TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16 || dtype == torch::kFloat32,
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
               "q must be bfloat16, float16 or float32 (TF32 mode)");
-  for (auto [name, t] : {std::pair<const char*, torch::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
     TORCH_CHECK(t->scalar_type() == dtype, name, " must have the same dtype as q");
-    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D], got rank ", t->dim());
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D]");
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
     TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
@@ -657,14 +664,14 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool ca
     for (int d = 0; d < 4; ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 supports head_dim 64 and 128, got ", q.size(3));
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 supports head_dim 64 and 128 only");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
               "k must match q in batch, heads and head_dim");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
   const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
-  const int code = dtype == torch::kBFloat16 ? 0 : dtype == torch::kFloat16 ? 1 : 2;
+  const int code = dtype == at::kBFloat16 ? 0 : dtype == at::kHalf ? 1 : 2;
   const c10::cuda::CUDAGuard guard(q.device());
-  auto o = torch::empty_like(q);
+  auto o = at::empty_like(q);
   const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), code, B, H, M, N, D,
                                causal, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
