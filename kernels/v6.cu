@@ -62,6 +62,10 @@
 #include <cmath>
 
 // Tile choices for bf16/fp16 (TF32 is fixed below). WM = m16 slices per warp, so B_r = 64 * WM.
+// 1: skip the O_i rescale on tiles where no row's running max moved (exact); 0: rescale every tile.
+#ifndef V6_LAZY_RESCALE
+#define V6_LAZY_RESCALE 1
+#endif
 #ifndef V6_D64_WM
 #define V6_D64_WM 2
 #endif
@@ -434,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
 
         // ---- online softmax, one row half (g or g+8) at a time ----
+        float alpha[WM][2];   // exp2 of (old max - new max) per row: the O_i rescale factor
 #pragma unroll
         for (int s = 0; s < WM; ++s)
 #pragma unroll
@@ -447,7 +452,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
             // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
             const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            const float alpha = ex2(m_i[s][h] * scale_log2 - m_base);
+            // An unchanged max gives alpha = 1 exactly (computing it could round to 1 +- 1 ulp).
+            alpha[s][h] = mx == m_i[s][h] ? 1.f : ex2(m_i[s][h] * scale_log2 - m_base);
             m_i[s][h] = mx;
             float row_sum = 0.f;
 #pragma unroll
@@ -459,13 +465,26 @@ __global__ void __launch_bounds__(kThreads, 2)
                 row_sum += p;
               }
             // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
-            l_i[s][h] = l_i[s][h] * alpha + row_sum;
+            l_i[s][h] = l_i[s][h] * alpha[s][h] + row_sum;
+          }
+        // Rescale O_i only when some row of the warp found a new maximum. After the first few tiles
+        // the running max rarely moves, so most tiles skip WM*D/2 multiplies per thread; alpha is
+        // exactly 1 when the max is unchanged, so skipping changes no bit of the result. The vote keeps
+        // the branch uniform across the warp.
+        bool moved = false;
+#pragma unroll
+        for (int s = 0; s < WM; ++s) moved |= (alpha[s][0] != 1.f) | (alpha[s][1] != 1.f);
+        if (!V6_LAZY_RESCALE || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+          for (int s = 0; s < WM; ++s)
 #pragma unroll
             for (int t = 0; t < DT; ++t) {
-              o[s][t][2 * h] *= alpha;
-              o[s][t][2 * h + 1] *= alpha;
+              o[s][t][0] *= alpha[s][0];
+              o[s][t][1] *= alpha[s][0];
+              o[s][t][2] *= alpha[s][1];
+              o[s][t][3] *= alpha[s][1];
             }
-          }
+        }
 
         if constexpr (SPLIT) {
           if (sub == 0) {   // V_j of the whole stage: pending V_j (+ K_{j+1}, V_{j+1} if prefetched)

@@ -18,12 +18,12 @@ from flashattn.loader import build, gencode_flags, arch_list, NVCC_FLAGS, KERNEL
 from flashattn.resources import nvcc, parse_ptxas
 from flashattn.timing import time_cuda
 
-CONFIGS = {  # name: (head dim the macros affect, macros)
+CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json
     "d64-wm2-bc64-q1 (default)": (64, []),
-    "d64-wm2-bc64-q1-sub2": (64, ["-DV6_D64_SUB=2"]),
+    "d64-wm2-bc64-q1-eager": (64, ["-DV6_LAZY_RESCALE=0"]),
     "d128-wm2-bc32-q0 (default)": (128, []),
-    "d128-wm2-bc32-q0-sub2": (128, ["-DV6_D128_SUB=2"]),
-    "d128-wm2-bc32-q0-sub2-split": (128, ["-DV6_D128_SUB=2", "-DV6_SPLIT_KV=1"]),
+    "d128-wm2-bc32-q0-eager": (128, ["-DV6_LAZY_RESCALE=0"]),
+    "d128-wm2-bc64-q0": (128, ["-DV6_D128_BC=64"]),
 }
 SHAPES = {64: (4, 12, 2048, 64), 128: (2, 16, 8192, 128)}
 
@@ -91,6 +91,7 @@ def main():
                              max_abs_err_small=err, vs_flash=base["sdpa_flash"] / us,
                              vs_default=base["sdpa_default"] / us, ptxas=res))
     (args.out / "v6_sweep.json").write_text(json.dumps(rows, indent=1))
+    # earlier sweeps of this script (other CONFIGS) are kept as results/h200/v6_sweep_{tiles,sub}.json
     for r in rows:
         regs = ",".join(str(k.get("registers")) for k in r.get("ptxas", []))
         spill = sum(k.get("spill_store_bytes", 0) for k in r.get("ptxas", []))
