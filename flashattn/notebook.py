@@ -529,8 +529,9 @@ def v5_tiles_table():
 
 
 def sweep_table(version: str):
-    """The recorded tile sweep of v5 or v6 (results/h200/v5_sweep.json, v6_sweep.json)."""
-    doc = _json(RESULTS / f"{version}_sweep.json")
+    """The recorded tile sweep of v5 or v6 (results/h200/v5_sweep.json, v6_sweep.json or v6_sweep_tiles.json)."""
+    doc = next((d for d in (_json(RESULTS / f"{version}_sweep.json"), _json(RESULTS / f"{version}_sweep_tiles.json"))
+                if d is not None), None)
     if doc is None:
         return _md(f"*No recorded sweep yet (`results/h200/{version}_sweep.json`).*")
     if version == "v5":
@@ -675,8 +676,9 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
     x = np.logspace(-1, 4.3, 200)
     for peak, name, style in ((c["fp32"], "FP32 SGEMM", "-."), (c["tf32"], "TF32 GEMM", ":"),
                               (c["bf16"], "BF16 GEMM", ":")):
-        if not points and name != "FP32 SGEMM" and highlight != "v6":
-            continue
+        tensor = highlight == "v6" or any(p.get("tensor_peak") for p in points)
+        if name != "FP32 SGEMM" and not tensor:
+            continue                                   # CUDA-core chapters: only the FP32 roof matters
         ax.plot(x, np.minimum(peak, c["dram"] * x), style, color="tab:green", lw=1.2,
                 label=f"measured: {name} {peak / 1e12:,.0f} TFLOP/s, copy {c['dram'] / 1e12:.2f} TB/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
