@@ -63,8 +63,13 @@
 
 // Tile choices for bf16/fp16 (TF32 is fixed below). WM = m16 slices per warp, so B_r = 64 * WM.
 // 1: skip the O_i rescale on tiles where no row's running max moved (exact); 0: rescale every tile.
-#ifndef V6_LAZY_RESCALE
-#define V6_LAZY_RESCALE 1
+// Measured on the H200 (results/h200/v6_sweep.json): lazy is 3% faster at D=128 (8192 keys) and 7%
+// slower at D=64 (2048 keys), so bf16/fp16 D=64 rescales every tile; TF32 was recorded lazy.
+#ifndef V6_D64_LAZY
+#define V6_D64_LAZY 0
+#endif
+#ifndef V6_D128_LAZY
+#define V6_D128_LAZY 1
 #endif
 #ifndef V6_D64_WM
 #define V6_D64_WM 2
@@ -242,7 +247,8 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false>
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false,
+          bool LAZY = true>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                   T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
@@ -474,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         bool moved = false;
 #pragma unroll
         for (int s = 0; s < WM; ++s) moved |= (alpha[s][0] != 1.f) | (alpha[s][1] != 1.f);
-        if (!V6_LAZY_RESCALE || __any_sync(0xffffffffu, moved)) {
+        if (!LAZY || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
           for (int s = 0; s < WM; ++s)
 #pragma unroll
@@ -576,12 +582,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------- launcher ----------------------------
 
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false>
+template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false,
+          bool LAZY = true>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                    cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
   constexpr size_t smem = (size_t)(BR + 4 * SUB * BC) * D * sizeof(T);   // Q_i + 2 stages of K_j, V_j
-  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL, SUB, SPLIT>;
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL, SUB, SPLIT, LAZY>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -609,13 +616,15 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int
   if (D == 64) {
     if constexpr (kTF32) return launch<T, 64, 1, 64, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL, V6_D64_SUB, (V6_SPLIT_KV != 0)>(
+      return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL, V6_D64_SUB, (V6_SPLIT_KV != 0),
+                    (V6_D64_LAZY != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   if (D == 128) {
     if constexpr (kTF32) return launch<T, 128, 1, 32, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL, V6_D128_SUB, (V6_SPLIT_KV != 0)>(
+      return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL, V6_D128_SUB, (V6_SPLIT_KV != 0),
+                    (V6_D128_LAZY != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   return "v6 supports head_dim 64 and 128 only";

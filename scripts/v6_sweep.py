@@ -19,10 +19,10 @@ from flashattn.resources import nvcc, parse_ptxas
 from flashattn.timing import time_cuda
 
 CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json
-    "d64-wm2-bc64-q1 (default)": (64, []),
-    "d64-wm2-bc64-q1-eager": (64, ["-DV6_LAZY_RESCALE=0"]),
-    "d128-wm2-bc32-q0 (default)": (128, []),
-    "d128-wm2-bc32-q0-eager": (128, ["-DV6_LAZY_RESCALE=0"]),
+    "d64-wm2-bc64-q1 (default, eager)": (64, []),
+    "d64-wm2-bc64-q1-lazy": (64, ["-DV6_D64_LAZY=1"]),
+    "d128-wm2-bc32-q0 (default, lazy)": (128, []),
+    "d128-wm2-bc32-q0-eager": (128, ["-DV6_D128_LAZY=0"]),
     "d128-wm2-bc64-q0": (128, ["-DV6_D128_BC=64"]),
 }
 SHAPES = {64: (4, 12, 2048, 64), 128: (2, 16, 8192, 128)}
