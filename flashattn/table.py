@@ -92,11 +92,11 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
     if run:
         m, env = run.get("settings", {}), run.get("meta", {})
         dev = env.get("device", {}).get("name", "unknown GPU")
-        git = (env.get("git") or {}).get("commit") or "uncommitted tree"
+        git = (env.get("git") or {}).get("commit") or "not recorded"
         lines.append(f"{shape}. Median of {m.get('repetitions', '?')} CUDA-event-timed calls after "
                      f"{m.get('warmup', '?')} warm-ups, L2 flushed before each call; measured on {dev} "
                      f"(driver {env.get('driver') or '?'}, torch {env.get('torch', '?')}, CUDA "
-                     f"{env.get('cuda_runtime', '?')}, commit {str(git)[:10]}).")
+                     f"{env.get('cuda_runtime', '?')}, commit {str(git)[:7]}).")
     else:
         lines.append(f"{shape}.")
     if short:
@@ -149,14 +149,16 @@ def comparison_table(doc: dict, impl: str, against: list[str]) -> str:
     return "\n".join(lines)
 
 
-def header_line(r: dict, command: str) -> str:
-    """One comment line for a kernel's header: the measured median at the row's shape and its ratio to
-    SDPA in the same run."""
+def header_line(r: dict, command: str, flash: dict | None = None) -> str:
+    """One comment line for a kernel's header: the measured median at the row's shape and its speed
+    relative to SDPA (and to SDPA's flash backend, when `flash` is that row) in the same run."""
     shape = (f"B={r['batch_size']}, H={r['num_heads']}, M={r['seq_len_q']}, N={r['seq_len_kv']}, "
              f"D={r['head_dim']}, {r['dtype']}{', causal' if r['causal'] else ''}")
     s = r.get("speedup_vs_sdpa")
-    vs = f", {s:.2f}x SDPA's speed in the same run" if s else ""
-    return f"// Measured on H200 ({shape}): {r['median_us']:,.1f} us median{vs} [{command}]"
+    vs = f", {s:.2f}x SDPA's speed" if s else ""
+    if flash and flash.get("status") == "ok":
+        vs += f", {flash['median_us'] / r['median_us']:.2f}x SDPA-flash's"
+    return f"// Measured on H200 ({shape}): {r['median_us']:,.1f} us median{vs}, same run [{command}]"
 
 
 def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, append: bool = False) -> list[str]:
@@ -172,7 +174,8 @@ def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, appe
         idx = [i for i, line in enumerate(lines) if line.startswith("// Measured on H200")]
         if not idx:
             continue
-        new = header_line(r, command)
+        flash = next((f for f in rows if f["impl"] == "sdpa_flash"), None)
+        new = header_line(r, command, flash)
         if append:
             lines.insert(idx[-1] + 1, new)
         else:

@@ -2,8 +2,11 @@
 # One call on a GPU machine that has CUDA PyTorch but no package index (the H200 host): install the
 # carried wheels, build every kernel, then run the requested steps, writing logs and results to OUTDIR.
 #   scripts/gpu_session.sh OUTDIR STEP...
-#   STEP[:SECONDS]: build | tests | sanitizer | sweep5 | sweep6 | record | profile | notebooks | nbval | <python code>
-# Everything written under OUTDIR is packed into OUTDIR/session.tar.gz at the end.
+#   STEP[@SECONDS]: build | tests | sanitizer | sweep5 | sweep6 | record | profile | notebooks | nbval | <python code>
+# Everything written under OUTDIR is packed into OUTDIR/session.tar.gz after each step. The copy of the
+# tree on such a machine has no .git: set FLASHATTN_GIT_COMMIT to the commit sent, for the JSON records.
+# Example (the H200 runs behind results/h200):
+#   scripts/gpu_session.sh $OUT build@120 record@300 profile@170 notebooks@220 tests@150 sanitizer@60 nbval@110
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_session.sh OUTDIR STEP...}; shift
 cd "$(dirname "$0")/.."
@@ -19,7 +22,7 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 pack() { tar -C "$OUT" -czf "$OUT/session.tar.gz" work; }
 for arg in "$@"; do
-  step=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=600
+  step=${arg%@*}; limit=${arg##*@}; [ "$limit" = "$arg" ] && limit=600
   T="timeout -k 10 $limit"
   stamp "step $step (limit ${limit}s)"
   case $step in
@@ -47,7 +50,9 @@ for arg in "$@"; do
   notebooks)
     $T python3 scripts/execute_notebooks.py book "$W/book" > "$W/notebooks.log" 2>&1; echo "notebooks rc=$?"; tail -15 "$W/notebooks.log" ;;
   nbval)
-    $T python3 -m pytest -q -p no:cacheprovider --nbval-lax book/ > "$W/nbval.log" 2>&1; echo "nbval rc=$?"; tail -5 "$W/nbval.log" ;;
+    # one notebook per worker (--dist loadfile): nbval's cells share their notebook's kernel
+    $T python3 -m pytest -q -p no:cacheprovider -n 5 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1
+    echo "nbval rc=$?"; tail -5 "$W/nbval.log" ;;
   *) $T bash -c "$step" ;;
   esac
   pack

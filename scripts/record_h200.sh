@@ -34,8 +34,8 @@ run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
     [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*" | tee -a "$OUT/$log"; status=1; }
 }
 
-{ git rev-parse HEAD 2>/dev/null || echo "no commit"; git status --porcelain --untracked-files=no; } \
-    > "$OUT/git_commit.txt"
+{ git rev-parse HEAD 2>/dev/null || echo "${FLASHATTN_GIT_COMMIT:-no commit} (FLASHATTN_GIT_COMMIT: tree copied without .git)"
+  git status --porcelain --untracked-files=no 2>/dev/null; } > "$OUT/git_commit.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 $PY -c "import torch; print(torch.__version__, torch.version.cuda)" > "$OUT/torch_version.txt" 2>&1 || true
 
