@@ -96,7 +96,7 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
         lines.append(f"{shape}. Median of {m.get('repetitions', '?')} CUDA-event-timed calls after "
                      f"{m.get('warmup', '?')} warm-ups, L2 flushed before each call; measured on {dev} "
                      f"(driver {env.get('driver') or '?'}, torch {env.get('torch', '?')}, CUDA "
-                     f"{env.get('cuda_runtime', '?')}, commit {str(git)[:7]}).")
+                     f"{env.get('cuda_runtime', '?')}, commit {str(git)[:10]}).")
     else:
         lines.append(f"{shape}.")
     if short:
