@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .resources import occupancy  # noqa: F401  (the chapters call nb.occupancy)
 from .versions import INFO, VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,9 +164,9 @@ def build(version: str) -> None:
 
     Without a GPU the extension still compiles for sm_90 (flashattn.loader's default), which checks the
     kernel and the binding; nothing is launched."""
-    from .loader import BUILD_SECONDS, arch_list, load
+    from .loader import arch_list, load
     start = time.perf_counter()
-    module = load(version)
+    load(version)
     took = time.perf_counter() - start
     archs = ", ".join("sm_" + a.replace(".", "").replace("+PTX", "") for a in arch_list())
     how = "compiled" if took > 2 else "loaded from the build cache"
@@ -387,25 +388,6 @@ def anchor_attention_table(dtype: str | None = None):
 
 
 # ------------------------------------------------------------------------------ resources / tiles
-SM90 = dict(regs_per_sm=65536, max_regs_per_thread=255, reg_unit=256, max_warps=64, max_blocks=32,
-            smem_per_sm=233472, smem_per_block_max=232448, smem_reserved=1024)
-
-
-def occupancy(regs: int, smem_bytes: int, threads: int, limits: dict = SM90) -> dict:
-    """Blocks per SM allowed by each resource on sm_90, the CUDA occupancy calculator's way: registers
-    are handed out per warp in units of 256, every block also costs 1 KB of shared memory that the
-    driver reserves."""
-    warps = math.ceil(threads / 32)
-    regs_per_warp = math.ceil(regs * 32 / limits["reg_unit"]) * limits["reg_unit"]
-    by = {"registers": limits["regs_per_sm"] // (regs_per_warp * warps) if regs else limits["max_blocks"],
-          "shared memory": min(limits["max_blocks"], limits["smem_per_sm"] // (smem_bytes + limits["smem_reserved"])),
-          "warps": limits["max_warps"] // warps, "blocks per SM": limits["max_blocks"]}
-    blocks = min(by.values())
-    return {"by": by, "blocks": blocks, "warps": blocks * warps,
-            "occupancy_pct": 100 * blocks * warps / limits["max_warps"],
-            "limited_by": [k for k, v in by.items() if v == blocks]}
-
-
 # Launch facts at D = 64 that ptxas does not report: threads per block and dynamic shared memory.
 LAUNCH = {
     "v0": {"scores_kernel": (256, 0), "softmax_kernel": (256, 0), "pv_kernel": (256, 0)},
@@ -1072,7 +1054,6 @@ def fig_mma_fragment():
     """m16n8k16: which lane of the warp holds which element of the 16 x 8 accumulator tile C (and
     hence of P), and how two neighbouring n8 tiles form one k16 slice of the A operand."""
     import matplotlib.pyplot as plt
-    import numpy as np
     own = mma_accumulator_owner(16, 16)
     fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
     ax.imshow(own % 4, cmap="Pastel1", vmin=0, vmax=8)

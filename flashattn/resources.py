@@ -1,13 +1,14 @@
 """What the compiler says each kernel costs: registers, shared memory, stack, spills.
 
 Runs nvcc on the kernel half of a file (nvcc alone, no PyTorch headers) with `-Xptxas -v` and parses
-ptxas's report, so it needs no GPU. `python -m flashattn.resources --json PATH` records the report for
+ptxas's report, so it needs no GPU; `occupancy` turns registers and shared memory into blocks per SM. `python -m flashattn.resources --json PATH` records the report for
 every kernel and architecture; tests/test_compile.py checks that the record matches the current sources.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -22,6 +23,25 @@ ARCHS = ("80", "89", "90")
 _FUNC = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+a?)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+SM90 = dict(regs_per_sm=65536, max_regs_per_thread=255, reg_unit=256, max_warps=64, max_blocks=32,
+            smem_per_sm=233472, smem_per_block_max=232448, smem_reserved=1024)
+
+
+def occupancy(regs: int, smem_bytes: int, threads: int, limits: dict = SM90) -> dict:
+    """Blocks per SM allowed by each resource on sm_90, the CUDA occupancy calculator's way: registers
+    are handed out per warp in units of 256, every block also costs 1 KB of shared memory that the
+    driver reserves."""
+    warps = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(regs * 32 / limits["reg_unit"]) * limits["reg_unit"]
+    by = {"registers": limits["regs_per_sm"] // (regs_per_warp * warps) if regs else limits["max_blocks"],
+          "shared memory": min(limits["max_blocks"], limits["smem_per_sm"] // (smem_bytes + limits["smem_reserved"])),
+          "warps": limits["max_warps"] // warps, "blocks per SM": limits["max_blocks"]}
+    blocks = min(by.values())
+    return {"by": by, "blocks": blocks, "warps": blocks * warps,
+            "occupancy_pct": 100 * blocks * warps / limits["max_warps"],
+            "limited_by": [k for k, v in by.items() if v == blocks]}
 
 
 def nvcc() -> str:

@@ -156,7 +156,8 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
     TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
-    TORCH_CHECK(t->size(2) < (int64_t{1} << 31), name, ": sequence length must be below 2^31");
+    for (int d = 0; d < 4; ++d)   // the launcher takes int sizes
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
               "k must match q in batch, heads and head_dim");

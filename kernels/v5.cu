@@ -500,9 +500,8 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
     TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
     TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
     TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
-    for (int d = 0; d < 4; ++d)
-      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31, got ",
-                  t->sizes());
+    for (int d = 0; d < 4; ++d)   // the launcher takes int sizes
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
               "k must match q in batch, heads and head_dim");
@@ -511,7 +510,7 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
   auto workspace = at::empty({(int64_t)flash_attention_workspace_bytes(B, H, M, N, D)},
-                             q.options().dtype(at::kByte));
+                                q.options().dtype(at::kByte));
   const char* error = flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
                                               v.data_ptr<float>(), o.data_ptr<float>(),
                                               workspace.data_ptr(), B, H, M, N, D,

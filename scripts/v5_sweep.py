@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -40,36 +38,28 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from flashattn import loader  # noqa: E402
+from flashattn import loader, resources  # noqa: E402
 from flashattn.reference import attention_reference, relative_error  # noqa: E402
 
 KERNEL = ROOT / "kernels" / "v5.cu"
-
-# sm_90 resource limits used for the theoretical occupancy.
-REGS_PER_SM = 65536
-REG_ALLOC_UNIT = 256          # registers are handed to a warp in chunks of 256 (8 per thread)
-SMEM_PER_SM = 233472          # 228 KB usable by blocks
-SMEM_RESERVED_PER_BLOCK = 1024
-THREADS_PER_SM = 2048
-BLOCKS_PER_SM = 32
 
 # Candidate tile shapes. The arithmetic behind each (see scripts/v5_notes.md): per 4-deep step a
 # thread issues 4*TM*TN FFMA from TM+TN float4 loads; WC = B_c/TN lanes share a row; shared memory
 # is Q_i + K_j + V_j + P_ij with padded rows; registers ~ S tile + O tile + per-tile PV tile + operands.
 #   name          D   B_r B_c TM TN  extra -D flags
 CANDIDATES = [
-    ("d64_64x64_4x8",      64,  64, 64, 4, 8, {}),                      # default: 3 blocks/SM, 12 warps
+    ("d64_64x64_4x8",      64,  64, 64, 4, 8, {}),                      # the arithmetic's pick: 3 blocks/SM
     ("d64_64x64_8x4",      64,  64, 64, 8, 4, {}),                      # same tile, transposed thread grid
     ("d64_64x64_4x8_u2",   64,  64, 64, 4, 8, {"V5_UNROLL": 2}),        # shorter loop bodies
     ("d64_64x64_4x8_u8",   64,  64, 64, 4, 8, {"V5_UNROLL": 8}),        # longer loop bodies
     ("d64_64x64_4x8_flat", 64,  64, 64, 4, 8, {"V5_BLOCKED_PV": 0}),    # P V summed straight into O_i
-    ("d64_128x64_8x8",     64, 128, 64, 8, 8, {}),                      # SGEMM's 8x8 tile, 2 blocks/SM
+    ("d64_128x64_8x8",     64, 128, 64, 8, 8, {}),                      # SGEMM's 8x8 tile, 2 blocks/SM (default)
     ("d64_96x64_6x8",      64,  96, 64, 6, 8, {}),                      # 6x8 tile, 2 blocks/SM
     ("d64_64x32_4x4",      64,  64, 32, 4, 4, {}),                      # small tiles, 4 blocks/SM
     ("d64_128x32_4x4",     64, 128, 32, 4, 4, {"V5_MIN_BLOCKS": 2}),   # 256 threads, 16 warps/SM
-    ("d128_64x32_4x4",    128,  64, 32, 4, 4, {}),                      # default D=128: 2 blocks/SM
+    ("d128_64x32_4x4",    128,  64, 32, 4, 4, {}),                      # 2 blocks/SM
     ("d128_96x32_6x4_flat", 128, 96, 32, 6, 4, {"V5_BLOCKED_PV": 0}),   # taller tile, 2 blocks/SM
-    ("d128_128x64_8x4",   128, 128, 64, 8, 4, {}),                      # one 256-thread block per SM
+    ("d128_128x64_8x4",   128, 128, 64, 8, 4, {}),                      # one 256-thread block per SM (default)
 ]
 
 ODD_SHAPES = [  # (B, H, M, N, logit scale)
@@ -103,35 +93,30 @@ def smem_bytes(D, br, bc, tm, tn) -> int:
 
 
 def theoretical_blocks(regs: int, smem: int, threads: int) -> dict:
-    warps = threads // 32
-    regs_per_warp = math.ceil(regs * 32 / REG_ALLOC_UNIT) * REG_ALLOC_UNIT
-    by_regs = (REGS_PER_SM // regs_per_warp) // warps if regs else BLOCKS_PER_SM
-    by_smem = SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK)
-    by_threads = THREADS_PER_SM // threads
-    blocks = min(by_regs, by_smem, by_threads, BLOCKS_PER_SM)
-    limiter = " and ".join(n for b, n in ((by_regs, "registers"), (by_smem, "shared memory"),
-                                         (by_threads, "threads")) if b == blocks)
-    return {"blocks_per_sm": blocks, "by_regs": by_regs, "by_smem": by_smem, "by_threads": by_threads,
-            "limited_by": limiter, "warps_per_sm": blocks * warps,
-            "occupancy": blocks * warps / (THREADS_PER_SM // 32)}
+    """flashattn.resources.occupancy, in the field names v5_sweep.json has always used."""
+    occ = resources.occupancy(regs, smem, threads)
+    by = occ["by"]
+    names = {"registers": "registers", "shared memory": "shared memory", "warps": "threads"}
+    return {"blocks_per_sm": occ["blocks"], "by_regs": by["registers"], "by_smem": by["shared memory"],
+            "by_threads": by["warps"], "warps_per_sm": occ["warps"], "occupancy": occ["occupancy_pct"] / 100,
+            "limited_by": " and ".join(names[k] for k in occ["limited_by"] if k in names)}
 
 
 def ptxas_report(c, workdir: Path) -> dict:
     """Registers / stack / spills from ptxas for the same flags the extension is built with."""
-    nvcc = str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
-    cmd = [nvcc, *nvcc_flags(), *macro_flags(c), "-Xptxas", "-v", "-c", str(KERNEL),
+    cmd = [resources.nvcc(), *nvcc_flags(), *macro_flags(c), "-Xptxas", "-v", "-c", str(KERNEL),
            "-o", str(workdir / f"{c[0]}.o")]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    out = r.stdout + r.stderr
     info = {"ptxas_seconds": round(time.perf_counter() - t0, 1), "ptxas_ok": r.returncode == 0}
-    m = re.search(r"Used (\d+) registers", out)
-    info["regs_ptxas"] = int(m.group(1)) if m else None
-    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    if m:
-        info.update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+    kernels = resources.parse_ptxas(r.stdout + r.stderr)   # -DV5_ONLY_D: one kernel per build
+    info["regs_ptxas"] = max((k.get("registers", 0) for k in kernels), default=None)
+    if kernels:
+        info.update(stack_bytes=sum(k.get("stack_bytes", 0) for k in kernels),
+                    spill_stores=sum(k.get("spill_store_bytes", 0) for k in kernels),
+                    spill_loads=sum(k.get("spill_load_bytes", 0) for k in kernels))
     if r.returncode != 0:
-        info["ptxas_log"] = out[-2000:]
+        info["ptxas_log"] = (r.stdout + r.stderr)[-2000:]
     return info
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-import torch
 
 from flashattn import notebook as nb
-from flashattn.versions import INFO, VERSIONS
+from flashattn.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
