@@ -95,7 +95,7 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     if cuda_home:
         cpp_extension.CUDA_HOME = cuda_home
     src = source(name) if src is None else src
-    # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_SUB=2") lets an experiment rebuild every
+    # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
     # kernel with other tile macros without editing the files.
     env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
     flags = NVCC_FLAGS + gencode_flags(arch_list()) + env_flags + list(extra_cuda_cflags or [])

@@ -433,9 +433,9 @@ def launch_of(version: str, kernel: str) -> tuple[int, int] | None:
     if version == "v6" and "flash_fwd_mma<" in kernel:
         args = _template_args(kernel)
         T, D, WM, BC = args[0], int(args[1]), int(args[2]), int(args[3])
-        SUB = int(args[6]) if len(args) > 6 else 1      # B_c-key sub-tiles per pipeline stage
+        STAGES = int(args[6])                          # pipeline buffers of K_j, V_j
         BR = 16 * WM * 4
-        return 128, (4 if T == "float" else 2) * D * (BR + 4 * SUB * BC)   # Q_i + 2 stages of K_j, V_j
+        return 128, (4 if T == "float" else 2) * D * (BR + 2 * STAGES * BC)   # Q_i + STAGES x (K_j, V_j)
     for name, facts in LAUNCH.get(version, {}).items():
         if name in kernel:
             return facts

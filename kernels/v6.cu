@@ -79,8 +79,11 @@
 #ifndef V6_D64_BC
 #define V6_D64_BC 64
 #endif
-#ifndef V6_D64_QREG
-#define V6_D64_QREG 1
+#ifndef V6_D64_QKS
+#define V6_D64_QKS 4
+#endif
+#ifndef V6_D64_STAGES
+#define V6_D64_STAGES 2
 #endif
 #ifndef V6_D128_WM
 #define V6_D128_WM 2
@@ -88,25 +91,17 @@
 #ifndef V6_D128_BC
 #define V6_D128_BC 32
 #endif
-#ifndef V6_D128_QREG
-#define V6_D128_QREG 0
+#ifndef V6_D128_QKS
+#define V6_D128_QKS 0
 #endif
-// Sweep-only pipeline variants (defaults reproduce the kernels described above):
-//   V6_D64_SUB / V6_D128_SUB = S > 1: one pipeline stage brings S * B_c keys of K and V (one cp.async
-//     wait, two barriers per stage, as for S = 1) and the compute walks them as S sub-tiles of B_c keys,
-//     each a full online-softmax step. Registers stay those of B_c; barriers and waits per key drop S-fold;
-//     shared memory grows to Q + 2 x S x (K + V) tiles.
-//   V6_SPLIT_KV = 1: K_j and V_j travel in separate cp.async groups; a warp waits for K_j before S_ij and
-//     for V_j only before P_ij V_j (FlashAttention-2's order). Still two barriers per stage: the one that
-//     publishes K_j also frees the other buffer, so the prefetch is issued right after it.
-#ifndef V6_D64_SUB
-#define V6_D64_SUB 1
+#ifndef V6_D128_STAGES
+#define V6_D128_STAGES 2
 #endif
-#ifndef V6_D128_SUB
-#define V6_D128_SUB 1
+#ifndef V6_D64_LOOK
+#define V6_D64_LOOK 0
 #endif
-#ifndef V6_SPLIT_KV
-#define V6_SPLIT_KV 0
+#ifndef V6_D128_LOOK
+#define V6_D128_LOOK 0
 #endif
 
 namespace v6 {
@@ -225,22 +220,28 @@ template <> __device__ __forceinline__ void store2<float>(float* dst, float a, f
 // apart, the swizzle sends those 8 chunks to 8 different 16-byte bank groups.
 
 // Issue the cp.async copies of rows [row0, row0 + ROWS) of a [rows, D] matrix; rows past `rows` are
-// zero-filled. Each thread copies ROWS * CPR / 128 chunks, consecutive threads consecutive chunks.
+// zero-filled. Consecutive threads take consecutive chunks: thread tid copies chunk c = tid % CPR of
+// rows r0 = tid / CPR, r0 + kRowStep, ... . Only the row moves from one copy to the next, so the
+// addresses are a per-thread base plus compile-time offsets, and the row check is needed only on a
+// tile that crosses the end of the matrix (the last one).
 template <int ROWS, int CPR, typename T>
 __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gmem, int row0, int rows,
                                           int tid) {
   constexpr int kElemsPerChunk = 16 / sizeof(T);
   constexpr int kD = CPR * kElemsPerChunk;
-  static_assert((ROWS * CPR) % kThreads == 0, "tile must split evenly over the block");
+  constexpr int kRowStep = kThreads / CPR;
+  static_assert((ROWS * CPR) % kThreads == 0 && kThreads % CPR == 0, "tile must split evenly over the block");
+  const int r0 = tid / CPR, c = tid % CPR;
   const uint32_t base = smem_addr(smem_tile);
+  const T* src = gmem + (size_t)(row0 + r0) * kD + c * kElemsPerChunk;
+  const bool whole = row0 + ROWS <= rows;   // block-uniform
 #pragma unroll
   for (int it = 0; it < ROWS * CPR / kThreads; ++it) {
-    const int idx = tid + it * kThreads;
-    const int r = idx / CPR, c = idx % CPR;
-    const bool valid = row0 + r < rows;
+    const int r = r0 + it * kRowStep;
+    const bool valid = whole || row0 + r < rows;
     // An out-of-range row still needs a legal address; row 0 of this (batch, head) is one.
-    const T* src = gmem + (valid ? (size_t)(row0 + r) * kD + c * kElemsPerChunk : 0);
-    cp_async_16(base + (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u, src, valid);
+    cp_async_16(base + (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u, valid ? src + it * kRowStep * kD : gmem,
+                valid);
   }
 }
 
@@ -249,8 +250,7 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false,
-          bool LAZY = true>
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool LOOK>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                   T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
@@ -261,15 +261,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int KSTEPS = CPR / 2;                // k steps over D: 32 bytes = k16 (16-bit) or k8 (TF32)
   constexpr int NT = BC / 8;                     // n8 tiles of S_ij per slice
   constexpr int DT = D / 8;                      // n8 tiles of O_i per slice
-  constexpr int KV = SUB * BC;                   // keys per pipeline stage (SUB sub-tiles of B_c)
   static_assert(CPR >= 8, "the swizzle needs rows of at least 128 bytes");
   static_assert(BC % 16 == 0 && D % 16 == 0, "tile sizes must be multiples of 16");
-  static_assert(SUB >= 1, "a stage holds at least one sub-tile");
+  static_assert(QKS >= 0 && QKS <= KSTEPS, "QKS counts k steps of Q kept in registers");
+  static_assert(STAGES >= 2 + LOOK, "the pipeline needs a buffer to fill while the others are read");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
-  T* sK = sQ + BR * D;                      // 2 buffers of [SUB * B_c][D]
-  T* sV = sK + 2 * KV * D;                  // 2 buffers of [SUB * B_c][D]
+  T* sK = sQ + BR * D;                      // STAGES buffers of [B_c][D]
+  T* sV = sK + STAGES * BC * D;             // STAGES buffers of [B_c][D]
 
   // Non-causal: consecutive blocks walk the query blocks of one head, so they share K/V in L2.
   // Causal: the longest query blocks (most key tiles) start first, all heads at once, so the short ones
@@ -291,13 +291,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* Vh = V + (size_t)bh * N * D;
   T* Oh = O + (size_t)bh * M * D;
 
-  // Keys [0, n_keys) to visit, in n_tiles stages of KV keys. Causal: row i sees keys j <= i + N - M, so
-  // the block's last row bounds them.
-  int n_keys = N, n_tiles = (N + KV - 1) / KV;
+  // Key tiles of B_c to visit. Causal: row i sees keys j <= i + N - M, so the block's last row bounds
+  // them.
+  int n_tiles = (N + BC - 1) / BC;
   if (CAUSAL) {
     const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
-    n_keys = last_key < 0 ? 0 : (int)min((long long)N, last_key + 1);
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + KV - 1) / KV);
+    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
   }
 
   float o[WM][DT][4];
@@ -320,247 +319,254 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;   // K (B operand)
     const uint32_t sQ_addr = smem_addr(sQ) + (uint32_t)((warp * WM * 16 + a_row) * ROWB);
 
-    uint32_t q_frag[WM][KSTEPS][4];   // used only when QREG (dead otherwise, so never allocated)
+    // The first QKS k steps of Q_i as A fragments, loaded once; the rest is re-read from shared memory
+    // with ldmatrix on every tile (registers are what limits this at D = 128).
+    uint32_t q_frag[WM][KSTEPS][4];   // only k steps < QKS are used; the rest is never allocated
 
+    // Pipeline: tile j lives in buffer j % STAGES; STAGES - 1 tiles are in flight while one is read.
+    // Every tile is one cp.async commit group (an empty one past the last tile keeps the count uniform);
+    // Q_i travels with K_0, V_0.
     load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
-    load_tile<KV, CPR>(sK, Kh, 0, N, tid);
-    if constexpr (SPLIT) cp_async_commit();   // group: Q_i + K_0, then V_0
-    load_tile<KV, CPR>(sV, Vh, 0, N, tid);
-    cp_async_commit();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < n_tiles) {
+        load_tile<BC, CPR>(sK + st * BC * D, Kh, st * BC, N, tid);
+        load_tile<BC, CPR>(sV + st * BC * D, Vh, st * BC, N, tid);
+      }
+      cp_async_commit();
+    }
 
+    // The first QKS k steps of Q_i into registers (call once Q_i has landed).
+    auto load_q_frags = [&]() {
+#pragma unroll
+      for (int s = 0; s < WM; ++s)
+#pragma unroll
+        for (int ks = 0; ks < QKS; ++ks) {
+          ldmatrix_x4(q_frag[s][ks], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+          if constexpr (kTF32)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) q_frag[s][ks][r] = to_tf32(q_frag[s][ks][r]);
+        }
+    };
+
+    // S = Q_i K_j^T for the K_j tile in buffer kbuf (raw scores; the scale is folded into the exponent
+    // later).
+    auto qk = [&](float (&acc)[WM][NT][4], int kbuf) {
+      const uint32_t sK_addr = smem_addr(sK + kbuf * BC * D) + (uint32_t)(b_row * ROWB);
+#pragma unroll
+      for (int s = 0; s < WM; ++s)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[s][t][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a_tmp[WM][4];   // k steps past QKS
+        if (ks >= QKS) {
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+            if constexpr (kTF32)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          // Matrices: keys 16np+0..7 / chunk 2ks, same keys / chunk 2ks+1, keys +8..15 / 2ks, +8..15 /
+          // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
+          // contiguous in k, which is exactly the "col" B layout: no transpose needed.
+          uint32_t b[4];
+          ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+          if constexpr (kTF32)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            const uint32_t(&a)[4] = ks < QKS ? q_frag[s][ks] : a_tmp[s];
+            mma<T>(acc[s][2 * np], a, b[0], b[1]);
+            mma<T>(acc[s][2 * np + 1], a, b[2], b[3]);
+          }
+        }
+      }
+    };
+
+    float s_acc[WM][NT][4];   // S_ij of the tile being processed
+    if constexpr (LOOK) {
+      // S_i0 before the loop; iteration j then computes S_i,j+1 while it works on tile j.
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      load_q_frags();
+      qk(s_acc, 0);
+    }
+
+    int buf = 0;   // == jt % STAGES
     for (int jt = 0; jt < n_tiles; ++jt) {
-      const int buf = jt & 1;
-      const bool prefetch = jt + 1 < n_tiles;
-      if constexpr (!SPLIT) {
-        // Prefetch K_{j+1}, V_{j+1} into the other buffer; it was last read in iteration j-1, which
-        // ended with a barrier.
-        if (prefetch) {
-          load_tile<KV, CPR>(sK + (buf ^ 1) * KV * D, Kh, (jt + 1) * KV, N, tid);
-          load_tile<KV, CPR>(sV + (buf ^ 1) * KV * D, Vh, (jt + 1) * KV, N, tid);
-          cp_async_commit();
-          cp_async_wait<1>();   // everything but the prefetch just issued has landed
-        } else {
-          cp_async_wait<0>();
+      // Tile j + LOOK must have landed: STAGES - 2 - LOOK groups were committed after its group. The
+      // barrier then publishes every thread's copies, and proves that every warp has finished tile
+      // j - 1: its buffer is free for the prefetch below. One barrier per tile.
+      cp_async_wait<STAGES - 2 - LOOK>();
+      __syncthreads();
+      {
+        const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
+        if (jn < n_tiles) {
+          load_tile<BC, CPR>(sK + nbuf * BC * D, Kh, jn * BC, N, tid);
+          load_tile<BC, CPR>(sV + nbuf * BC * D, Vh, jn * BC, N, tid);
         }
-        __syncthreads();
-      } else {
-        // Pending here: K_j, V_j. Once K_j is in, the barrier publishes it and also proves every warp
-        // has left iteration j-1, so the other buffer is free for the prefetch.
-        cp_async_wait<1>();
-        __syncthreads();
-        if (prefetch) {
-          load_tile<KV, CPR>(sK + (buf ^ 1) * KV * D, Kh, (jt + 1) * KV, N, tid);
-          cp_async_commit();
-          load_tile<KV, CPR>(sV + (buf ^ 1) * KV * D, Vh, (jt + 1) * KV, N, tid);
-          cp_async_commit();
-        }
+        cp_async_commit();
       }
 
-      const uint32_t sK_stage = smem_addr(sK + buf * KV * D) + (uint32_t)(b_row * ROWB);
-      const uint32_t sV_stage = smem_addr(sV + buf * KV * D) + (uint32_t)(a_row * ROWB);
-
-      if constexpr (QREG) {
-        if (jt == 0) {
-#pragma unroll
-          for (int s = 0; s < WM; ++s)
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks) {
-              ldmatrix_x4(q_frag[s][ks], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
-              if constexpr (kTF32)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) q_frag[s][ks][r] = to_tf32(q_frag[s][ks][r]);
-            }
-        }
+      const int j0 = jt * BC;
+      const uint32_t sV_addr = smem_addr(sV + buf * BC * D) + (uint32_t)(a_row * ROWB);
+      if constexpr (!LOOK) {
+        if (QKS > 0 && jt == 0) load_q_frags();
+        qk(s_acc, buf);
       }
 
-      // A stage holds SUB sub-tiles of B_c keys; each one is a complete online-softmax step, so only
-      // one sub-tile's S_ij is ever live in registers. Sub-tile rows are B_c (a multiple of 8) apart,
-      // so the swizzle term (row % 8) is the same as in a one-tile stage.
-      // Not unrolled: unrolling lets ptxas hoist the next sub-tile's loads into this one's live range,
-      // which spills at D = 128.
-#pragma unroll 1
-      for (int sub = 0; sub < SUB; ++sub) {
-        const int j0 = jt * KV + sub * BC;
-        // A sub-tile that starts at or past the last key to visit (past N, or above the diagonal for
-        // every row of the block) is skipped; the first one never is. Block-uniform, no barrier skipped.
-        if constexpr (SUB > 1)
-          if (j0 >= n_keys) break;
-        const uint32_t sK_addr = sK_stage + sub * BC * ROWB;
-        const uint32_t sV_addr = sV_stage + sub * BC * ROWB;
-
-        // ---- S_ij = Q_i K_j^T (raw scores; the scale is folded into the exponent later) ----
-        float s_acc[WM][NT][4];
+      // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
+      const bool tail = j0 + BC > N;
+      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+      if (tail || diag) {
 #pragma unroll
         for (int s = 0; s < WM; ++s)
 #pragma unroll
           for (int t = 0; t < NT; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s_acc[s][t][e] = 0.f;
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
+              const int col = j0 + t * 8 + 2 * q + (e & 1);
+              // j <= i + N - M written as j - N <= i - M so that nothing can overflow
+              if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
+            }
+      }
 
+      // LOOK: S_i,j+1 = Q_i K_j+1^T now, in the same basic block as the softmax below, so that the
+      // scheduler can issue its mma between the softmax's exp2, max and shuffle instructions (they use
+      // other pipes). The last tile has no successor: it recomputes its own S (a select, not a branch,
+      // which would split the block) and the result is dropped.
+      float s_next[WM][NT][4];
+      if constexpr (LOOK) qk(s_next, jt + 1 < n_tiles ? (buf + 1 == STAGES ? 0 : buf + 1) : buf);
+
+      // ---- online softmax, one row half (g or g+8) at a time ----
+      float alpha[WM][2];   // exp2 of (old max - new max) per row: the O_i rescale factor
+      // 16-bit types: P_ij rounded and packed as soon as it is computed, two keys per register (the
+      // pair of columns 2q, 2q+1 of row half h of n8 tile t), so that S_ij's fp32 registers die here
+      // rather than during P_ij V_j. TF32 keeps P_ij in s_acc.
+      uint32_t p_pack[WM][NT][2];
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-          uint32_t a_tmp[WM][4];   // used only when !QREG
-          if constexpr (!QREG) {
+      for (int s = 0; s < WM; ++s)
 #pragma unroll
-            for (int s = 0; s < WM; ++s) {
-              ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
-              if constexpr (kTF32)
+        for (int h = 0; h < 2; ++h) {
+          float mx = m_i[s][h];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
+          for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s_acc[s][t][2 * h], s_acc[s][t][2 * h + 1]));
+          // the four lanes of a quad hold the same row
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
+          // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
+          const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
+          // An unchanged max gives alpha = 1 exactly (computing it could round to 1 +- 1 ulp).
+          alpha[s][h] = mx == m_i[s][h] ? 1.f : ex2(m_i[s][h] * scale_log2 - m_base);
+          m_i[s][h] = mx;
+          float row_sum = 0.f;
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const float p0 = ex2(fmaf(s_acc[s][t][2 * h], scale_log2, -m_base));
+            const float p1 = ex2(fmaf(s_acc[s][t][2 * h + 1], scale_log2, -m_base));
+            row_sum += p0 + p1;
+            if constexpr (kTF32) {
+              s_acc[s][t][2 * h] = p0;
+              s_acc[s][t][2 * h + 1] = p1;
+            } else {
+              p_pack[s][t][h] = pack2<T>(p0, p1);
             }
           }
-#pragma unroll
-          for (int np = 0; np < NT / 2; ++np) {
-            // Matrices: keys 16np+0..7 / chunk 2ks, same keys / chunk 2ks+1, keys +8..15 / 2ks, +8..15 /
-            // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
-            // contiguous in k, which is exactly the "col" B layout: no transpose needed.
-            uint32_t b[4];
-            ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
-            if constexpr (kTF32)
-#pragma unroll
-              for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
-#pragma unroll
-            for (int s = 0; s < WM; ++s) {
-              const uint32_t(&a)[4] = QREG ? q_frag[s][ks] : a_tmp[s];
-              mma<T>(s_acc[s][2 * np], a, b[0], b[1]);
-              mma<T>(s_acc[s][2 * np + 1], a, b[2], b[3]);
-            }
-          }
+          // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
+          l_i[s][h] = l_i[s][h] * alpha[s][h] + row_sum;
         }
-
-        // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
-        const bool tail = j0 + BC > N;
-        const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
-        if (tail || diag) {
+      // Rescale O_i only when some row of the warp found a new maximum. After the first few tiles
+      // the running max rarely moves, so most tiles skip WM*D/2 multiplies per thread; alpha is
+      // exactly 1 when the max is unchanged, so skipping changes no bit of the result. The vote keeps
+      // the branch uniform across the warp.
+      bool moved = false;
 #pragma unroll
-          for (int s = 0; s < WM; ++s)
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
-                const int col = j0 + t * 8 + 2 * q + (e & 1);
-                // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-                if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
-              }
-        }
-
-        // ---- online softmax, one row half (g or g+8) at a time ----
-        float alpha[WM][2];   // exp2 of (old max - new max) per row: the O_i rescale factor
+      for (int s = 0; s < WM; ++s) moved |= (alpha[s][0] != 1.f) | (alpha[s][1] != 1.f);
+      if (!LAZY || __any_sync(0xffffffffu, moved)) {
 #pragma unroll
         for (int s = 0; s < WM; ++s)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float mx = m_i[s][h];
-#pragma unroll
-            for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s_acc[s][t][2 * h], s_acc[s][t][2 * h + 1]));
-            // the four lanes of a quad hold the same row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            // A row that has seen only masked keys keeps max -inf; subtracting 0 instead of -inf keeps
-            // every exponent at -inf (p = 0, alpha = 0) rather than NaN.
-            const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
-            // An unchanged max gives alpha = 1 exactly (computing it could round to 1 +- 1 ulp).
-            alpha[s][h] = mx == m_i[s][h] ? 1.f : ex2(m_i[s][h] * scale_log2 - m_base);
-            m_i[s][h] = mx;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-              for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                const float p = ex2(fmaf(s_acc[s][t][e], scale_log2, -m_base));
-                s_acc[s][t][e] = p;
-                row_sum += p;
-              }
-            // l_i stays a per-lane partial sum (this lane's columns); the quad adds them up at the end.
-            l_i[s][h] = l_i[s][h] * alpha[s][h] + row_sum;
+          for (int t = 0; t < DT; ++t) {
+            o[s][t][0] *= alpha[s][0];
+            o[s][t][1] *= alpha[s][0];
+            o[s][t][2] *= alpha[s][1];
+            o[s][t][3] *= alpha[s][1];
           }
-        // Rescale O_i only when some row of the warp found a new maximum. After the first few tiles
-        // the running max rarely moves, so most tiles skip WM*D/2 multiplies per thread; alpha is
-        // exactly 1 when the max is unchanged, so skipping changes no bit of the result. The vote keeps
-        // the branch uniform across the warp.
-        bool moved = false;
-#pragma unroll
-        for (int s = 0; s < WM; ++s) moved |= (alpha[s][0] != 1.f) | (alpha[s][1] != 1.f);
-        if (!LAZY || __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-          for (int s = 0; s < WM; ++s)
-#pragma unroll
-            for (int t = 0; t < DT; ++t) {
-              o[s][t][0] *= alpha[s][0];
-              o[s][t][1] *= alpha[s][0];
-              o[s][t][2] *= alpha[s][1];
-              o[s][t][3] *= alpha[s][1];
-            }
-        }
+      }
 
-        if constexpr (SPLIT) {
-          if (sub == 0) {   // V_j of the whole stage: pending V_j (+ K_{j+1}, V_{j+1} if prefetched)
-            if (prefetch) cp_async_wait<2>();
-            else cp_async_wait<0>();
-            __syncthreads();
+      // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
+      if constexpr (!kTF32) {
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          // A fragment of keys [16kk, 16kk+16): rows g / g+8, keys 2q.. (tile 2kk) and 8+2q.. (2kk+1).
+          uint32_t p_frag[WM][4];
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            p_frag[s][0] = p_pack[s][2 * kk][0];
+            p_frag[s][1] = p_pack[s][2 * kk][1];
+            p_frag[s][2] = p_pack[s][2 * kk + 1][0];
+            p_frag[s][3] = p_pack[s][2 * kk + 1][1];
           }
-        }
-
-        // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
-        if constexpr (!kTF32) {
 #pragma unroll
-          for (int kk = 0; kk < BC / 16; ++kk) {
-            // A fragment of keys [16kk, 16kk+16): rows g / g+8, keys 2q.. (tile 2kk) and 8+2q.. (2kk+1).
-            uint32_t p_frag[WM][4];
+          for (int dp = 0; dp < D / 16; ++dp) {
+            // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
+            // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
 #pragma unroll
             for (int s = 0; s < WM; ++s) {
-              p_frag[s][0] = pack2<T>(s_acc[s][2 * kk][0], s_acc[s][2 * kk][1]);
-              p_frag[s][1] = pack2<T>(s_acc[s][2 * kk][2], s_acc[s][2 * kk][3]);
-              p_frag[s][2] = pack2<T>(s_acc[s][2 * kk + 1][0], s_acc[s][2 * kk + 1][1]);
-              p_frag[s][3] = pack2<T>(s_acc[s][2 * kk + 1][2], s_acc[s][2 * kk + 1][3]);
-            }
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-              // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
-              // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
-              uint32_t b[4];
-              ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
-#pragma unroll
-              for (int s = 0; s < WM; ++s) {
-                mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
-                mma<T>(o[s][2 * dp + 1], p_frag[s], b[2], b[3]);
-              }
-            }
-          }
-        } else {
-          // TF32: k8 slice kk = n8 tile kk of S. k-slot q carries key 2q and k-slot q+4 key 2q+1 (see the
-          // header), so a = {P[g][2q], P[g+8][2q], P[g][2q+1], P[g+8][2q+1]} = accumulators 0, 2, 1, 3,
-          // and b0/b1 are V rows 2q and 2q+1, column g of the n8 tile. ldmatrix.trans moves 16-bit halves,
-          // so V is read with plain 4-byte loads; with the swizzle they hit 32 different banks.
-          const unsigned char* sVb = reinterpret_cast<const unsigned char*>(sV + buf * KV * D + sub * BC * D);
-#pragma unroll
-          for (int kk = 0; kk < BC / 8; ++kk) {
-            uint32_t p_frag[WM][4];
-#pragma unroll
-            for (int s = 0; s < WM; ++s) {
-              p_frag[s][0] = to_tf32(s_acc[s][kk][0]);
-              p_frag[s][1] = to_tf32(s_acc[s][kk][2]);
-              p_frag[s][2] = to_tf32(s_acc[s][kk][1]);
-              p_frag[s][3] = to_tf32(s_acc[s][kk][3]);
-            }
-            const int r0 = kk * 8 + 2 * q;   // (r0 & 7) == 2q, (r0 + 1) & 7 == 2q + 1
-#pragma unroll
-            for (int t = 0; t < DT; ++t) {
-              const int chunk = 2 * t + (g >> 2), within = (g & 3) * 4;
-              const float v0 = *reinterpret_cast<const float*>(sVb + r0 * ROWB + ((chunk ^ (2 * q)) << 4) + within);
-              const float v1 =
-                  *reinterpret_cast<const float*>(sVb + (r0 + 1) * ROWB + ((chunk ^ (2 * q + 1)) << 4) + within);
-              const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
-#pragma unroll
-              for (int s = 0; s < WM; ++s) mma<T>(o[s][t], p_frag[s], b0, b1);
+              mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
+              mma<T>(o[s][2 * dp + 1], p_frag[s], b[2], b[3]);
             }
           }
         }
-      }   // sub-tiles
-      // all warps are done with this buffer before iteration j+1 refills it (SPLIT: the barrier at the
-      // top of iteration j+1 does this)
-      if constexpr (!SPLIT) __syncthreads();
+      } else {
+        // TF32: k8 slice kk = n8 tile kk of S. k-slot q carries key 2q and k-slot q+4 key 2q+1 (see the
+        // header), so a = {P[g][2q], P[g+8][2q], P[g][2q+1], P[g+8][2q+1]} = accumulators 0, 2, 1, 3,
+        // and b0/b1 are V rows 2q and 2q+1, column g of the n8 tile. ldmatrix.trans moves 16-bit halves,
+        // so V is read with plain 4-byte loads; with the swizzle they hit 32 different banks.
+        const unsigned char* sVb = reinterpret_cast<const unsigned char*>(sV + buf * BC * D);
+#pragma unroll
+        for (int kk = 0; kk < BC / 8; ++kk) {
+          uint32_t p_frag[WM][4];
+#pragma unroll
+          for (int s = 0; s < WM; ++s) {
+            p_frag[s][0] = to_tf32(s_acc[s][kk][0]);
+            p_frag[s][1] = to_tf32(s_acc[s][kk][2]);
+            p_frag[s][2] = to_tf32(s_acc[s][kk][1]);
+            p_frag[s][3] = to_tf32(s_acc[s][kk][3]);
+          }
+          const int r0 = kk * 8 + 2 * q;   // (r0 & 7) == 2q, (r0 + 1) & 7 == 2q + 1
+#pragma unroll
+          for (int t = 0; t < DT; ++t) {
+            const int chunk = 2 * t + (g >> 2), within = (g & 3) * 4;
+            const float v0 = *reinterpret_cast<const float*>(sVb + r0 * ROWB + ((chunk ^ (2 * q)) << 4) + within);
+            const float v1 =
+                *reinterpret_cast<const float*>(sVb + (r0 + 1) * ROWB + ((chunk ^ (2 * q + 1)) << 4) + within);
+            const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
+#pragma unroll
+            for (int s = 0; s < WM; ++s) mma<T>(o[s][t], p_frag[s], b0, b1);
+          }
+        }
+      }
+      if constexpr (LOOK)
+#pragma unroll
+        for (int s = 0; s < WM; ++s)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s_acc[s][t][e] = s_next[s][t][e];
+      buf = buf + 1 == STAGES ? 0 : buf + 1;
     }
   }
 
@@ -584,13 +590,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------- launcher ----------------------------
 
-template <typename T, int D, int WM, int BC, bool QREG, bool CAUSAL, int SUB = 1, bool SPLIT = false,
-          bool LAZY = true>
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool LOOK>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                    cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
-  constexpr size_t smem = (size_t)(BR + 4 * SUB * BC) * D * sizeof(T);   // Q_i + 2 stages of K_j, V_j
-  auto kernel = flash_fwd_mma<T, D, WM, BC, QREG, CAUSAL, SUB, SPLIT, LAZY>;
+  constexpr size_t smem = (size_t)(BR + 2 * STAGES * BC) * D * sizeof(T);   // Q_i + STAGES x (K_j, V_j)
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, LOOK>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -615,18 +620,19 @@ template <typename T, bool CAUSAL>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                        int D, cudaStream_t stream) {
   constexpr bool kTF32 = sizeof(T) == 4;
+  // TF32: one m16 slice per warp, all of Q_i in registers (16 k8 steps at D=128), two stages, lazy.
   if (D == 64) {
-    if constexpr (kTF32) return launch<T, 64, 1, 64, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, false>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 64, V6_D64_WM, V6_D64_BC, (V6_D64_QREG != 0), CAUSAL, V6_D64_SUB, (V6_SPLIT_KV != 0),
-                    (V6_D64_LAZY != 0)>(
+      return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0),
+                    (V6_D64_LOOK != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   if (D == 128) {
-    if constexpr (kTF32) return launch<T, 128, 1, 32, true, CAUSAL>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, false>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 128, V6_D128_WM, V6_D128_BC, (V6_D128_QREG != 0), CAUSAL, V6_D128_SUB, (V6_SPLIT_KV != 0),
-                    (V6_D128_LAZY != 0)>(
+      return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0),
+                    (V6_D128_LOOK != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   return "v6 supports head_dim 64 and 128 only";

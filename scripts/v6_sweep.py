@@ -19,21 +19,21 @@ from flashattn.resources import nvcc, parse_ptxas
 from flashattn.timing import time_cuda
 
 CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json
-    "d64-wm2-bc64-q1 (default, eager)": (64, []),
-    "d64-wm2-bc64-q1-lazy": (64, ["-DV6_D64_LAZY=1"]),
-    "d128-wm2-bc32-q0 (default, lazy)": (128, []),
-    "d128-wm2-bc32-q0-eager": (128, ["-DV6_D128_LAZY=0"]),
-    "d128-wm2-bc64-q0": (128, ["-DV6_D128_BC=64"]),
+    "d64 (default)": (64, []),
+    "d64-stages3": (64, ["-DV6_D64_STAGES=3"]),
+    "d128 (default)": (128, []),
+    "d128-bc48": (128, ["-DV6_D128_BC=48"]),
+    "d128-bc48-stages3": (128, ["-DV6_D128_BC=48", "-DV6_D128_STAGES=3"]),
+    "d128-bc64": (128, ["-DV6_D128_BC=64"]),
 }
 SHAPES = {64: (4, 12, 2048, 64), 128: (2, 16, 8192, 128)}
 
 
-def ptxas(flags):
+def ptxas(flags, path=KERNELS_DIR / "v6.cu"):
     res = subprocess.run([nvcc(), *NVCC_FLAGS, *gencode_flags(arch_list()), *flags, "-Xptxas", "-v", "-c",
-                          str(KERNELS_DIR / "v6.cu"), "-o", "/dev/null"], capture_output=True, text=True)
+                          str(path), "-o", "/dev/null"], capture_output=True, text=True)
     return [k for k in parse_ptxas(res.stderr) if "bf16" in k["name"] or "bfloat" in k["name"]
             or "nv_bfloat16" in k["function"]]
-
 
 def ref32(q, k, v, causal=False):
     s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -60,45 +60,65 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time every config this many times, interleaved, and keep the median round "
+                         "(slow drifts of clock or temperature then hit all configs alike)")
+    ap.add_argument("--prev", type=Path, help="an earlier v6.cu to time beside the configs, as 'previous'")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    names = list(CONFIGS)
+    configs = {n: (D, flags, None) for n, (D, flags) in CONFIGS.items()}
+    if args.prev:
+        for D in SHAPES:
+            configs[f"d{D} previous ({args.prev.name})"] = (D, [], args.prev)
+    names = list(configs)
+
+    def build_one(n):
+        D, flags, path = configs[n]
+        return build("v6", flags, module_name="v6sweep_" + str(names.index(n)),
+                     src=path.read_text() if path else None)
+
+    def ptxas_one(n):
+        D, flags, path = configs[n]
+        return ptxas(flags, path) if path else ptxas(flags)
+
     with ThreadPoolExecutor(8) as pool:
-        mods = list(pool.map(lambda n: build("v6", CONFIGS[n][1], module_name="v6sweep_" + str(names.index(n))),
-                             names))
-        resources = list(pool.map(lambda n: ptxas(CONFIGS[n][1]), names))
+        mods = dict(zip(names, pool.map(build_one, names)))
+        resources = dict(zip(names, pool.map(ptxas_one, names)))
     rows = []
     for D, (B, H, L, _) in SHAPES.items():
         q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * L * L * D
-        base = {}
-        for label, ctx in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_default", None)):
-            if ctx is None:
-                t = time_cuda(lambda: F.scaled_dot_product_attention(q, k, v), 10, args.reps)
-            else:
-                with sdpa_kernel(ctx):
-                    t = time_cuda(lambda: F.scaled_dot_product_attention(q, k, v), 10, args.reps)
-            base[label] = t.median_ms * 1e3
-            rows.append(dict(config=label, D=D, shape=[B, H, L, L, D], us=base[label],
-                             tflops=flops / t.median_ms / 1e9))
-        for name, mod, res in zip(names, mods, resources):
-            if CONFIGS[name][0] != D:
-                continue
-            err = small_error(mod, D)
-            t = time_cuda(lambda: mod.forward(q, k, v, False), 10, args.reps)
-            us = t.median_ms * 1e3
-            rows.append(dict(config=name, D=D, shape=[B, H, L, L, D], us=us, tflops=flops / t.median_ms / 1e9,
-                             max_abs_err_small=err, vs_flash=base["sdpa_flash"] / us,
-                             vs_default=base["sdpa_default"] / us, ptxas=res))
+        calls = {"sdpa_flash": lambda: F.scaled_dot_product_attention(q, k, v),
+                 "sdpa_default": lambda: F.scaled_dot_product_attention(q, k, v)}
+        here = [n for n in names if configs[n][0] == D]
+        for n in here:
+            calls[n] = (lambda m: lambda: m.forward(q, k, v, False))(mods[n])
+        times = {n: [] for n in calls}
+        for _ in range(args.rounds):
+            for n, fn in calls.items():
+                if n == "sdpa_flash":   # the backend is chosen outside the timed region
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        t = time_cuda(fn, 10, args.reps)
+                else:
+                    t = time_cuda(fn, 10, args.reps)
+                times[n].append(t.median_ms * 1e3)
+        us = {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}
+        for n in calls:
+            row = dict(config=n, D=D, shape=[B, H, L, L, D], us=us[n], rounds_us=times[n],
+                       tflops=flops / us[n] / 1e6)
+            if n in mods:
+                row.update(max_abs_err_small=small_error(mods[n], D), vs_flash=us["sdpa_flash"] / us[n],
+                           vs_default=us["sdpa_default"] / us[n], ptxas=resources[n])
+            rows.append(row)
     (args.out / "v6_sweep.json").write_text(json.dumps(rows, indent=1))
     # earlier sweeps of this script (other CONFIGS) are kept as results/h200/v6_sweep_{tiles,sub}.json
     for r in rows:
         regs = ",".join(str(k.get("registers")) for k in r.get("ptxas", []))
         spill = sum(k.get("spill_store_bytes", 0) for k in r.get("ptxas", []))
-        print(f"{r['config']:28} D={r['D']:3} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s "
-              f"flash x{r.get('vs_flash', float('nan')):.2f} default x{r.get('vs_default', float('nan')):.2f} "
-              f"err {r.get('max_abs_err_small', float('nan')):.1e} regs {regs} spill {spill}")
-
+        print(f"{r['config']:34} D={r['D']:3} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s "
+              f"flash x{r.get('vs_flash', float('nan')):.3f} default x{r.get('vs_default', float('nan')):.2f} "
+              f"err {r.get('max_abs_err_small', float('nan')):.1e} regs {regs} spill {spill} "
+              f"rounds {' '.join(f'{t:.1f}' for t in r['rounds_us'])}")
 
 if __name__ == "__main__":
     main()

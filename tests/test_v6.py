@@ -137,22 +137,22 @@ def f32_bits(x):
     return int(np.array([x], np.float32).view(np.uint32)[0])
 
 
-def emulate_warp(D, BC, WM, tf32, seed=0, sub=1):
+def emulate_warp(D, BC, WM, tf32, seed=0, stages=1):
     """Slice 0..WM-1 of warp 0: S = Q K^T and O = P V (with P := S) through the kernel's index math.
-    sub > 1 (V6_*_SUB): the K/V tiles hold sub * BC keys and each BC-key sub-tile is addressed from the
-    stage base plus sub_index * BC rows, as in the kernel; every sub-tile is checked on its own."""
-    for j in range(sub):
-        _emulate_subtile(D, BC, WM, tf32, seed, sub, j)
+    stages > 1 (V6_*_STAGES): sK and sV hold `stages` pipeline buffers of BC keys, buffer b addressed
+    from sK + b * BC * D as in the kernel; every buffer is checked on its own."""
+    for j in range(stages):
+        _emulate_buffer(D, BC, WM, tf32, seed, stages, j)
 
 
-def _emulate_subtile(D, BC, WM, tf32, seed, sub, j):
+def _emulate_buffer(D, BC, WM, tf32, seed, stages, j):
     rng = np.random.default_rng(seed)
     dtype = np.float32 if tf32 else np.float16
     es = 4 if tf32 else 2
     Q = rng.integers(-2, 3, (16 * WM, D)).astype(dtype)   # small integers: every product is exact
-    K_all = rng.integers(-2, 3, (sub * BC, D)).astype(dtype)   # the whole stage, swizzled as one tile
-    V_all = rng.integers(-2, 3, (sub * BC, D)).astype(dtype)
-    K, V = K_all[j * BC:(j + 1) * BC], V_all[j * BC:(j + 1) * BC]   # what sub-tile j must see
+    K_all = rng.integers(-2, 3, (stages * BC, D)).astype(dtype)   # all buffers, swizzled as one tile
+    V_all = rng.integers(-2, 3, (stages * BC, D)).astype(dtype)
+    K, V = K_all[j * BC:(j + 1) * BC], V_all[j * BC:(j + 1) * BC]   # what buffer j holds
     cpr = D * es // 16
     rowb = cpr * 16
     memQ, _ = swizzled_tile(Q)
@@ -169,13 +169,13 @@ def _emulate_subtile(D, BC, WM, tf32, seed, sub, j):
     b_chunk = [(l >> 3) & 1 for l in lanes]
 
     NT, DT = BC // 8, D // 8
-    sub_off = j * BC * rowb   # sK_stage + sub * BC * ROWB
+    buf_off = j * BC * rowb   # sK + buf * BC * D
     s_acc = np.zeros((WM, NT, 32, 4))
     for ks in range(cpr // 2):
         qa = [ldmatrix_x4(memQ, [(s * 16 + a_row[l]) * rowb + (((2 * ks + a_chunk[l]) ^ x[l]) << 4)
                                  for l in lanes]) for s in range(WM)]
         for np_ in range(NT // 2):
-            b = ldmatrix_x4(memK, [sub_off + (np_ * 16 + b_row[l]) * rowb + (((2 * ks + b_chunk[l]) ^ x[l]) << 4)
+            b = ldmatrix_x4(memK, [buf_off + (np_ * 16 + b_row[l]) * rowb + (((2 * ks + b_chunk[l]) ^ x[l]) << 4)
                                    for l in lanes])
             for s in range(WM):
                 s_acc[s, 2 * np_] = mma(qa[s], b[:, 0:2], s_acc[s, 2 * np_], tf32)
@@ -202,7 +202,7 @@ def _emulate_subtile(D, BC, WM, tf32, seed, sub, j):
                              pack2(t1[0], t1[1], dtype), pack2(t1[2], t1[3], dtype)]
                 p.append(pf)
             for dp in range(D // 16):
-                b = ldmatrix_x4(memV, [sub_off + (kk * 16 + a_row[l]) * rowb + (((2 * dp + a_chunk[l]) ^ x[l]) << 4)
+                b = ldmatrix_x4(memV, [buf_off + (kk * 16 + a_row[l]) * rowb + (((2 * dp + a_chunk[l]) ^ x[l]) << 4)
                                        for l in lanes], trans=True)
                 for s in range(WM):
                     o[s, 2 * dp] = mma(p[s], b[:, 0:2], o[s, 2 * dp], tf32)
@@ -224,8 +224,8 @@ def _emulate_subtile(D, BC, WM, tf32, seed, sub, j):
                     g, q = divmod(l, 4)
                     r0 = kk * 8 + 2 * q
                     chunk, within = 2 * t + (g >> 2), (g & 3) * 4
-                    a0 = sub_off + r0 * rowb + ((chunk ^ (2 * q)) << 4) + within
-                    a1 = sub_off + (r0 + 1) * rowb + ((chunk ^ (2 * q + 1)) << 4) + within
+                    a0 = buf_off + r0 * rowb + ((chunk ^ (2 * q)) << 4) + within
+                    a1 = buf_off + (r0 + 1) * rowb + ((chunk ^ (2 * q + 1)) << 4) + within
                     bv[l] = [int(memV_bytes[a0:a0 + 4].view(np.uint32)[0]),
                              int(memV_bytes[a1:a1 + 4].view(np.uint32)[0])]
                     addrs.append((a0, a1))
@@ -243,12 +243,11 @@ def _emulate_subtile(D, BC, WM, tf32, seed, sub, j):
     np.testing.assert_array_equal(O, S_ref @ V.astype(np.float64))
 
 
-@pytest.mark.parametrize("D,BC,WM,tf32,sub", [(64, 64, 2, False, 1), (128, 32, 2, False, 1),
-                                              (128, 64, 1, False, 1), (64, 64, 1, True, 1),
-                                              (128, 32, 1, True, 1), (128, 32, 2, False, 2),
-                                              (64, 64, 2, False, 2), (64, 32, 1, True, 2)])
-def test_fragment_mappings_emulated(D, BC, WM, tf32, sub):
-    emulate_warp(D, BC, WM, tf32, sub=sub)
+@pytest.mark.parametrize("D,BC,WM,tf32,stages", [(64, 64, 2, False, 2), (128, 32, 2, False, 3),
+                                                 (128, 64, 1, False, 2), (64, 64, 1, True, 2),
+                                                 (128, 32, 1, True, 2), (64, 64, 2, False, 3)])
+def test_fragment_mappings_emulated(D, BC, WM, tf32, stages):
+    emulate_warp(D, BC, WM, tf32, stages=stages)
 
 
 # ================================================================ GPU tests
