@@ -7,8 +7,8 @@
 //   * a block owns B_r query rows (Q_i); each of its 4 warps owns whole 16-row slices of them, so the
 //     online-softmax state m_i, l_i and the accumulator O_i live in that warp's registers;
 //   * K_j and V_j tiles stream through shared memory, double-buffered with cp.async (16-byte copies,
-//     zero-filled past the last key), stored with an XOR swizzle (16-byte chunk c of row r is kept at
-//     chunk c ^ (r % 8)) so that every ldmatrix is free of bank conflicts;
+//     zero-filled past the last key; one barrier per tile), stored with an XOR swizzle (16-byte chunk c
+//     of row r is kept at chunk c ^ (r % 8)) so that every ldmatrix is free of bank conflicts;
 //   * operands reach the tensor cores through ldmatrix.x4 (K: non-transposed, V: .trans);
 //   * S_ij = Q_i K_j^T stays in registers; P_ij is computed there (exp2 with log2(e)/sqrt(D) folded into
 //     one FMA, row max reduced over the 4 lanes of a quad with shuffles) and reused directly as the A
@@ -32,20 +32,36 @@
 // Tiles (per template instance; override with -D at build time for a sweep, see V6_* macros below):
 //   bf16/fp16 D=64 : B_r = 128 (2 m16 slices per warp), B_c = 64, Q kept as A fragments in registers.
 //                    smem 16 KB Q + 2 x (8 KB K + 8 KB V) = 48 KB.
-//   bf16/fp16 D=128: B_r = 128 (2 m16 slices per warp), B_c = 32, Q re-read from shared memory with
-//                    ldmatrix every tile (128 O accumulators leave no room for 64 Q registers).
-//                    smem 32 KB Q + 2 x (8 KB K + 8 KB V) = 64 KB. (B_c = 64 spills 80 B under the
-//                    255-register cap with nvcc 13.0; B_r = 64 with Q in registers does not -- the sweep
-//                    macros V6_D128_WM=1 V6_D128_QREG=1 V6_D128_BC=64 select it.)
+//   bf16/fp16 D=128: B_r = 128 (2 m16 slices per warp), B_c = 64 (FlashAttention-2's tile on H100), Q
+//                    re-read from shared memory with ldmatrix every tile (128 O accumulators and 64 S
+//                    accumulators leave no room for 64 Q registers). smem 32 KB Q + 2 x (16 + 16 KB) = 96 KB.
 //   TF32 D=64      : B_r = 64 (1 slice per warp), B_c = 64, Q in registers. smem 16 + 64 = 80 KB.
 //   TF32 D=128     : B_r = 64, B_c = 32, Q in registers. smem 32 + 64 = 96 KB.
 //   Every instance runs 128 threads and fits 2 blocks per SM on sm_90 (<= 113 KB smem, <= 255 regs).
-//   ptxas (nvcc 13.0, sm_90), no spills: bf16/fp16 D=64 240-241 regs, D=128 247-252; TF32 D=64 182,
-//   D=128 243-246. ptxas fills the 255-register budget with hoisted ldmatrix loads; only spills matter.
+//   ptxas (nvcc 13.0, sm_90), no spills: bf16/fp16 D=64 238-242 regs, D=128 254-255; TF32 D=64 168,
+//   D=128 232-235. ptxas fills the 255-register budget with hoisted ldmatrix loads; only spills matter.
 //   Why: 2 m16 slices per warp halve the shared-memory traffic per mma (each K/V fragment feeds two
 //   mma), which matters because an H200 SM reads 128 B/clock of shared memory while its tensor cores
 //   want far more operand bytes per clock at 16 rows per warp. Register arithmetic per thread:
 //   O = WM*D/2, S = WM*B_c/2, Q = WM*D/4 (16-bit) or WM*D/2 (TF32) 32-bit registers.
+//
+// What the sweeps measured at D=128 (bf16, B=2, H=16, M=N=8192, H200; scripts/v6_sweep.py):
+//   * B_c = 64 at D=128 first spilled 80 B and lost to B_c = 32. Two register savings made it fit: P is
+//     rounded and packed to 16 bits as soon as it is computed (S's fp32 registers die at the softmax,
+//     not during P V), and cp.async addresses are a per-thread base plus constants, checked only on the
+//     last tile. Then B_c = 64 took 2,888 us against 3,233 us for B_c = 32 and 3,194 us for SDPA's
+//     FlashAttention-2 in the same run (results/h200/v6_sweep.json). Our reading of why: 16 S
+//     accumulators per warp instead of 8 give the mma more independent work between dependent ones,
+//     and the per-tile costs (barrier, softmax bookkeeping, Q re-read) are paid once per 64 keys. The
+//     Nsight Compute profile of the B_c = 32 build put 21% of warp samples on mma instructions stalled
+//     on "wait" and 5% on the barrier.
+//   * One barrier per tile instead of two (prefetch issued after the barrier that frees its buffer):
+//     2% faster at D=128 and 1% at D=64 than the two-barrier loop of the previous revision.
+//   * Mixed or lost: a third pipeline stage (V6_*_STAGES=3: -3% to +3% across runs); Q k steps in
+//     registers at B_c = 32 (QKS=2: 1-3% faster, QKS>=3: up to 3% slower, register pressure); computing
+//     S_i,j+1 before the softmax of tile j in the hope that ptxas interleaves the two (it issued all the
+//     mma first; 9% slower). Those runs (results/h200/explore/v6_sweep*.txt) used intermediate states
+//     of this file; the profile is results/h200/explore/v6_d128_bc32_full.ncu-rep.
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
@@ -63,10 +79,15 @@
 #include <cstdint>
 #include <cmath>
 
-// Tile choices for bf16/fp16 (TF32 is fixed below). WM = m16 slices per warp, so B_r = 64 * WM.
-// 1: skip the O_i rescale on tiles where no row's running max moved (exact); 0: rescale every tile.
-// Measured on the H200 (results/h200/v6_sweep.json): lazy is 3% faster at D=128 (8192 keys) and 7%
-// slower at D=64 (2048 keys), so bf16/fp16 D=64 rescales every tile; TF32 was recorded lazy.
+// Tile choices for bf16/fp16 (TF32 is fixed in dispatch_d below):
+//   WM     m16 slices per warp, so B_r = 64 * WM;
+//   BC     keys per tile, B_c;
+//   QKS    how many of Q_i's k steps (16 columns each) stay in registers as A fragments; the rest is
+//          re-read from shared memory on every tile;
+//   STAGES K/V buffers in the cp.async pipeline;
+//   LAZY   1: skip the O_i rescale on tiles where no row's running max moved (exact); 0: rescale every
+//          tile. Measured on the H200 (results/h200/v6_sweep_lazy.json): lazy is 3% faster at D=128
+//          (8192 keys) and 7% slower at D=64 (2048 keys), so bf16/fp16 D=64 rescales every tile.
 #ifndef V6_D64_LAZY
 #define V6_D64_LAZY 0
 #endif
@@ -89,19 +110,13 @@
 #define V6_D128_WM 2
 #endif
 #ifndef V6_D128_BC
-#define V6_D128_BC 32
+#define V6_D128_BC 64
 #endif
 #ifndef V6_D128_QKS
 #define V6_D128_QKS 0
 #endif
 #ifndef V6_D128_STAGES
 #define V6_D128_STAGES 2
-#endif
-#ifndef V6_D64_LOOK
-#define V6_D64_LOOK 0
-#endif
-#ifndef V6_D128_LOOK
-#define V6_D128_LOOK 0
 #endif
 
 namespace v6 {
@@ -250,7 +265,7 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
-template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool LOOK>
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                   T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
@@ -264,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(CPR >= 8, "the swizzle needs rows of at least 128 bytes");
   static_assert(BC % 16 == 0 && D % 16 == 0, "tile sizes must be multiples of 16");
   static_assert(QKS >= 0 && QKS <= KSTEPS, "QKS counts k steps of Q kept in registers");
-  static_assert(STAGES >= 2 + LOOK, "the pipeline needs a buffer to fill while the others are read");
+  static_assert(STAGES >= 2, "the pipeline needs a buffer to fill while another is read");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
@@ -391,21 +406,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     };
 
-    float s_acc[WM][NT][4];   // S_ij of the tile being processed
-    if constexpr (LOOK) {
-      // S_i0 before the loop; iteration j then computes S_i,j+1 while it works on tile j.
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      load_q_frags();
-      qk(s_acc, 0);
-    }
-
     int buf = 0;   // == jt % STAGES
     for (int jt = 0; jt < n_tiles; ++jt) {
-      // Tile j + LOOK must have landed: STAGES - 2 - LOOK groups were committed after its group. The
-      // barrier then publishes every thread's copies, and proves that every warp has finished tile
-      // j - 1: its buffer is free for the prefetch below. One barrier per tile.
-      cp_async_wait<STAGES - 2 - LOOK>();
+      // STAGES - 2 groups were committed after tile j's, so this waits for tile j only. The barrier then
+      // publishes every thread's copies, and proves that every warp has finished tile j - 1: its buffer
+      // is free for the prefetch below. One barrier per tile.
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
       {
         const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
@@ -418,10 +424,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 
       const int j0 = jt * BC;
       const uint32_t sV_addr = smem_addr(sV + buf * BC * D) + (uint32_t)(a_row * ROWB);
-      if constexpr (!LOOK) {
-        if (QKS > 0 && jt == 0) load_q_frags();
-        qk(s_acc, buf);
-      }
+      if (QKS > 0 && jt == 0) load_q_frags();
+      float s_acc[WM][NT][4];
+      qk(s_acc, buf);
 
       // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
       const bool tail = j0 + BC > N;
@@ -439,13 +444,6 @@ __global__ void __launch_bounds__(kThreads, 2)
               if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
             }
       }
-
-      // LOOK: S_i,j+1 = Q_i K_j+1^T now, in the same basic block as the softmax below, so that the
-      // scheduler can issue its mma between the softmax's exp2, max and shuffle instructions (they use
-      // other pipes). The last tile has no successor: it recomputes its own S (a select, not a branch,
-      // which would split the block) and the result is dropped.
-      float s_next[WM][NT][4];
-      if constexpr (LOOK) qk(s_next, jt + 1 < n_tiles ? (buf + 1 == STAGES ? 0 : buf + 1) : buf);
 
       // ---- online softmax, one row half (g or g+8) at a time ----
       float alpha[WM][2];   // exp2 of (old max - new max) per row: the O_i rescale factor
@@ -559,13 +557,6 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         }
       }
-      if constexpr (LOOK)
-#pragma unroll
-        for (int s = 0; s < WM; ++s)
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s_acc[s][t][e] = s_next[s][t][e];
       buf = buf + 1 == STAGES ? 0 : buf + 1;
     }
   }
@@ -590,12 +581,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------- launcher ----------------------------
 
-template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool LOOK>
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                    cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
   constexpr size_t smem = (size_t)(BR + 2 * STAGES * BC) * D * sizeof(T);   // Q_i + STAGES x (K_j, V_j)
-  auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, LOOK>;
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -622,17 +613,15 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int
   constexpr bool kTF32 = sizeof(T) == 4;
   // TF32: one m16 slice per warp, all of Q_i in registers (16 k8 steps at D=128), two stages, lazy.
   if (D == 64) {
-    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, false>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0),
-                    (V6_D64_LOOK != 0)>(
+      return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   if (D == 128) {
-    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, false>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true>(q, k, v, o, B, H, M, N, stream);
     else
-      return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0),
-                    (V6_D128_LOOK != 0)>(
+      return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0)>(
           q, k, v, o, B, H, M, N, stream);
   }
   return "v6 supports head_dim 64 and 128 only";

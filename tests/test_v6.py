@@ -243,7 +243,8 @@ def _emulate_buffer(D, BC, WM, tf32, seed, stages, j):
     np.testing.assert_array_equal(O, S_ref @ V.astype(np.float64))
 
 
-@pytest.mark.parametrize("D,BC,WM,tf32,stages", [(64, 64, 2, False, 2), (128, 32, 2, False, 3),
+@pytest.mark.parametrize("D,BC,WM,tf32,stages", [(64, 64, 2, False, 2), (128, 64, 2, False, 2),
+                                                 (128, 32, 2, False, 3), (128, 48, 2, False, 2),
                                                  (128, 64, 1, False, 2), (64, 64, 1, True, 2),
                                                  (128, 32, 1, True, 2), (64, 64, 2, False, 3)])
 def test_fragment_mappings_emulated(D, BC, WM, tf32, stages):
