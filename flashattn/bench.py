@@ -145,12 +145,13 @@ def _run(cmd, cwd=None) -> str | None:
 
 
 def git_commit() -> dict:
+    if os.environ.get("FLASHATTN_GIT_COMMIT"):
+        # a copy of the tree on a remote GPU machine, with no .git or a stale one: the caller names the
+        # commit it sent, and that wins over whatever git would say there
+        return {"commit": os.environ["FLASHATTN_GIT_COMMIT"], "dirty": None,
+                "commit_source": "FLASHATTN_GIT_COMMIT (tree copied to the GPU machine)"}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT)
-    if commit is None and os.environ.get("FLASHATTN_GIT_COMMIT"):
-        # a copy of the tree without .git (a remote GPU machine): the caller names the commit it sent
-        return {"commit": os.environ["FLASHATTN_GIT_COMMIT"], "dirty": None,
-                "commit_source": "FLASHATTN_GIT_COMMIT (tree copied without .git)"}
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 

@@ -198,12 +198,14 @@ def main(argv=None) -> int:
     p.add_argument("--append", action="store_true", help="with --update-headers: add a line, keep the old ones")
     p.add_argument("--compare", nargs="+", metavar="NAME",
                    help="IMPL OTHER...: a table of IMPL against OTHER at every shape in the file")
+    p.add_argument("--block", help="with --compare --update-readme: the README block to replace "
+                                   "(default: IMPL-table)")
     args = p.parse_args(argv)
     select = dict(seq_len=args.seq_len, dtype=args.dtype, causal=args.causal, head_dim=args.head_dim)
     if args.compare:
         table = comparison_table(load(args.json), args.compare[0], args.compare[1:])
         if args.update_readme:
-            update_readme(args.update_readme, table, block=f"{args.compare[0]}-table")
+            update_readme(args.update_readme, table, block=args.block or f"{args.compare[0]}-table")
         else:
             print(table)
         return 0

@@ -34,8 +34,12 @@ run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
     [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*" | tee -a "$OUT/$log"; status=1; }
 }
 
-{ git rev-parse HEAD 2>/dev/null || echo "${FLASHATTN_GIT_COMMIT:-no commit} (FLASHATTN_GIT_COMMIT: tree copied without .git)"
-  git status --porcelain --untracked-files=no 2>/dev/null; } > "$OUT/git_commit.txt"
+if [ -n "${FLASHATTN_GIT_COMMIT:-}" ]; then   # a copied tree: the caller's commit wins over any .git there
+  echo "$FLASHATTN_GIT_COMMIT (FLASHATTN_GIT_COMMIT: tree copied to the GPU machine)" > "$OUT/git_commit.txt"
+else
+  { git rev-parse HEAD 2>/dev/null || echo "no commit"
+    git status --porcelain --untracked-files=no 2>/dev/null; } > "$OUT/git_commit.txt"
+fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 $PY -c "import torch; print(torch.__version__, torch.version.cuda)" > "$OUT/torch_version.txt" 2>&1 || true
 
