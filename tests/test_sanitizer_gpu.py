@@ -10,6 +10,7 @@ import pytest
 import flashattn
 
 from conftest import needs_gpu
+from sanitizer_target import head_dims
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = needs_gpu
@@ -39,5 +40,8 @@ def test_sanitizer_clean(built, tool):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
+    ran = [line for line in out.splitlines() if line.startswith("ran ")]
     for name in flashattn.KERNEL_VERSIONS:
-        assert f"ran {name} " in out, f"{name} did not run under {tool}"
+        for D in head_dims(flashattn.INFO[name]):   # every head dim the kernel has its own code for
+            assert any(line.startswith(f"ran {name} ") and line.endswith(f" D={D}") for line in ran), \
+                f"{name} at D={D} did not run under {tool}"
