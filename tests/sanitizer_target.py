@@ -6,7 +6,7 @@ import torch
 
 import flashattn
 
-SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113)]   # B, H, M, N: a small one and an odd one
+SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67)]   # B, H, M, N: small, odd, M > N
 
 
 def head_dims(info):

@@ -13,8 +13,9 @@ import torch
 from flashattn import bench, profile
 from flashattn.versions import INFO, VERSIONS
 
+from conftest import needs_gpu
+
 REPO = Path(__file__).resolve().parent.parent
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 # ---------------------------------------------------------------------------------------- bench
