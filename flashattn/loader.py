@@ -81,12 +81,13 @@ def check_device(name: str) -> None:
 
 
 def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
-          module_name: str | None = None, src: str | None = None):
+          module_name: str | None = None, src: str | None = None, functions=("forward",)):
     """Compile (or fetch from torch's extension cache) one kernel file; returns the extension module.
 
     torch rebuilds when the source text or the flags change, so editing a .cu and calling this again is
     enough. `extra_cuda_cflags` (for example -D macros of a tile sweep) and `module_name` let scripts
-    build variants side by side.
+    build variants side by side; `functions` names the binding's functions to export (v5 also has
+    `kernel_info`).
     """
     cuda_home = _find_cuda_home()
     if cuda_home:
@@ -102,7 +103,7 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     start = time.perf_counter()
     module = cpp_extension.load_inline(
         name=module_name or f"flashattn_{name}", cpp_sources=src, cuda_sources=src,
-        functions=["forward"], extra_cflags=["-O2"], extra_cuda_cflags=flags,
+        functions=list(functions), extra_cflags=["-O2"], extra_cuda_cflags=flags,
         no_implicit_headers=True, verbose=verbose)
     BUILD_SECONDS[module_name or name] = time.perf_counter() - start
     return module

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from .resources import occupancy  # noqa: F401  (the chapters call nb.occupancy)
+from .table import sdpa_cell
 from .versions import INFO, VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,8 +155,9 @@ def profile_table(version: str):
     if s is None:
         return _md("*The report is there but `ncu_report` is not installed (`pip install ncu-report`).*")
     from .ncu import markdown_table
-    return _md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B=4, H=12, M=N=2048, D=64 "
-               f"({'bfloat16' if version == 'v6' else 'float32'}):\n\n" + markdown_table(s))
+    from .profile import PRIMARY as P, default_dtype
+    return _md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={P['batch_size']}, H={P['num_heads']}, "
+               f"M=N={P['seq_len']}, D={P['head_dim']} ({default_dtype(version)}):\n\n" + markdown_table(s))
 
 
 # -------------------------------------------------------------------------------------- kernels
@@ -293,8 +295,7 @@ def _bench_table(rows: list[dict], note: str) -> str:
             lines.append(f"| {label(r['impl'])} | {r['seq_len_q']} | {r['status']}: {r['message']} | | | | | |")
             continue
         base = r.get("change_vs_baseline_pct")
-        sd = r.get("speedup_vs_sdpa")
-        sd = "—" if sd is None or r["impl"] == "sdpa" else (f"{sd:.2f}× faster" if sd >= 1 else f"{1 / sd:.2f}× slower")
+        sd = sdpa_cell(r)
         lines.append(f"| {label(r['impl'])} | {r['seq_len_q']} | {r['median_us']:,.1f} | "
                      f"{r['min_us']:,.1f} – {r['max_us']:,.1f} | {r['calls_timed']} | {r['tflops']:.2f} | "
                      f"{'—' if base is None or r['impl'] == 'baseline' else f'{base:+.1f}%'} | {sd} |")
@@ -656,9 +657,9 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
                 if p["label"] == label(highlight):
                     ax.plot(p["intensity"], p["flops_per_s"], "o", ms=16, mfc="none", mec="crimson", mew=2)
     x = np.logspace(-1, 4.3, 200)
+    tensor = highlight == "v6" or any(p.get("tensor_peak") for p in points)
     for peak, name, style in ((c["fp32"], "FP32 SGEMM", "-."), (c["tf32"], "TF32 GEMM", ":"),
                               (c["bf16"], "BF16 GEMM", ":")):
-        tensor = highlight == "v6" or any(p.get("tensor_peak") for p in points)
         if name != "FP32 SGEMM" and not tensor:
             continue                                   # CUDA-core chapters: only the FP32 roof matters
         ax.plot(x, np.minimum(peak, c["dram"] * x), style, color="tab:green", lw=1.2,

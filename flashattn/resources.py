@@ -1,8 +1,9 @@
 """What the compiler says each kernel costs: registers, shared memory, stack, spills.
 
 Runs nvcc on the kernel half of a file (nvcc alone, no PyTorch headers) with `-Xptxas -v` and parses
-ptxas's report, so it needs no GPU; `occupancy` turns registers and shared memory into blocks per SM. `python -m flashattn.resources --json PATH` records the report for
-every kernel and architecture; tests/test_compile.py checks that the record matches the current sources.
+ptxas's report, so it needs no GPU; `occupancy` turns registers and shared memory into blocks per SM.
+`python -m flashattn.resources --json PATH` records the report for every kernel and architecture;
+tests/test_compile.py checks that the record matches the current sources.
 """
 from __future__ import annotations
 
@@ -75,12 +76,13 @@ def parse_ptxas(text: str) -> list[dict]:
     return kernels
 
 
-def compile_report(name: str, arch: str = "90") -> list[dict]:
-    """Compile kernels/<name>.cu for sm_<arch> and return ptxas's per-kernel report."""
-    src = KERNELS_DIR / f"{name}.cu"
+def compile_report(name: str, arch: str = "90", extra_flags=(), src: Path | None = None) -> list[dict]:
+    """Compile kernels/<name>.cu (or `src`) for sm_<arch>, with `extra_flags` such as a sweep's -D tile
+    macros, and return ptxas's per-kernel report."""
+    src = src or KERNELS_DIR / f"{name}.cu"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
-               "-c", str(src), "-o", str(Path(tmp) / f"{name}.o")]
+        cmd = [nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", *extra_flags, "-Xptxas",
+               "-v", "-c", str(src), "-o", str(Path(tmp) / f"{name}.o")]
         res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"nvcc failed for {name} (sm_{arch}):\n{res.stderr}")

@@ -60,7 +60,8 @@ def title_description(name: str) -> tuple[str, str]:
     return EXTRA_INFO.get(name, (name, ""))
 
 
-def _sdpa_cell(r: dict) -> str:
+def sdpa_cell(r: dict) -> str:
+    """'1.24× faster' / '1.40× slower' against SDPA in the same run; '—' for SDPA itself or no SDPA."""
     s = r.get("speedup_vs_sdpa")
     if s is None or r["impl"] == "sdpa":
         return "—"
@@ -84,7 +85,7 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
             mark, short = "†", True
         delta = "—" if r["impl"] == "baseline" or r.get("change_vs_baseline_pct") is None \
             else f"{r['change_vs_baseline_pct']:+.1f}%".replace("-", "−")
-        lines.append(f"| {label} | {title} | {r['median_us']:,.2f}{mark} | {delta} | {_sdpa_cell(r)} | {desc} |")
+        lines.append(f"| {label} | {title} | {r['median_us']:,.2f}{mark} | {delta} | {sdpa_cell(r)} | {desc} |")
     r0 = rows[0]
     shape = (f"B={r0['batch_size']}, H={r0['num_heads']}, M={r0['seq_len_q']}, N={r0['seq_len_kv']}, "
              f"D={r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ', non-causal'}")
@@ -112,14 +113,14 @@ def results_table(path, **select) -> str:
 
 def update_readme(readme, table: str, block: str = "results-table") -> None:
     """Replace the text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->` in `readme`."""
-    START, END = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
     path = Path(readme)
     text = path.read_text()
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise ValueError(f"{path} has no '{START}' ... '{END}' block to replace")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    if start not in text or end not in text or text.index(start) > text.index(end):
+        raise ValueError(f"{path} has no '{start}' ... '{end}' block to replace")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
 def comparison_table(doc: dict, impl: str, against: list[str]) -> str:

@@ -4,7 +4,8 @@
 #   scripts/gpu_session.sh OUTDIR STEP...
 #   STEP[@SECONDS]: build | tests | sanitizer | sweep5 | sweep6 | record | profile | notebooks | nbval | <python code>
 # Everything written under OUTDIR is packed into OUTDIR/session.tar.gz after each step. The copy of the
-# tree on such a machine has no .git: set FLASHATTN_GIT_COMMIT to the commit sent, for the JSON records.
+# tree on such a machine has no .git, or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the
+# JSON records (it takes precedence over git).
 # Example (the H200 runs behind results/h200):
 #   scripts/gpu_session.sh $OUT build@120 record@300 profile@170 notebooks@220 tests@150 sanitizer@60 nbval@110
 set -uo pipefail

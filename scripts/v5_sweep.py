@@ -13,9 +13,9 @@ For every candidate tile shape (B_r, B_c, TM, TN and a few code switches) this s
    module's kernel_info());
 4. checks the output against a float64 reference on odd shapes (M, N not multiples of any tile, N
    below B_c, M != N, large logits) and on the primary shape;
-5. times the primary shape B=4, H=12, M=N=2048 (D=64, and D=128 for the D=128 candidates) with CUDA
-   events: 10 warm-ups, 50 timed calls, a 256 MB buffer written before each call to empty L2,
-   median; PyTorch SDPA (float32) is timed the same way in the same run;
+5. times the primary shape B=4, H=12, M=N=2048 (D=64, and D=128 for the D=128 candidates) with
+   flashattn.timing.time_cuda: 10 warm-ups, 50 timed calls, L2 flushed before each, median; PyTorch
+   SDPA (float32) is timed the same way in the same run;
 6. for the fastest correct shape of each head dim, times M=N in 512 ... 8192 against SDPA.
 
 Writes DIR/v5_sweep.json and prints a table. Meant to finish in well under 4 minutes on an H200.
@@ -26,10 +26,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -39,9 +36,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from flashattn import loader, resources  # noqa: E402
+from flashattn.bench import attention_flops  # noqa: E402
 from flashattn.reference import attention_reference, relative_error  # noqa: E402
-
-KERNEL = ROOT / "kernels" / "v5.cu"
+from flashattn.timing import time_cuda  # noqa: E402
 
 # Candidate tile shapes. The arithmetic behind each (see scripts/v5_notes.md): per 4-deep step a
 # thread issues 4*TM*TN FFMA from TM+TN float4 loads; WC = B_c/TN lanes share a row; shared memory
@@ -81,10 +78,6 @@ def macro_flags(c) -> list[str]:
     return flags
 
 
-def nvcc_flags() -> list[str]:
-    return loader.NVCC_FLAGS + loader.gencode_flags(loader.arch_list())
-
-
 def smem_bytes(D, br, bc, tm, tn) -> int:
     """Mirror of Tiles<>::SMEM_BYTES in kernels/v5.cu (the module's kernel_info() reports the truth)."""
     wc = bc // tn
@@ -102,32 +95,30 @@ def theoretical_blocks(regs: int, smem: int, threads: int) -> dict:
             "limited_by": " and ".join(names[k] for k in occ["limited_by"] if k in names)}
 
 
-def ptxas_report(c, workdir: Path) -> dict:
-    """Registers / stack / spills from ptxas for the same flags the extension is built with."""
-    cmd = [resources.nvcc(), *nvcc_flags(), *macro_flags(c), "-Xptxas", "-v", "-c", str(KERNEL),
-           "-o", str(workdir / f"{c[0]}.o")]
+def ptxas_report(c) -> dict:
+    """Registers / stack / spills from ptxas for the same macros the extension is built with, for this
+    GPU's architecture."""
+    arch = loader.arch_list()[0].removesuffix("+PTX").replace(".", "")
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    info = {"ptxas_seconds": round(time.perf_counter() - t0, 1), "ptxas_ok": r.returncode == 0}
-    kernels = resources.parse_ptxas(r.stdout + r.stderr)   # -DV5_ONLY_D: one kernel per build
+    try:
+        kernels, log = resources.compile_report("v5", arch, macro_flags(c)), None   # -DV5_ONLY_D: one kernel
+    except RuntimeError as err:
+        kernels, log = [], str(err)[-2000:]
+    info = {"ptxas_seconds": round(time.perf_counter() - t0, 1), "ptxas_ok": log is None}
     info["regs_ptxas"] = max((k.get("registers", 0) for k in kernels), default=None)
     if kernels:
         info.update(stack_bytes=sum(k.get("stack_bytes", 0) for k in kernels),
                     spill_stores=sum(k.get("spill_store_bytes", 0) for k in kernels),
                     spill_loads=sum(k.get("spill_load_bytes", 0) for k in kernels))
-    if r.returncode != 0:
-        info["ptxas_log"] = (r.stdout + r.stderr)[-2000:]
+    if log:
+        info["ptxas_log"] = log
     return info
 
 
 def build(c) -> tuple[object, float]:
-    from torch.utils import cpp_extension
-    src = KERNEL.read_text()
     t0 = time.perf_counter()
-    mod = cpp_extension.load_inline(
-        name=f"flashattn_v5_sweep_{c[0]}", cpp_sources=src, cuda_sources=src,
-        functions=["forward", "kernel_info"], extra_cflags=["-O2"],
-        extra_cuda_cflags=nvcc_flags() + macro_flags(c), no_implicit_headers=True, verbose=False)
+    mod = loader.build("v5", macro_flags(c), module_name=f"flashattn_v5_sweep_{c[0]}",
+                       functions=("forward", "kernel_info"))
     return mod, time.perf_counter() - t0
 
 
@@ -139,32 +130,15 @@ def inputs(B, H, M, N, D, scale=1.0, seed=0):
     return q, k, v
 
 
-_flush = None
-
-
 def time_call(fn, warmup=10, reps=50) -> dict:
-    """Median of `reps` CUDA-event timings, each after writing 256 MB (evicts the 50 MB L2)."""
-    global _flush
-    if _flush is None:
-        _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        _flush.zero_()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
-            "calls": reps, "warmups": warmup}
+    """flashattn.timing.time_cuda without the time cap, in the field names v5_sweep.json uses."""
+    t = time_cuda(fn, warmup=warmup, repetitions=reps, max_seconds=None)
+    return {"median_us": t.median_ms * 1e3, "min_us": t.min_ms * 1e3, "max_us": t.max_ms * 1e3,
+            "calls": t.calls, "warmups": t.warmups}
 
 
 def tflops(B, H, M, N, D, us) -> float:
-    return 4.0 * B * H * M * N * D / (us * 1e-6) / 1e12
+    return attention_flops(B, H, M, N, D) / (us * 1e-6) / 1e12
 
 
 def sdpa(q, k, v):
@@ -194,11 +168,6 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
-    cuda_home = loader._find_cuda_home()
-    if cuda_home:
-        os.environ["CUDA_HOME"] = cuda_home
-        from torch.utils import cpp_extension
-        cpp_extension.CUDA_HOME = cuda_home
     torch.backends.cuda.matmul.allow_tf32 = False
     assert torch.cuda.is_available(), "the sweep needs a CUDA GPU"
     props = torch.cuda.get_device_properties(0)
@@ -210,9 +179,8 @@ def main() -> int:
     modules = {}
 
     # ---- build everything in parallel (nvcc/ptxas and the host compiler run as subprocesses) ----
-    workdir = Path(tempfile.mkdtemp(prefix="v5_ptxas_"))
     with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        ptx_f = {pool.submit(ptxas_report, c, workdir): c for c in cands}
+        ptx_f = {pool.submit(ptxas_report, c): c for c in cands}
         bld_f = {pool.submit(build, c): c for c in cands}
         for f in cf.as_completed(list(ptx_f) + list(bld_f)):
             c = ptx_f.get(f) or bld_f.get(f)
@@ -304,7 +272,7 @@ def main() -> int:
     doc = {"device": props.name, "sm_count": props.multi_processor_count,
            "torch": torch.__version__, "cuda": torch.version.cuda,
            "primary_shape": dict(zip("BHMN", PRIMARY)),
-           "timing": "CUDA events, 10 warm-ups, 50 timed calls, 256 MB written before each call, median",
+           "timing": "flashattn.timing.time_cuda: 10 warm-ups, 50 timed calls, L2 flushed before each, median",
            "sdpa": {D: P["sdpa"] for D, P in primary.items()},
            "configs": list(results.values()), "best": best, "scaling": scaling,
            "build_wall_seconds": round(build_wall, 1),

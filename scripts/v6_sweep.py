@@ -5,8 +5,6 @@ beside SDPA's flash and default backends at the two target shapes (bf16, non-cau
 """
 import argparse
 import json
-import math
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashattn.loader import build, gencode_flags, arch_list, NVCC_FLAGS, KERNELS_DIR
-from flashattn.resources import nvcc, parse_ptxas
+from flashattn.loader import arch_list, build
+from flashattn.reference import attention_reference
+from flashattn.resources import compile_report
 from flashattn.timing import time_cuda
 
 CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json
@@ -29,20 +28,10 @@ CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results
 SHAPES = {64: (4, 12, 2048, 64), 128: (2, 16, 8192, 128)}
 
 
-def ptxas(flags, path=KERNELS_DIR / "v6.cu"):
-    res = subprocess.run([nvcc(), *NVCC_FLAGS, *gencode_flags(arch_list()), *flags, "-Xptxas", "-v", "-c",
-                          str(path), "-o", "/dev/null"], capture_output=True, text=True)
-    return [k for k in parse_ptxas(res.stderr) if "bf16" in k["name"] or "bfloat" in k["name"]
-            or "nv_bfloat16" in k["function"]]
-
-def ref32(q, k, v, causal=False):
-    s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:   # bottom-right aligned, rows with no key give 0 (the kernel's contract)
-        M, N = s.shape[-2:]
-        i = torch.arange(M, device=s.device)[:, None]
-        s = s.masked_fill(torch.arange(N, device=s.device)[None, :] > i + (N - M), float("-inf"))
-    return torch.softmax(s, -1).nan_to_num(0.0) @ v.float()
-
+def ptxas(flags, path=None):
+    """ptxas's report of the bf16 instances (fp16 compiles to the same resources)."""
+    arch = arch_list()[0].removesuffix("+PTX").replace(".", "")
+    return [k for k in compile_report("v6", arch, flags, src=path) if "bfloat16" in k["name"]]
 
 def small_error(mod, D):
     """Max abs error over odd shapes, both masks: key tails that end inside a sub-tile (203, 100) or skip
@@ -52,7 +41,7 @@ def small_error(mod, D):
         qs, ks, vs = (torch.randn(2, 3, n, D, device="cuda", dtype=torch.bfloat16) for n in (M, N, N))
         for causal in (False, True):
             out = mod.forward(qs, ks, vs, causal).float()
-            err = max(err, (out - ref32(qs, ks, vs, causal)).abs().max().item())
+            err = max(err, (out - attention_reference(qs, ks, vs, causal, dtype=torch.float32)).abs().max().item())
     return err
 
 
