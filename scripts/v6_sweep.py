@@ -17,13 +17,13 @@ from flashattn.reference import attention_reference
 from flashattn.resources import compile_report
 from flashattn.timing import time_cuda
 
-CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json
+CONFIGS = {  # name: (head dim the macros affect, macros). Earlier runs: results/h200/v6_sweep*.json;
+    # the committed v6_sweep.json ran when the D=128 default was B_c = 32 (its "d128 (default)" row)
     "d64 (default)": (64, []),
     "d64-stages3": (64, ["-DV6_D64_STAGES=3"]),
-    "d128 (default)": (128, []),
+    "d128 (default, bc64)": (128, []),
+    "d128-bc32": (128, ["-DV6_D128_BC=32"]),
     "d128-bc48": (128, ["-DV6_D128_BC=48"]),
-    "d128-bc48-stages3": (128, ["-DV6_D128_BC=48", "-DV6_D128_STAGES=3"]),
-    "d128-bc64": (128, ["-DV6_D128_BC=64"]),
 }
 SHAPES = {64: (4, 12, 2048, 64), 128: (2, 16, 8192, 128)}
 
