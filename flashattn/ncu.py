@@ -28,6 +28,12 @@ Metrics, as Nsight Compute's section files use them (sections/*.section of ncu 2
 * Occupancy.section: Theoretical Occupancy sm__maximum_warps_per_active_cycle_pct; Achieved Occupancy
   sm__warps_active.avg.pct_of_peak_sustained_active; Block Limit Registers / Shared Mem / Warps / SM /
   Barriers launch__occupancy_limit_{registers,shared_mem,warps,blocks,barriers}.
+* WarpStateStats.section: Warp Cycles Per Issued Instruction
+  smsp__average_warp_latency_per_inst_issued.ratio, and per stall reason R
+  smsp__average_warps_issue_stalled_R_per_issue_active.ratio: the cycles a warp spends in state R per
+  instruction issued, so the reasons add up to the warp cycles per issued instruction ("selected", the
+  issuing cycle itself, is one of them). ComputeWorkloadAnalysis.section: Issued Ipc Active
+  sm__inst_issued.avg.per_cycle_active (instructions per active cycle per SM, at most 4).
 * LaunchStatistics.section: Registers Per Thread launch__registers_per_thread; Dynamic / Static / Driver
   Shared Memory Per Block launch__shared_mem_per_block_{dynamic,static,driver}; Block Size
   launch__block_size; Grid Size launch__grid_size.
@@ -55,6 +61,8 @@ FIELDS = {
     "shared_driver_bytes": ("Driver Shared Memory Per Block", "launch__shared_mem_per_block_driver"),
     "block_size": ("Block Size", "launch__block_size"),
     "grid_size": ("Grid Size", "launch__grid_size"),
+    "warp_cycles_per_issue": ("Warp Cycles Per Issued Instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
+    "issued_ipc": ("Issued Ipc Active", "sm__inst_issued.avg.per_cycle_active"),
 }
 BLOCK_LIMITS = {   # limiter -> (details-page label, metric)
     "registers": ("Block Limit Registers", "launch__occupancy_limit_registers"),
@@ -75,6 +83,24 @@ DRAM_HZ = "dram__cycles_elapsed.avg.per_second"
 TENSOR_PIPE = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
                "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active")
 TENSOR_PATH = re.compile(r"^sm__ops_path_tensor_(\w+)\.sum\.per_cycle_elapsed$")
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+STALL_MEANING = {   # what a warp in each state is waiting for (Kernel Profiling Guide, in our words)
+    "wait": "a fixed-latency dependency: the result of a recent math instruction (mma, FFMA) is not ready",
+    "short_scoreboard": "an MIO result: a shared-memory load (ldmatrix, ld.shared), a shuffle or an exp2",
+    "long_scoreboard": "a global- or local-memory load",
+    "math_pipe_throttle": "its math pipe (tensor or FMA) is still busy with earlier instructions",
+    "not_selected": "nothing: it was ready, but the scheduler issued another warp's instruction",
+    "selected": "nothing: this is the cycle it issues (one per instruction)",
+    "dispatch_stall": "chosen, but the dispatch stage could not send the instruction on this cycle",
+    "barrier": "the block's other warps at __syncthreads",
+    "mio_throttle": "room in the queue to shared memory, shuffles and special functions",
+    "lg_throttle": "room in the queue for global- and local-memory instructions",
+    "no_instruction": "its next instruction to be fetched (instruction-cache miss, or just after a branch)",
+    "branch_resolving": "a branch target to be computed",
+    "drain": "its memory stores to drain before it exits",
+    "membar": "a memory fence",
+    "imc_miss": "a constant-cache miss",
+}
 RAW_METRICS = ([m for _, m in FIELDS.values()] + [m for _, m in BLOCK_LIMITS.values()]
                + [FADD, FMUL, FFMA, SMSP_HZ, SM_HZ, FFMA_PEAK, DRAM_BW, DRAM_PEAK, DRAM_HZ, *TENSOR_PIPE])
 
@@ -219,7 +245,20 @@ def summarize(path, kernel: str | None = None) -> dict:
     s["limited_by"] = [k for k, v in limits.items() if v == s["blocks_per_sm"]]
     parts = [s[k] for k in ("shared_dynamic_bytes", "shared_static_bytes", "shared_driver_bytes")]
     s["shared_total_bytes"] = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+    s["stalls"] = stalls(action)
     return s
+
+
+def stalls(action) -> dict[str, float]:
+    """Stall reason -> warp cycles in that state per issued instruction, largest first; {} when the
+    report has no WarpStateStats section."""
+    found = {}
+    for name in action.metric_names():
+        match = STALL.match(name)
+        value = _f(action, name) if match else None
+        if value:
+            found[match.group(1)] = value
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
 # ------------------------------------------------------------------------------- ncu's own exports
@@ -266,7 +305,7 @@ def compare_with_exports(summary: dict, details: dict | None = None, raw: dict |
             if not equals_printed(summary["block_limits"][key], text, unit):
                 problems.append(f"block limit {key}: parsed {summary['block_limits'][key]}, details prints {text}")
     if raw and action is not None:
-        for name in RAW_METRICS:
+        for name in RAW_METRICS + [n for n in action.metric_names() if STALL.match(n)]:
             value = _f(action, name)
             if name in raw and value is not None and parse_number(raw[name][0]) is not None:
                 text, unit = raw[name]
@@ -325,6 +364,25 @@ def markdown_table(s: dict) -> str:
     return "\n".join(lines)
 
 
+def stall_rows(s: dict, top: int = 6) -> list[tuple[str, float, float, str]]:
+    """(reason, cycles per issued instruction, share of all warp cycles in %, what it waits for) for the
+    `top` largest stall reasons of a summary; [] when the report has none."""
+    total = s.get("warp_cycles_per_issue") or sum(s.get("stalls", {}).values())
+    return [(r, v, 100 * v / total, STALL_MEANING.get(r, "")) for r, v in list(s.get("stalls", {}).items())[:top]]
+
+
+def stall_table(s: dict, top: int = 6) -> str:
+    rows = stall_rows(s, top)
+    if not rows:
+        return "*This report has no warp-state statistics (ncu section WarpStateStats).*"
+    lines = ["| Warp state | Cycles per issued instruction | Share | Waiting for |", "|---|--:|--:|---|"]
+    lines += [f"| {r.replace('_', ' ')} | {v:.2f} | {pct:.0f}% | {why} |" for r, v, pct, why in rows]
+    ipc = f"; the SM issued {s['issued_ipc']:.2f} instructions per active cycle (at most 4)" if s.get("issued_ipc") else ""
+    lines.append(f"\nA warp took {s['warp_cycles_per_issue']:.2f} cycles per issued instruction{ipc}."
+                 if s.get("warp_cycles_per_issue") else "")
+    return "\n".join(lines).rstrip()
+
+
 def version_of(report_name: str) -> str:
     """'flash_v4_s2048_profile.ncu-rep' -> 'v4'."""
     m = re.match(r"flash_(\w+?)_s\d+_profile", Path(report_name).name)
@@ -340,6 +398,8 @@ def main(argv=None) -> int:
         s = summarize(p)
         print(f"\n### {version_of(p)}: `{s['kernel']}` on {s['device']}\n")
         print(markdown_table(s))
+        if s["stalls"]:
+            print("\n" + stall_table(s))
     return 0
 
 

@@ -136,28 +136,47 @@ def _ncu_report_importable() -> bool:
     return False
 
 
-def profile_summary(version: str) -> dict | None:
+def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
     """flashattn.ncu's summary of the recorded report of `version`, None when there is none."""
-    path = report_path(version)
+    path = report_path(version, seq_len)
     if not path.exists() or not _ncu_report_importable():
         return None
     from .ncu import summarize
     return summarize(path)
 
 
-def profile_table(version: str):
-    """The Nsight Compute table of `version` at the primary shape, parsed from the committed report."""
-    path = report_path(version)
+def _recorded_summary(version: str, seq_len: int):
+    """(summary, None) or (None, the sentence to show instead)."""
+    path = report_path(version, seq_len)
     if not path.exists():
-        return _md(f"*No Nsight Compute report recorded yet for {label(version)} "
-                   f"(`results/h200/{path.name}`); it appears here once the H200 run is committed.*")
-    s = profile_summary(version)
+        return None, (f"*No Nsight Compute report recorded yet for {label(version)} "
+                      f"(`results/h200/{path.name}`); it appears here once the H200 run is committed.*")
+    s = profile_summary(version, seq_len)
     if s is None:
-        return _md("*The report is there but `ncu_report` is not installed (`pip install ncu-report`).*")
+        return None, "*The report is there but `ncu_report` is not installed (`pip install ncu-report`).*"
+    return s, None
+
+
+def profile_table(version: str, seq_len: int = PRIMARY["L"], batch_size: int = PRIMARY["B"],
+                  num_heads: int = PRIMARY["H"], head_dim: int = PRIMARY["D"]):
+    """The Nsight Compute table of `version`, parsed from the committed report (profiled with
+    `python -m flashattn.profile` at the shape given here; the primary one by default)."""
+    s, missing = _recorded_summary(version, seq_len)
+    if s is None:
+        return _md(missing)
     from .ncu import markdown_table
-    from .profile import PRIMARY as P, default_dtype
-    return _md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={P['batch_size']}, H={P['num_heads']}, "
-               f"M=N={P['seq_len']}, D={P['head_dim']} ({default_dtype(version)}):\n\n" + markdown_table(s))
+    from .profile import default_dtype
+    return _md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={batch_size}, H={num_heads}, "
+               f"M=N={seq_len}, D={head_dim} ({default_dtype(version)}):\n\n" + markdown_table(s))
+
+
+def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
+    """Where the warps of `version` spent their cycles (ncu's warp-state statistics), largest first."""
+    s, missing = _recorded_summary(version, seq_len)
+    if s is None:
+        return _md(missing)
+    from .ncu import stall_table as table
+    return _md(table(s, top))
 
 
 # -------------------------------------------------------------------------------------- kernels

@@ -9,10 +9,11 @@ ncu runs this same module in an internal `--target` mode, which builds the input
 kernel-name filter (the `__global__` names read from kernels/<impl>.cu) together with `--launch-skip`
 (one skipped launch per warm-up; the count applies to filtered launches only) and `--launch-count 1`
 selects exactly the last call's kernel. Clocks are left alone (`--clock-control none`). Only the sections
-the tables and the roofline need are collected, which keeps each report small:
+the tables, the roofline and the stall breakdown need are collected, which keeps each report small:
 
-    SpeedOfLight, SpeedOfLight_RooflineChart, Occupancy, LaunchStats, ComputeWorkloadAnalysis
-    (+ SpeedOfLight_HierarchicalTensorRooflineChart for tensor-core versions, when this ncu has it)
+    SpeedOfLight, SpeedOfLight_RooflineChart, Occupancy, LaunchStats, ComputeWorkloadAnalysis,
+    WarpStateStats (+ SpeedOfLight_HierarchicalTensorRooflineChart for tensor-core versions, when this
+    ncu has it)
 
 The report is written to OUT/flash_<impl>_s<M>_profile.ncu-rep (OUT defaults to /tmp) together with what
 `ncu --import` prints for it: the details page as CSV in base units (.details.csv) and as text
@@ -36,7 +37,7 @@ KERNEL_DIR = REPO_ROOT / "kernels"
 
 PROFILED = tuple(n for n in VERSIONS if INFO[n].kernel and INFO[n].fused)
 BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "LaunchStats",
-                 "ComputeWorkloadAnalysis")
+                 "ComputeWorkloadAnalysis", "WarpStateStats")
 TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
 

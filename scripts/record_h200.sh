@@ -8,9 +8,11 @@
 #              -> OUTDIR/bench.json, bench.txt
 #   v5       v4, v5 and SDPA (fp32) at M=N 512 ... 8192, D=64 and D=128 -> OUTDIR/bench_v5.json, bench_v5.txt
 #   v6       v6 against SDPA and its forced backends, bf16, causal and not, at B=4,H=12,2048,D=64 and
-#            B=2,H=16,8192,D=128 -> OUTDIR/bench_v6.json, bench_v6.txt
-#   profile  Nsight Compute report of every fused version at the primary shape, with ncu's details and
-#            raw pages -> OUTDIR/flash_<v>_s2048_profile.{ncu-rep,details.csv,details.txt,raw.csv}
+#            B=2,H=16,8192,D=128, then its TF32 mode on float32 inputs at B=4,H=12,2048,D=64, all in one
+#            file -> OUTDIR/bench_v6.json, bench_v6.txt
+#   profile  Nsight Compute report of every fused version at the primary shape, and of v6 (bf16) at
+#            B=2,H=16,8192,D=128, with ncu's details and raw pages
+#            -> OUTDIR/flash_<v>_s<M>_profile.{ncu-rep,details.csv,details.txt,raw.csv}
 #   figures  roofline.png and results_table.md (needs matplotlib and ncu_report; skipped if absent,
 #            they can be made later on any machine from the files above)
 #
@@ -64,11 +66,16 @@ for step in $STEPS; do
             run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient \
                 --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v6.json" --append
         done
+        # the same file, the same run: TF32 on float32 inputs (SDPA's flash and cuDNN backends take only
+        # 16-bit inputs, so they are left out; the README table shows "n/a" for them)
+        run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_efficient \
+            --dtype float32 -B 4 -H 12 -D 64 --seq-lens 2048 --json "$OUT/bench_v6.json" --append
         ;;
     profile)
         NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
         if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
         run profile.txt $PY -m flashattn.profile all --out "$OUT"
+        run profile.txt $PY -m flashattn.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
     figures)
         if $PY -c "import matplotlib, ncu_report" 2>/dev/null && ls "$OUT"/*.ncu-rep >/dev/null 2>&1; then

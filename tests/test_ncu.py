@@ -72,6 +72,17 @@ def test_table_rows_from_a_synthetic_summary():
     assert "33.92 KB/block" in text and "32.90 KB dynamic" in text
 
 
+def test_stall_table_from_a_synthetic_summary():
+    s = dict(stalls={"wait": 1.9, "selected": 1.0, "short_scoreboard": 0.5, "barrier": 0.1},
+             warp_cycles_per_issue=3.5, issued_ipc=1.67)
+    rows = ncu.stall_rows(s, top=3)
+    assert [r[0] for r in rows] == ["wait", "selected", "short_scoreboard"]
+    assert rows[0][2] == pytest.approx(100 * 1.9 / 3.5)
+    text = ncu.stall_table(s)
+    assert "| wait | 1.90 | 54% |" in text and "3.50 cycles per issued instruction" in text and "1.67" in text
+    assert "no warp-state statistics" in ncu.stall_table({"stalls": {}})
+
+
 @pytest.mark.skipif(not REPORTS, reason="no Nsight Compute report committed under results/h200/ yet")
 @pytest.mark.parametrize("report", REPORTS, ids=[r.name for r in REPORTS])
 def test_parsed_values_equal_ncu_pages(report):
@@ -89,5 +100,9 @@ def test_parsed_values_equal_ncu_pages(report):
     problems = ncu.compare_with_exports(s, printed, ncu.read_raw_csv(raw) if raw.exists() else None,
                                         ncu.load_action(report))
     assert not problems, "\n".join(problems)
+    # profile.py collects WarpStateStats: one figure per stall reason, and they add up to the warp
+    # cycles per issued instruction that the details page prints
+    assert "Warp Cycles Per Issued Instruction" in printed and s["stalls"], "no warp-state statistics"
+    assert sum(s["stalls"].values()) == pytest.approx(s["warp_cycles_per_issue"], rel=0.01)
     if ncu.version_of(report.name) == "v6":
         assert s["tensor_ops_per_s"] or s["tensor_pipe_pct"], "v6 runs on tensor cores"

@@ -171,6 +171,7 @@ def test_missing_records_say_so(tmp_path, monkeypatch):
     monkeypatch.setattr(nb, "RESULTS", tmp_path)
     assert "No recorded benchmark yet" in text(nb.recorded(["v4"]))
     assert "No Nsight Compute report recorded yet" in text(nb.profile_table("v4"))
+    assert "flash_v6_s8192_profile" in text(nb.stall_table("v6", seq_len=8192))
     assert "No recorded benchmark yet" in text(nb.results_table())
 
 
