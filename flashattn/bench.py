@@ -1,7 +1,7 @@
 """Benchmark: `python -m flashattn.bench IMPL [IMPL ...] [options]` (see --help).
 
-Every version in one run is timed side by side on the same inputs with `flashattn.timing.time_cuda`
-(CUDA events around each call, L2 flushed between calls, median with min and max). Each row reports
+Every version in one run is timed side by side on the same inputs with `flashattn.timing`
+(CUDA events around each call, L2 flushed between calls, interleaved rounds, median with min and max). Each row reports
 latency, TFLOP/s (4*B*H*M*N*D floating-point operations, half that for causal), the change against the
 naive PyTorch baseline and the ratio to SDPA, as in the README's results table. A version that cannot
 take a shape or dtype gets a row saying why instead of stopping the run. At the smallest shape of the
@@ -40,7 +40,7 @@ BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 2048],
-                warmup=25, repetitions=100, max_seconds=3.0, dtype="float32")
+                warmup=25, repetitions=100, rounds=5, max_seconds=3.0, dtype="float32")
 
 EPILOG = f"""\
 names: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
@@ -48,7 +48,9 @@ names: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA v
 context is entered outside the timed region). Several names may be given.
 
 Timing: CUDA events around each call; a buffer of twice the L2 size is zeroed before each call,
-outside the timed region; the median is reported with min and max.
+outside the timed region; the median is reported with min and max. After every version's warm-ups,
+the timed calls are spread over --rounds R interleaved rounds (default {DEFAULTS['rounds']}): each round
+times about 1/R of every version's calls in turn, so drift during the run hits all versions alike.
 Slow versions: --max-seconds S (default {DEFAULTS['max_seconds']:g}) stops a row's timed calls once they
 have used S seconds of device time (after at least 5 calls) and caps the warm-ups at S seconds of wall
 time too; the number of calls actually timed is printed and written to the JSON. --max-seconds 0 turns
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up calls (default: %(default)s)")
     p.add_argument("--repetitions", type=int, default=DEFAULTS["repetitions"],
                    help="timed calls (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=DEFAULTS["rounds"],
+                   help="interleaved rounds the timed calls are spread over (default: %(default)s)")
     p.add_argument("--max-seconds", type=float, default=DEFAULTS["max_seconds"], metavar="S",
                    help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=DEFAULTS["dtype"],
@@ -93,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         else:
             parser.error(f"unknown IMPL {name!r}; choose all or one of {', '.join(BENCH_NAMES)}")
     args.impl = list(dict.fromkeys(names))          # keep order, drop repeats
-    for opt in ("batch_size", "num_heads", "head_dim", "repetitions"):
+    for opt in ("batch_size", "num_heads", "head_dim", "repetitions", "rounds"):
         if getattr(args, opt) < 1:
             parser.error(f"--{opt.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
@@ -187,35 +191,48 @@ def _progress(total: int):
         return _Quiet()
 
 
-def bench_row(name: str, q, k, v, causal: bool, args, ref=None) -> dict:
-    """Time one version on one set of inputs; never raises for a version that refuses the inputs."""
-    from .timing import time_cuda
+def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> list[dict]:
+    """Time `names` side by side on one set of inputs, one row each; never raises for a version that
+    refuses the inputs. Each version is built and called once (errors surface here, before timing, and
+    the output is checked against `ref` when given); then `flashattn.timing.time_interleaved` times all
+    of them in `args.rounds` interleaved rounds."""
+    from .timing import time_interleaved
     B, H, M, D = q.shape
     N = k.shape[2]
-    row = dict(impl=name, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
-               dtype=str(q.dtype).replace("torch.", ""), causal=causal,
-               flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, ran_as=None,
-               rel_error=None)
-    try:
-        fn, context, row["ran_as"] = make_call(name, q, k, v, causal)
-        with context:
-            out = fn()                             # first call: errors surface here, before timing
-            torch.cuda.synchronize()
-            if ref is not None:
-                from .reference import relative_error
-                row["rel_error"] = relative_error(out, ref)
-            del out
-            timing = time_cuda(fn, warmup=args.warmup, repetitions=args.repetitions,
-                               max_seconds=args.max_seconds)
-    except (ValueError, TypeError) as err:
-        row.update(status="unsupported", message=str(err).strip().splitlines()[0])
-        return row
-    except RuntimeError as err:                    # launch failures, refused backends, out of memory
-        row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
-        return row
-    row.update(timing.summary())
-    row["tflops"] = row["flops"] / (row["median_us"] * 1e-6) / 1e12
-    return row
+    rows, calls = {}, {}
+    for name in names:
+        row = dict(impl=name, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
+                   dtype=str(q.dtype).replace("torch.", ""), causal=causal,
+                   flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, ran_as=None,
+                   rel_error=None)
+        rows[name] = row
+        try:
+            fn, context, row["ran_as"] = make_call(name, q, k, v, causal)
+            with context:
+                out = fn()
+                torch.cuda.synchronize()
+                if ref is not None:
+                    from .reference import relative_error
+                    row["rel_error"] = relative_error(out, ref)
+                del out
+            calls[name] = (fn, context)
+        except (ValueError, TypeError) as err:
+            row.update(status="unsupported", message=str(err).strip().splitlines()[0])
+        except RuntimeError as err:                # launch failures, refused backends, out of memory
+            row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
+    timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions,
+                               rounds=getattr(args, "rounds", 1), max_seconds=args.max_seconds)
+    for name, timing in timings.items():
+        row = rows[name]
+        if isinstance(timing, Exception):
+            row.update(status="failed", message=str(timing).strip().splitlines()[0][:300])
+            continue
+        row.update(timing.summary())
+        row["tflops"] = row["flops"] / (row["median_us"] * 1e-6) / 1e12
+    for row in rows.values():
+        if on_row is not None:
+            on_row(row)
+    return list(rows.values())
 
 
 def add_comparisons(rows: list[dict]) -> list[dict]:
@@ -246,16 +263,15 @@ def run(args) -> dict:
             q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
             check = not args.no_check and L == args.seq_lens[0]
             ref = attention_reference(q, k, v, causal=args.causal) if check else None
-            for name in args.impl:
-                bar.set_postfix_str(f"{name} L={L}")
-                rows.append(bench_row(name, q, k, v, args.causal, args, ref))
-                bar.update(1)
+            bar.set_postfix_str(f"L={L}")
+            rows += bench_shape(args.impl, q, k, v, args.causal, args, ref, on_row=lambda _: bar.update(1))
             del q, k, v, ref
             torch.cuda.empty_cache()
     finally:
         bar.close()
     settings = {k: getattr(args, k) for k in ("impl", "batch_size", "num_heads", "head_dim", "seq_lens",
-                                              "warmup", "repetitions", "max_seconds", "dtype", "causal", "seed")}
+                                              "warmup", "repetitions", "rounds", "max_seconds", "dtype",
+                                              "causal", "seed")}
     settings["l2_flush"] = True
     settings["flops_formula"] = "4*B*H*M*N*D" + (" / 2 (causal)" if args.causal else "")
     return {"meta": environment(getattr(args, "argv", None)), "settings": settings,

@@ -343,26 +343,26 @@ def recorded(versions, seq_lens=(PRIMARY["L"],), dtype="float32", causal=False, 
 
 
 def timing(versions, seq_lens=(PRIMARY["L"],), B=PRIMARY["B"], H=PRIMARY["H"], D=PRIMARY["D"],
-           dtype="float32", causal=False, warmup=5, repetitions=30, max_seconds=2.0, file="bench.json"):
+           dtype="float32", causal=False, warmup=5, repetitions=30, rounds=3, max_seconds=2.0, file="bench.json"):
     """Time `versions` side by side on the same inputs (flashattn.bench: CUDA events, L2 flush, median),
     or show the recorded H200 rows without a GPU."""
     versions = list(versions)
     if not gpu():
         print(NO_GPU.format(what="the latencies"))
         return recorded(versions, seq_lens, dtype, causal, D, file)
-    from .bench import DTYPES, add_comparisons, bench_row
-    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, max_seconds=max_seconds)
+    from .bench import DTYPES, add_comparisons, bench_shape
+    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
     rows = []
     for L in seq_lens:
         q, k, v = _inputs(B, H, L, L, D, DTYPES[dtype], seed=L)
-        for name in versions:
-            rows.append(bench_row(name, q, k, v, causal, args))
+        rows += bench_shape(versions, q, k, v, causal, args)
         del q, k, v
         torch.cuda.empty_cache()
     add_comparisons(rows)
     name = torch.cuda.get_device_name()
-    return _md(_bench_table(rows, f"Measured now on {name}: median of up to {repetitions} calls after "
-                                  f"{warmup} warm-ups, L2 flushed before each (B={B}, H={H}, D={D}, {dtype})."))
+    return _md(_bench_table(rows, f"Measured now on {name}: median of up to {repetitions} calls in {rounds} "
+                                  f"interleaved rounds after {warmup} warm-ups, L2 flushed before each "
+                                  f"(B={B}, H={H}, D={D}, {dtype})."))
 
 
 def score_bytes_table(lengths=(512, 1024, 2048, 4096, 8192, 16384), B=PRIMARY["B"], H=PRIMARY["H"],

@@ -10,7 +10,10 @@ How a call is timed (the book explains the why once; this is the how):
 * the flush is queued before the start event, so the GPU is still busy zeroing while the host enqueues
   the call: the launch latency hides behind the flush rather than landing inside the measurement;
 * warm-ups run first (module load, lazy initialisation, cuBLAS/cuDNN handle creation stay out), and the
-  summary is the median with the minimum and maximum.
+  summary is the median with the minimum and maximum;
+* several versions compared in one run are timed in interleaved rounds (`time_interleaved`): each round
+  times a slice of every version's calls in turn, so a drift of clock or temperature during the run
+  lands on all of them alike instead of on whichever happened to be timed first.
 
 Slow versions can take 0.5 s per call at large shapes, so both the warm-ups and the timed calls stop
 early once they have used `max_seconds` (after at least `min_calls` timed calls); the number of calls
@@ -73,6 +76,23 @@ class Timing:
         return d
 
 
+def _cap(max_seconds: float | None) -> float | None:
+    return max_seconds if max_seconds and max_seconds > 0 else None
+
+
+def warm_up(fn: Callable[[], object], calls: int, max_seconds: float | None = 3.0) -> int:
+    """Call `fn()` up to `calls` times, synchronising after each, stopping once `max_seconds` of wall time
+    are used; returns how many calls were made."""
+    cap, started, made = _cap(max_seconds), time.perf_counter(), 0
+    for _ in range(calls):
+        fn()
+        torch.cuda.synchronize()
+        made += 1
+        if cap is not None and time.perf_counter() - started >= cap:
+            break
+    return made
+
+
 def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100,
               max_seconds: float | None = 3.0, min_calls: int = 5, flush_l2: bool = True,
               on_call: Callable[[], None] | None = None) -> Timing:
@@ -82,18 +102,11 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
     stops once the timed calls have used that much device time and at least `min_calls` were made.
     `on_call` is called after every timed call (a progress bar hook).
     """
-    cap = max_seconds if max_seconds and max_seconds > 0 else None
+    cap = _cap(max_seconds)
     flush = l2_flush_buffer() if flush_l2 else None
     stream = torch.cuda.current_stream()
     result = Timing(requested_warmups=warmup, requested_repetitions=repetitions)
-
-    started = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-        torch.cuda.synchronize()
-        result.warmups += 1
-        if cap is not None and time.perf_counter() - started >= cap:
-            break
+    result.warmups = warm_up(fn, warmup, max_seconds)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     used_ms = 0.0
@@ -113,3 +126,46 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
             result.stopped_early = result.calls < repetitions
             break
     return result
+
+
+def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, rounds: int = 5,
+                     max_seconds: float | None = 3.0, min_calls: int = 5) -> dict:
+    """Time several calls side by side: {name: (fn, context)} -> {name: Timing or the exception it raised}.
+
+    Each `fn` is warmed up once (`warmup` calls), then `rounds` rounds each time about
+    `repetitions / rounds` calls of every name in turn, one more untimed call first. `context` (e.g.
+    an SDPA backend choice) is entered around each name's calls, outside the timed region. The
+    per-name caps of `time_cuda` apply to the sum over rounds: `max_seconds` of device time for the
+    timed calls, after at least `min_calls`.
+    """
+    rounds = max(1, min(rounds, repetitions))
+    cap = _cap(max_seconds)
+    results: dict = {}
+    for name, (fn, context) in calls.items():
+        try:
+            with context:
+                results[name] = Timing(requested_warmups=warmup, requested_repetitions=repetitions,
+                                       warmups=warm_up(fn, warmup, max_seconds))
+        except (RuntimeError, ValueError, TypeError) as err:
+            results[name] = err
+    for r in range(rounds):
+        share = repetitions * (r + 1) // rounds - repetitions * r // rounds
+        for name, (fn, context) in calls.items():
+            t = results[name]
+            if not isinstance(t, Timing) or t.stopped_early:
+                continue
+            left = None if cap is None else cap - sum(t.times_ms) / 1e3
+            if left is not None and left <= 0 and t.calls >= min_calls:
+                t.stopped_early = True
+                continue
+            try:
+                with context:
+                    part = time_cuda(fn, warmup=1, repetitions=share, min_calls=max(0, min_calls - t.calls),
+                                     max_seconds=max(left, 1e-9) if left is not None else None)
+            except (RuntimeError, ValueError, TypeError) as err:
+                results[name] = err
+                continue
+            t.times_ms += part.times_ms
+            if part.calls < share:
+                t.stopped_early = True
+    return results

@@ -24,6 +24,7 @@ def test_defaults_match_the_seed_suite():
     assert a.impl == list(VERSIONS)
     assert (a.batch_size, a.num_heads, a.head_dim, a.seq_lens) == (4, 12, 64, [512, 1024, 2048])
     assert (a.warmup, a.repetitions, a.max_seconds, a.dtype, a.causal) == (25, 100, 3.0, "float32", False)
+    assert a.rounds == 5
 
 
 def test_overrides_and_sdpa_variants():
@@ -44,7 +45,8 @@ def test_unknown_impl_is_an_error(capsys):
     assert "unknown IMPL 'v99'" in err and "sdpa_flash" in err
 
 
-@pytest.mark.parametrize("bad", [["v4", "--seq-lens", "0"], ["v4", "--repetitions", "0"], ["v4", "--dtype", "int8"]])
+@pytest.mark.parametrize("bad", [["v4", "--seq-lens", "0"], ["v4", "--repetitions", "0"], ["v4", "--rounds", "0"],
+                                 ["v4", "--dtype", "int8"]])
 def test_bad_options_are_errors(bad):
     with pytest.raises(SystemExit):
         bench.parse_args(bad)
@@ -54,7 +56,8 @@ def test_help_explains_max_seconds_and_variants(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--help"])
     text = capsys.readouterr().out
-    for word in ("--max-seconds", "calls actually timed", "sdpa_cudnn", "sdpa_kernel", "outside the timed"):
+    for word in ("--max-seconds", "calls actually timed", "sdpa_cudnn", "sdpa_kernel", "outside the timed",
+                 "--rounds", "interleaved rounds"):
         assert word in text.replace("\n", " ")
 
 

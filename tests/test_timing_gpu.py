@@ -1,0 +1,56 @@
+"""flashattn.timing on the GPU: interleaved rounds visit every call in turn, count what they promise,
+honour the time cap, and keep timing the other calls when one of them fails."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from conftest import needs_gpu
+from flashattn.timing import time_interleaved
+
+pytestmark = needs_gpu
+NONE = contextlib.nullcontext()
+
+
+def _recorder(order: list, tag: str, x: torch.Tensor, fail_after: int | None = None):
+    def fn():
+        order.append(tag)
+        if fail_after is not None and order.count(tag) > fail_after:
+            raise RuntimeError(f"{tag} failed on purpose")
+        return x * 2
+    return fn
+
+
+def test_rounds_interleave_every_call():
+    order, x = [], torch.randn(1 << 20, device="cuda")
+    calls = {t: (_recorder(order, t, x), NONE) for t in "ab"}
+    res = time_interleaved(calls, warmup=3, repetitions=10, rounds=5, max_seconds=None)
+    assert res["a"].calls == res["b"].calls == 10 and res["a"].warmups == res["b"].warmups == 3
+    # all warm-ups first, then 5 rounds, each with one untimed and two timed calls of a, then of b
+    assert order == list("aaabbb") + list("aaabbb") * 5
+    assert all(t > 0 for t in res["a"].times_ms + res["b"].times_ms)
+
+
+def test_uneven_rounds_still_time_every_repetition():
+    order, x = [], torch.randn(1024, device="cuda")
+    res = time_interleaved({"a": (_recorder(order, "a", x), NONE)}, warmup=0, repetitions=7, rounds=3,
+                           max_seconds=None)
+    assert res["a"].calls == 7 and not res["a"].stopped_early
+
+
+def test_time_cap_applies_to_the_sum_over_rounds():
+    cycles = 40_000_000                                    # about 20 ms at the H200's ~2 GHz
+    slow = (lambda: torch.cuda._sleep(cycles), NONE)
+    res = time_interleaved({"slow": slow}, warmup=1, repetitions=100, rounds=5, max_seconds=0.05, min_calls=5)
+    t = res["slow"]
+    assert t.calls == 5 and t.stopped_early, (t.calls, t.times_ms)
+    assert min(t.times_ms) > 5.0                           # the sleep really ran inside the timed region
+
+
+def test_a_failing_call_does_not_stop_the_others():
+    order, x = [], torch.randn(1024, device="cuda")
+    calls = {"ok": (_recorder(order, "ok", x), NONE), "bad": (_recorder(order, "bad", x, fail_after=4), NONE)}
+    res = time_interleaved(calls, warmup=2, repetitions=10, rounds=5, max_seconds=None)
+    assert isinstance(res["bad"], RuntimeError) and "on purpose" in str(res["bad"])
+    assert res["ok"].calls == 10
