@@ -116,13 +116,14 @@ def attention_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False
 
 # --------------------------------------------------------------------------------------------- calls
 def _sdpa_backend_context(name: str):
+    """A factory of fresh contexts that force `name`'s backend (each one can be entered only once)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
+    return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
 def make_call(name: str, q, k, v, causal: bool):
-    """(fn, context, ran_as): `fn()` runs one forward; `context` must be entered around warm-ups and
-    timing (it forces an SDPA backend, so the choice happens outside the timed region); `ran_as` is the
+    """(fn, context, ran_as): `fn()` runs one forward; `context()` gives a context to enter around warm-ups
+    and timing (it forces an SDPA backend, so the choice happens outside the timed region); `ran_as` is the
     version that really runs (v3/v4/v5 hand unsupported head dims to v2). Raises ValueError/TypeError
     when the version cannot take these inputs."""
     if name in SDPA_BACKENDS:
@@ -134,10 +135,10 @@ def make_call(name: str, q, k, v, causal: bool):
     ran_as = check_inputs(q, k, v, version=name, causal=causal)
     if name in ("baseline", "sdpa"):
         fn = getattr(reference, name)
-        return (lambda: fn(q, k, v, causal=causal)), contextlib.nullcontext(), ran_as
+        return (lambda: fn(q, k, v, causal=causal)), contextlib.nullcontext, ran_as
     if INFO[name].kernel:
         flashattn.load(ran_as)                     # compile/load before any timing
-    return (lambda: flashattn.forward(q, k, v, version=name, causal=causal)), contextlib.nullcontext(), ran_as
+    return (lambda: flashattn.forward(q, k, v, version=name, causal=causal)), contextlib.nullcontext, ran_as
 
 
 # --------------------------------------------------------------------------------------- environment
@@ -208,7 +209,7 @@ def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> li
         rows[name] = row
         try:
             fn, context, row["ran_as"] = make_call(name, q, k, v, causal)
-            with context:
+            with context():
                 out = fn()
                 torch.cuda.synchronize()
                 if ref is not None:

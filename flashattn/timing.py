@@ -131,9 +131,10 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
 def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, rounds: int = 5,
                      max_seconds: float | None = 3.0, min_calls: int = 5) -> dict:
     """Time several calls side by side: {name: (fn, context)} -> {name: Timing or the exception it raised}.
+    `context` is a factory: `context()` gives a fresh context manager each time it is entered.
 
     Each `fn` is warmed up once (`warmup` calls), then `rounds` rounds each time about
-    `repetitions / rounds` calls of every name in turn, one more untimed call first. `context` (e.g.
+    `repetitions / rounds` calls of every name in turn, one more untimed call first. `context()` (e.g.
     an SDPA backend choice) is entered around each name's calls, outside the timed region. The
     per-name caps of `time_cuda` apply to the sum over rounds: `max_seconds` of device time for the
     timed calls, after at least `min_calls`.
@@ -143,7 +144,7 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
     results: dict = {}
     for name, (fn, context) in calls.items():
         try:
-            with context:
+            with context():
                 results[name] = Timing(requested_warmups=warmup, requested_repetitions=repetitions,
                                        warmups=warm_up(fn, warmup, max_seconds))
         except (RuntimeError, ValueError, TypeError) as err:
@@ -159,7 +160,7 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
                 t.stopped_early = True
                 continue
             try:
-                with context:
+                with context():
                     part = time_cuda(fn, warmup=1, repetitions=share, min_calls=max(0, min_calls - t.calls),
                                      max_seconds=max(left, 1e-9) if left is not None else None)
             except (RuntimeError, ValueError, TypeError) as err:

@@ -10,7 +10,7 @@ from conftest import needs_gpu
 from flashattn.timing import time_interleaved
 
 pytestmark = needs_gpu
-NONE = contextlib.nullcontext()
+NONE = contextlib.nullcontext                  # a factory: every round enters a fresh context
 
 
 def _recorder(order: list, tag: str, x: torch.Tensor, fail_after: int | None = None):
@@ -46,6 +46,19 @@ def test_time_cap_applies_to_the_sum_over_rounds():
     t = res["slow"]
     assert t.calls == 5 and t.stopped_early, (t.calls, t.times_ms)
     assert min(t.times_ms) > 5.0                           # the sleep really ran inside the timed region
+
+
+def test_each_round_enters_a_fresh_context():
+    """SDPA's backend choice is a generator-based context manager, which can be entered only once."""
+    entered, x = [], torch.randn(1024, device="cuda")
+
+    @contextlib.contextmanager
+    def once():
+        entered.append(1)
+        yield
+
+    res = time_interleaved({"a": (lambda: x * 2, once)}, warmup=2, repetitions=6, rounds=3, max_seconds=None)
+    assert res["a"].calls == 6 and len(entered) == 1 + 3      # warm-ups, then one per round
 
 
 def test_a_failing_call_does_not_stop_the_others():
