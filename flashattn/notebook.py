@@ -327,8 +327,10 @@ def _recorded_note(rows: list[dict]) -> str:
     meta, st = rows[0]["_meta"], rows[0]["_settings"]
     dev = (meta.get("device") or {}).get("name", "?")
     commit = ((meta.get("git") or {}).get("commit") or "uncommitted")[:10]
+    rounds = f" in {st['rounds']} interleaved rounds" if st.get("rounds", 1) > 1 else ""
     return (f"Recorded on {dev} (torch {meta.get('torch', '?')}, commit {commit}): median of up to "
-            f"{st.get('repetitions', '?')} calls after {st.get('warmup', '?')} warm-ups, L2 flushed before each.")
+            f"{st.get('repetitions', '?')} calls{rounds} after {st.get('warmup', '?')} warm-ups, L2 flushed "
+            f"before each.")
 
 
 def recorded(versions, seq_lens=(PRIMARY["L"],), dtype="float32", causal=False, head_dim=64, file="bench.json"):

@@ -94,7 +94,8 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
         m, env = run.get("settings", {}), run.get("meta", {})
         dev = env.get("device", {}).get("name", "unknown GPU")
         git = (env.get("git") or {}).get("commit") or "not recorded"
-        lines.append(f"{shape}. Median of {m.get('repetitions', '?')} CUDA-event-timed calls after "
+        rounds = f" in {m['rounds']} interleaved rounds" if m.get("rounds", 1) > 1 else ""
+        lines.append(f"{shape}. Median of {m.get('repetitions', '?')} CUDA-event-timed calls{rounds} after "
                      f"{m.get('warmup', '?')} warm-ups, L2 flushed before each call; measured on {dev} "
                      f"(driver {env.get('driver') or '?'}, torch {env.get('torch', '?')}, CUDA "
                      f"{env.get('cuda_runtime', '?')}, commit {str(git)[:10]}).")

@@ -68,9 +68,9 @@
 // of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->
 // key 2q+1, and reads V rows in the same permuted order. So P stays in registers here too, no shuffles.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 471.1 us median, 3.22x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 167.4 us median, 0.71x SDPA's speed, 1.16x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,862.3 us median, 0.63x SDPA's speed, 1.10x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 493.7 us median, 3.07x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 166.9 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,883.6 us median, 0.57x SDPA's speed, 1.20x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
