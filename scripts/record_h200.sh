@@ -2,7 +2,7 @@
 # Regenerate the recorded GPU results in one command, on a machine with a CUDA GPU (and ncu for the
 # profiles):
 #
-#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v5, v6, profile, figures (default: all)
+#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v5, v6, repeat, profile, figures (default: all)
 #
 #   bench    every version, seed suite + 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
 #              -> OUTDIR/bench.json, bench.txt
@@ -10,6 +10,9 @@
 #   v6       v6 against SDPA and its forced backends, bf16, causal and not, at B=4,H=12,2048,D=64 and
 #            B=2,H=16,8192,D=128, then its TF32 mode on float32 inputs at B=4,H=12,2048,D=64, all in one
 #            file -> OUTDIR/bench_v6.json, bench_v6.txt
+#   repeat   the bf16 part of v6 (v6, sdpa_flash, sdpa) again in 5 separate processes per shape, with
+#            nvidia-smi sampling clocks, power and temperature: how much a ratio moves from run to run
+#            -> OUTDIR/bench_v6_repeat.json, bench_v6_repeat.txt, gpu_clocks.csv
 #   profile  Nsight Compute report of every fused version at the primary shape, and of v6 (bf16) at
 #            B=2,H=16,8192,D=128, with ncu's details and raw pages
 #            -> OUTDIR/flash_<v>_s<M>_profile.{ncu-rep,details.csv,details.txt,raw.csv}
@@ -21,7 +24,7 @@
 set -uo pipefail
 OUT=${1:?usage: scripts/record_h200.sh OUTDIR [bench|v6|profile|figures ...]}
 shift
-STEPS=${*:-bench v5 v6 profile figures}
+STEPS=${*:-bench v5 v6 repeat profile figures}
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$OUT"
@@ -70,6 +73,19 @@ for step in $STEPS; do
         # 16-bit inputs, so they are left out; the README table shows "n/a" for them)
         run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_efficient \
             --dtype float32 -B 4 -H 12 -D 64 --seq-lens 2048 --json "$OUT/bench_v6.json" --append
+        ;;
+    repeat)
+        rm -f "$OUT/bench_v6_repeat.json" "$OUT/bench_v6_repeat.txt"
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+            --format=csv -lms 200 > "$OUT/gpu_clocks.csv" 2>&1 &
+        smi=$!
+        for i in 1 2 3 4 5; do
+            run bench_v6_repeat.txt $PY -m flashattn.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 4 -H 12 -D 64 \
+                --seq-lens 2048 --no-check --json "$OUT/bench_v6_repeat.json" --append
+            run bench_v6_repeat.txt $PY -m flashattn.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 2 -H 16 -D 128 \
+                --seq-lens 8192 --no-check --json "$OUT/bench_v6_repeat.json" --append
+        done
+        kill $smi 2>/dev/null
         ;;
     profile)
         NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
