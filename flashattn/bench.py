@@ -40,7 +40,7 @@ BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 2048],
-                warmup=25, repetitions=100, rounds=5, max_seconds=3.0, dtype="float32")
+                warmup=25, repetitions=100, rounds=10, max_seconds=3.0, dtype="float32")
 
 EPILOG = f"""\
 names: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
@@ -50,7 +50,8 @@ context is entered outside the timed region). Several names may be given.
 Timing: CUDA events around each call; a buffer of twice the L2 size is zeroed before each call,
 outside the timed region; the median is reported with min and max. After every version's warm-ups,
 the timed calls are spread over --rounds R interleaved rounds (default {DEFAULTS['rounds']}): each round
-times about 1/R of every version's calls in turn, so drift during the run hits all versions alike.
+times about 1/R of every version's calls in turn, starting one version later each round, so drift
+during the run (and the H200's power cap at large shapes) hits all versions alike.
 Slow versions: --max-seconds S (default {DEFAULTS['max_seconds']:g}) stops a row's timed calls once they
 have used S seconds of device time (after at least 5 calls) and caps the warm-ups at S seconds of wall
 time too; the number of calls actually timed is printed and written to the JSON. --max-seconds 0 turns

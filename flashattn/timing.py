@@ -13,7 +13,10 @@ How a call is timed (the book explains the why once; this is the how):
   summary is the median with the minimum and maximum;
 * several versions compared in one run are timed in interleaved rounds (`time_interleaved`): each round
   times a slice of every version's calls in turn, so a drift of clock or temperature during the run
-  lands on all of them alike instead of on whichever happened to be timed first.
+  lands on all of them alike instead of on whichever happened to be timed first. The order rotates
+  from round to round, so that no version always follows the same one: at large shapes an H200 runs
+  into its power cap and lowers its clock, and a version timed right after a power-hungry one would
+  otherwise start every round at a lower clock.
 
 Slow versions can take 0.5 s per call at large shapes, so both the warm-ups and the timed calls stop
 early once they have used `max_seconds` (after at least `min_calls` timed calls); the number of calls
@@ -134,7 +137,8 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
     `context` is a factory: `context()` gives a fresh context manager each time it is entered.
 
     Each `fn` is warmed up once (`warmup` calls), then `rounds` rounds each time about
-    `repetitions / rounds` calls of every name in turn, one more untimed call first. `context()` (e.g.
+    `repetitions / rounds` calls of every name in turn, one more untimed call first; round r starts
+    at the r-th name (a rotation), so every name follows every other one equally often. `context()` (e.g.
     an SDPA backend choice) is entered around each name's calls, outside the timed region. The
     per-name caps of `time_cuda` apply to the sum over rounds: `max_seconds` of device time for the
     timed calls, after at least `min_calls`.
@@ -149,9 +153,12 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
                                        warmups=warm_up(fn, warmup, max_seconds))
         except (RuntimeError, ValueError, TypeError) as err:
             results[name] = err
+    names = list(calls)
     for r in range(rounds):
         share = repetitions * (r + 1) // rounds - repetitions * r // rounds
-        for name, (fn, context) in calls.items():
+        start = r % len(names) if names else 0
+        for name in names[start:] + names[:start]:
+            fn, context = calls[name]
             t = results[name]
             if not isinstance(t, Timing) or t.stopped_early:
                 continue

@@ -24,7 +24,7 @@ def test_defaults_match_the_seed_suite():
     assert a.impl == list(VERSIONS)
     assert (a.batch_size, a.num_heads, a.head_dim, a.seq_lens) == (4, 12, 64, [512, 1024, 2048])
     assert (a.warmup, a.repetitions, a.max_seconds, a.dtype, a.causal) == (25, 100, 3.0, "float32", False)
-    assert a.rounds == 5
+    assert a.rounds == 10
 
 
 def test_overrides_and_sdpa_variants():

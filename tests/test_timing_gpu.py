@@ -27,9 +27,17 @@ def test_rounds_interleave_every_call():
     calls = {t: (_recorder(order, t, x), NONE) for t in "ab"}
     res = time_interleaved(calls, warmup=3, repetitions=10, rounds=5, max_seconds=None)
     assert res["a"].calls == res["b"].calls == 10 and res["a"].warmups == res["b"].warmups == 3
-    # all warm-ups first, then 5 rounds, each with one untimed and two timed calls of a, then of b
-    assert order == list("aaabbb") + list("aaabbb") * 5
+    # all warm-ups first, then 5 rounds of one untimed and two timed calls of each, the order rotating
+    assert order == list("aaabbb") + list("aaabbb" "bbbaaa" "aaabbb" "bbbaaa" "aaabbb")
     assert all(t > 0 for t in res["a"].times_ms + res["b"].times_ms)
+
+
+def test_every_name_follows_every_other_one():
+    order, x = [], torch.randn(1024, device="cuda")
+    calls = {t: (_recorder(order, t, x), NONE) for t in "abc"}
+    time_interleaved(calls, warmup=0, repetitions=3, rounds=3, max_seconds=None)
+    firsts = order[::2]                                    # each round: one untimed + one timed call per name
+    assert firsts == list("abc" "bca" "cab")
 
 
 def test_uneven_rounds_still_time_every_repetition():
