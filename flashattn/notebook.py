@@ -532,6 +532,53 @@ def v5_tiles_table():
                "`V5_D128_*` macros).")
 
 
+def repeat_table(file="bench_v6_repeat.json", impl="v6", against=("sdpa_flash", "sdpa")):
+    """The same comparison recorded in several separate processes, one line per run: how far a ratio
+    moves from run to run (`scripts/record_h200.sh OUT repeat`)."""
+    doc = _json(RESULTS / file)
+    if not doc:
+        return _md(f"*No repeated runs recorded yet (`results/h200/{file}`).*")
+    from .table import comparison_table
+    return _md(comparison_table(doc, impl, list(against), group_shapes=True))
+
+
+SW_POWER_CAP = 0x4          # NVML's clocks-event (throttle) reason bit for the software power cap
+
+
+def clock_log(file="gpu_clocks.csv") -> dict | None:
+    """Summary of the nvidia-smi samples taken during the repeated runs (every 200 ms): peak board
+    power, how often the power cap held the clock down, and how low the SM clock went then."""
+    import csv
+    path = RESULTS / file
+    if not path.exists():
+        return None
+    busy = capped = 0
+    peak_w, max_mhz, capped_mhz = 0.0, 0, []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh, skipinitialspace=True):
+            mhz = int(row["clocks.current.sm [MHz]"].split()[0])
+            watts = float(row["power.draw [W]"].split()[0])
+            reasons = int(row["clocks_event_reasons.active"], 16)
+            busy += mhz > 1000                              # idle samples sit at 345 MHz
+            peak_w, max_mhz = max(peak_w, watts), max(max_mhz, mhz)
+            if reasons & SW_POWER_CAP:
+                capped += 1
+                capped_mhz.append(mhz)
+    return dict(busy_samples=busy, capped_samples=capped, peak_watts=peak_w, max_mhz=max_mhz,
+                min_capped_mhz=min(capped_mhz) if capped_mhz else None)
+
+
+def clock_table(file="gpu_clocks.csv"):
+    c = clock_log(file)
+    if c is None:
+        return _md(f"*No clock log recorded yet (`results/h200/{file}`).*")
+    lines = ["| busy samples | power cap active | peak board power | SM clock | lowest SM clock under the cap |",
+             "|--:|--:|--:|--:|--:|",
+             f"| {c['busy_samples']} | {c['capped_samples']} samples | {c['peak_watts']:.0f} W | "
+             f"up to {c['max_mhz']} MHz | {c['min_capped_mhz'] or '—'} MHz |"]
+    return _md("\n".join(lines))
+
+
 def sweep_table(version: str):
     """The recorded tile sweep of v5 or v6 (results/h200/v5_sweep.json, v6_sweep.json or v6_sweep_tiles.json)."""
     doc = next((d for d in (_json(RESULTS / f"{version}_sweep.json"), _json(RESULTS / f"{version}_sweep_tiles.json"))

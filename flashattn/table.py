@@ -124,12 +124,14 @@ def update_readme(readme, table: str, block: str = "results-table") -> None:
     path.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
-def comparison_table(doc: dict, impl: str, against: list[str]) -> str:
+def comparison_table(doc: dict, impl: str, against: list[str], group_shapes: bool = False) -> str:
     """One line per shape in the file: `impl`'s median and its speed relative to each of `against`
-    (>1: impl is faster), every ratio taken within one run. For the README's v5 and v6 sections."""
+    (>1: impl is faster), every ratio taken within one run. For the README's v5 and v6 sections.
+    `group_shapes`: a file of repeated runs, one line per run, the runs of one shape together."""
     lines = ["| B, H, M=N, D | dtype | causal | " + f"{impl} (µs) | "
              + " | ".join(f"{a} (µs) | {impl} vs {a}" for a in against) + " |",
              "|---|---|---|--:|" + "--:|--:|" * len(against)]
+    body = []
     for run in doc["runs"]:
         by_shape: dict = {}
         for r in run["rows"]:
@@ -146,9 +148,12 @@ def comparison_table(doc: dict, impl: str, against: list[str]) -> str:
                     cells.append(f"{other['median_us']:,.1f} | {other['median_us'] / mine['median_us']:.2f}×")
                 else:
                     cells.append("n/a | —")
-            lines.append(f"| {B}, {H}, {L}, {D} | {dtype} | {'yes' if causal else 'no'} | "
-                         f"{mine['median_us']:,.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            body.append(((B, H, L, D, dtype, causal), f"| {B}, {H}, {L}, {D} | {dtype} | {'yes' if causal else 'no'} | "
+                         f"{mine['median_us']:,.1f} | " + " | ".join(cells) + " |"))
+    if group_shapes:
+        order = list(dict.fromkeys(key for key, _ in body))
+        body.sort(key=lambda kv: order.index(kv[0]))      # stable: runs keep their order within a shape
+    return "\n".join(lines + [line for _, line in body])
 
 
 def header_line(r: dict, command: str, flash: dict | None = None) -> str:
@@ -202,10 +207,12 @@ def main(argv=None) -> int:
                    help="IMPL OTHER...: a table of IMPL against OTHER at every shape in the file")
     p.add_argument("--block", help="with --compare --update-readme: the README block to replace "
                                    "(default: IMPL-table)")
+    p.add_argument("--group-shapes", action="store_true",
+                   help="with --compare: repeated runs, one line each, grouped by shape")
     args = p.parse_args(argv)
     select = dict(seq_len=args.seq_len, dtype=args.dtype, causal=args.causal, head_dim=args.head_dim)
     if args.compare:
-        table = comparison_table(load(args.json), args.compare[0], args.compare[1:])
+        table = comparison_table(load(args.json), args.compare[0], args.compare[1:], args.group_shapes)
         if args.update_readme:
             update_readme(args.update_readme, table, block=args.block or f"{args.compare[0]}-table")
         else:

@@ -49,7 +49,7 @@
 // Tile shapes are compile-time: -DV5_D64_BR=... -DV5_D64_BC=... -DV5_D64_TM=... -DV5_D64_TN=... (and
 // V5_D128_*); -DV5_ONLY_D=64 or 128 compiles one head dim only (the tile sweep uses it).
 // scripts/v5_sweep.py builds the candidates, checks them and times them.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,289.4 us median, 1.18x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,231.1 us median, 1.23x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <climits>

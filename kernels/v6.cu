@@ -62,15 +62,22 @@
 //     S_i,j+1 before the softmax of tile j in the hope that ptxas interleaves the two (it issued all the
 //     mma first; 9% slower). Those runs (results/h200/explore/v6_sweep*.txt) used intermediate states
 //     of this file; the profile is results/h200/explore/v6_d128_bc32_full.ncu-rep.
+//   * This build's own profile at that shape (python -m flashattn.profile v6 -B 2 -H 16 -D 128
+//     --seq-len 8192 -> results/h200/flash_v6_s8192_profile.ncu-rep) still has "wait" (dependent mma)
+//     as the largest warp state; the V6 chapter shows the table.
+//   * Run to run: five repeated runs per shape (scripts/record_h200.sh OUT repeat ->
+//     results/h200/bench_v6_repeat.json) give a smaller lead over SDPA-flash at D=128 than the
+//     "Measured on H200" line at the end of this header. At that shape the H200 hits its power cap and lowers its clock, and what a kernel loses
+//     depends on what ran before it (results/h200/gpu_clocks.csv; README, "V6 ... SDPA's backends").
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
 // of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->
 // key 2q+1, and reads V rows in the same permuted order. So P stays in registers here too, no shuffles.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 493.7 us median, 3.07x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 166.9 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,883.6 us median, 0.57x SDPA's speed, 1.20x SDPA-flash's, same run [python -m flashattn.bench v6 sdpa sdpa_flash --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 452.8 us median, 3.36x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 167.6 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,870.6 us median, 0.56x SDPA's speed, 1.14x SDPA-flash's, same run [python -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

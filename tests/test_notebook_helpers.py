@@ -255,3 +255,31 @@ def test_chapters_show_their_kernel_source_from_kernels():
         book = nbformat.read(BOOK / f"{v}.ipynb", as_version=4)
         src = "\n".join(c.source for c in book.cells if c.cell_type == "markdown")
         assert f"../kernels/{v}.cu" in src, f"{v}.ipynb does not include kernels/{v}.cu"
+
+
+def test_clock_log_counts_power_capped_samples(tmp_path, monkeypatch):
+    monkeypatch.setattr(nb, "RESULTS", tmp_path)
+    assert nb.clock_log() is None and "No clock log" in text(nb.clock_table())
+    (tmp_path / "gpu_clocks.csv").write_text(
+        "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, "
+        "clocks_event_reasons.active\n"
+        "2026/11/29 15:30:55.505, 345 MHz, 3201 MHz, 78.2 W, 35, 0x0000000000000001\n"
+        "2026/11/29 15:30:55.705, 1980 MHz, 3201 MHz, 655.0 W, 41, 0x0000000000000000\n"
+        "2026/11/29 15:30:55.905, 1755 MHz, 3201 MHz, 691.7 W, 42, 0x0000000000000004\n")
+    c = nb.clock_log()
+    assert c == dict(busy_samples=2, capped_samples=1, peak_watts=691.7, max_mhz=1980, min_capped_mhz=1755)
+    assert "| 2 | 1 samples | 692 W | up to 1980 MHz | 1755 MHz |" in text(nb.clock_table())
+
+
+def test_repeat_table_groups_runs_by_shape(tmp_path, monkeypatch):
+    monkeypatch.setattr(nb, "RESULTS", tmp_path)
+    assert "No repeated runs" in text(nb.repeat_table())
+    def row(impl, L, us):
+        return dict(impl=impl, batch_size=1, num_heads=1, seq_len_q=L, seq_len_kv=L, head_dim=64,
+                    dtype="bfloat16", causal=False, status="ok", median_us=us)
+    runs = [{"rows": [row("v6", L, 100.0 + i), row("sdpa_flash", L, 110.0), row("sdpa", L, 80.0)]}
+            for i in range(2) for L in (64, 128)]
+    (tmp_path / "bench_v6_repeat.json").write_text(json.dumps({"schema": 1, "runs": runs}))
+    lines = [l for l in text(nb.repeat_table()).splitlines() if l.startswith("| 1, 1,")]
+    assert [l.split("|")[1].strip() for l in lines] == ["1, 1, 64, 64"] * 2 + ["1, 1, 128, 64"] * 2
+    assert "| 100.0 | 110.0 | 1.10× |" in lines[0] and "| 101.0 | 110.0 | 1.09× |" in lines[1]
