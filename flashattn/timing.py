@@ -138,7 +138,7 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
 
     Each `fn` is warmed up once (`warmup` calls), then `rounds` rounds each time about
     `repetitions / rounds` calls of every name in turn, one more untimed call first; round r starts
-    at the r-th name (a rotation), so every name follows every other one equally often. `context()` (e.g.
+    at the r-th name (a rotation), so that no name always follows the same one. `context()` (e.g.
     an SDPA backend choice) is entered around each name's calls, outside the timed region. The
     per-name caps of `time_cuda` apply to the sum over rounds: `max_seconds` of device time for the
     timed calls, after at least `min_calls`.

@@ -24,8 +24,12 @@ def refresh(path: Path) -> int:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     changed = 0
     for old, new in zip(stored.cells, fresh.cells):
-        if old.cell_type == "code" and old.source.lstrip().startswith(MARK) and old.outputs != new.outputs:
+        if not (old.cell_type == "code" and old.source.lstrip().startswith(MARK)):
+            continue
+        unrun = old.execution_count is None      # a new cell: nbval treats a cell without a count as unrun
+        if old.outputs != new.outputs or unrun:
             old.outputs = new.outputs
+            old.execution_count = new.execution_count if unrun else old.execution_count
             changed += 1
     nbformat.write(stored, path)
     return changed
