@@ -377,7 +377,8 @@ def stall_table(s: dict, top: int = 6) -> str:
         return "*This report has no warp-state statistics (ncu section WarpStateStats).*"
     lines = ["| Warp state | Cycles per issued instruction | Share | Waiting for |", "|---|--:|--:|---|"]
     lines += [f"| {r.replace('_', ' ')} | {v:.2f} | {pct:.0f}% | {why} |" for r, v, pct, why in rows]
-    ipc = f"; the SM issued {s['issued_ipc']:.2f} instructions per active cycle (at most 4)" if s.get("issued_ipc") else ""
+    ipc = (f"; the SM issued {s['issued_ipc']:.2f} instructions per active cycle (at most 4)"
+           if s.get("issued_ipc") else "")
     lines.append(f"\nA warp took {s['warp_cycles_per_issue']:.2f} cycles per issued instruction{ipc}."
                  if s.get("warp_cycles_per_issue") else "")
     return "\n".join(lines).rstrip()

@@ -44,8 +44,9 @@ for arg in "$@"; do
   sweep6)
     $T python3 scripts/v6_sweep.py --out "$W" > "$W/v6_sweep.log" 2>&1; echo "v6 sweep rc=$?"; tail -25 "$W/v6_sweep.log" ;;
   record)
-    $T bash scripts/record_h200.sh "$W/h200" bench v5 v6 > "$W/record.log" 2>&1; echo "record rc=$?"
-    tail -40 "$W/h200/bench.txt"; tail -30 "$W/h200/bench_v5.txt"; tail -30 "$W/h200/bench_v6.txt" ;;
+    $T bash scripts/record_h200.sh "$W/h200" bench v5 v6 repeat > "$W/record.log" 2>&1; echo "record rc=$?"
+    tail -40 "$W/h200/bench.txt"; tail -30 "$W/h200/bench_v5.txt"; tail -30 "$W/h200/bench_v6.txt"
+    grep -E "^B=|^  v6 |^  sdpa_flash " "$W/h200/bench_v6_repeat.txt" ;;
   profile)
     $T bash scripts/record_h200.sh "$W/h200" profile > "$W/profile.log" 2>&1; echo "profile rc=$?"; tail -15 "$W/profile.log" ;;
   notebooks)

@@ -241,7 +241,8 @@ def test_notebook_structure(path):
                 assert len(out["text"]) < 4000, f"{path.name}: long log in {c.source[:60]!r}"
         if c.source.startswith("# NBVAL_CHECK_OUTPUT"):
             assert c.get("outputs"), f"{path.name}: checked cell without stored output: {c.source[:60]!r}"
-            assert c.get("execution_count") is not None, f"{path.name}: nbval rejects a checked cell with outputs but no execution count: {c.source[:60]!r}"
+            assert c.get("execution_count") is not None, \
+                f"{path.name}: nbval rejects a checked cell with outputs but no count: {c.source[:60]!r}"
             stored = json.dumps(c["outputs"])
             for word in ("/work/", "/home/", "/root/", "µs per call"):   # nothing machine-specific
                 assert word not in stored, f"{path.name}: {word!r} in checked output of {c.source[:60]!r}"
