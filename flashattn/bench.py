@@ -1,7 +1,7 @@
 """Benchmark: `python -m flashattn.bench IMPL [IMPL ...] [options]` (see --help).
 
-Every version in one run is timed side by side on the same inputs with `flashattn.timing`
-(CUDA events around each call, L2 flushed between calls, interleaved rounds, median with min and max). Each row reports
+Every version in one run is timed side by side on the same inputs with `flashattn.timing` (CUDA events
+around each call, L2 flushed between calls, interleaved rounds, median with min and max). Each row reports
 latency, TFLOP/s (4*B*H*M*N*D floating-point operations, half that for causal), the change against the
 naive PyTorch baseline and the ratio to SDPA, as in the README's results table. A version that cannot
 take a shape or dtype gets a row saying why instead of stopping the run. At the smallest shape of the

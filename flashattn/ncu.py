@@ -61,7 +61,8 @@ FIELDS = {
     "shared_driver_bytes": ("Driver Shared Memory Per Block", "launch__shared_mem_per_block_driver"),
     "block_size": ("Block Size", "launch__block_size"),
     "grid_size": ("Grid Size", "launch__grid_size"),
-    "warp_cycles_per_issue": ("Warp Cycles Per Issued Instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
+    "warp_cycles_per_issue": ("Warp Cycles Per Issued Instruction",
+                              "smsp__average_warp_latency_per_inst_issued.ratio"),
     "issued_ipc": ("Issued Ipc Active", "sm__inst_issued.avg.per_cycle_active"),
 }
 BLOCK_LIMITS = {   # limiter -> (details-page label, metric)

@@ -558,7 +558,8 @@ def clock_log(file="gpu_clocks.csv") -> dict | None:
         for row in csv.DictReader(fh, skipinitialspace=True):
             mhz = int(row["clocks.current.sm [MHz]"].split()[0])
             watts = float(row["power.draw [W]"].split()[0])
-            reasons = int(row["clocks_event_reasons.active"], 16)
+            # newer drivers name the column clocks_event_reasons, older ones clocks_throttle_reasons
+            reasons = int(row.get("clocks_event_reasons.active") or row["clocks_throttle_reasons.active"], 16)
             busy += mhz > 1000                              # idle samples sit at 345 MHz
             peak_w, max_mhz = max(peak_w, watts), max(max_mhz, mhz)
             if reasons & SW_POWER_CAP:
