@@ -223,7 +223,7 @@ def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> li
         except RuntimeError as err:                # launch failures, refused backends, out of memory
             row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
     timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions,
-                               rounds=getattr(args, "rounds", 1), max_seconds=args.max_seconds)
+                               rounds=args.rounds, max_seconds=args.max_seconds)
     for name, timing in timings.items():
         row = rows[name]
         if isinstance(timing, Exception):
@@ -231,8 +231,8 @@ def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> li
             continue
         row.update(timing.summary())
         row["tflops"] = row["flops"] / (row["median_us"] * 1e-6) / 1e12
-    for row in rows.values():
-        if on_row is not None:
+    if on_row is not None:
+        for row in rows.values():
             on_row(row)
     return list(rows.values())
 

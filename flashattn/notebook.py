@@ -13,6 +13,7 @@ Three kinds of helper live here:
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -141,6 +142,13 @@ def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
     path = report_path(version, seq_len)
     if not path.exists() or not _ncu_report_importable():
         return None
+    return _summary(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _summary(path: str, mtime_ns: int) -> dict:
+    """One parse per report and version of the file: a chapter asks for the table, the stalls and the
+    roofline point of the same report."""
     from .ncu import summarize
     return summarize(path)
 

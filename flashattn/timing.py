@@ -131,7 +131,7 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
     return result
 
 
-def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, rounds: int = 5,
+def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, rounds: int = 10,
                      max_seconds: float | None = 3.0, min_calls: int = 5) -> dict:
     """Time several calls side by side: {name: (fn, context)} -> {name: Timing or the exception it raised}.
     `context` is a factory: `context()` gives a fresh context manager each time it is entered.
