@@ -25,22 +25,17 @@ from types import SimpleNamespace
 import torch
 
 from .resources import occupancy  # noqa: F401  (the chapters call nb.occupancy)
-from .table import sdpa_cell
+from .table import label, sdpa_cell
 from .versions import INFO, VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "h200"
 COMPILE_RECORD = ROOT / "results" / "compile" / "resources.json"
 PRIMARY = dict(B=4, H=12, L=2048, D=64)       # the shape every chapter times and profiles
-LABEL = {"baseline": "Baseline", "sdpa": "SDPA"}
 
 # torch warns "No CUDA runtime is found" at import of cpp_extension on a machine without a GPU; the
 # notebooks say that themselves, once.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-
-
-def label(name: str) -> str:
-    return LABEL.get(name, name.upper() if name.startswith("v") else name)
 
 
 def gpu() -> bool:

@@ -25,6 +25,11 @@ LABELS = {"baseline": "Baseline", "sdpa": "SDPA", "sdpa_flash": "SDPA flash", "s
           "sdpa_cudnn": "SDPA cuDNN"}
 
 
+def label(name: str) -> str:
+    """How tables and plots name a version: 'V4', 'SDPA flash', 'Baseline'."""
+    return LABELS.get(name, name.upper() if name.startswith("v") else name)
+
+
 def load(path) -> dict:
     doc = json.loads(Path(path).read_text())
     return doc if "runs" in doc else {"runs": [doc]}
@@ -76,16 +81,16 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
     short = False
     for r in rows:
         title, desc = title_description(r["impl"])
-        label = LABELS.get(r["impl"], r["impl"].upper())
+        name = label(r["impl"])
         if r["status"] != "ok":
-            lines.append(f"| {label} | {title} | n/a | — | — | {desc} (not run: {r['message']}) |")
+            lines.append(f"| {name} | {title} | n/a | — | — | {desc} (not run: {r['message']}) |")
             continue
         mark = ""
         if r.get("calls_timed", 0) < r.get("requested_repetitions", 0):
             mark, short = "†", True
         delta = "—" if r["impl"] == "baseline" or r.get("change_vs_baseline_pct") is None \
             else f"{r['change_vs_baseline_pct']:+.1f}%".replace("-", "−")
-        lines.append(f"| {label} | {title} | {r['median_us']:,.2f}{mark} | {delta} | {sdpa_cell(r)} | {desc} |")
+        lines.append(f"| {name} | {title} | {r['median_us']:,.2f}{mark} | {delta} | {sdpa_cell(r)} | {desc} |")
     r0 = rows[0]
     shape = (f"B={r0['batch_size']}, H={r0['num_heads']}, M={r0['seq_len_q']}, N={r0['seq_len_kv']}, "
              f"D={r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ', non-causal'}")
