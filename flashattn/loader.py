@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .versions import INFO
+from .versions import ARCH_FEATURES, INFO
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
@@ -68,26 +68,59 @@ def source(name: str) -> str:
     return path.read_text()
 
 
+def _owner(name: str):
+    """The Version a kernel file belongs to: itself, or the version whose backward it is."""
+    if name in INFO:
+        return INFO[name]
+    return next((v for v in INFO.values() if v.backward == name), None)
+
+
+def version_archs(name: str) -> list[str] | None:
+    """The exact architectures kernel file `name` must be built for, or None for arch_list()."""
+    owner = _owner(name)
+    return list(owner.archs) if owner is not None and owner.archs else None
+
+
+def _capability(arch: str) -> tuple[int, int]:
+    major, minor = arch.removesuffix("+PTX").rstrip("a").split(".")
+    return int(major), int(minor)
+
+
 def check_device(name: str) -> None:
-    """Refuse, with the reason, a GPU older than the instructions the kernel uses."""
+    """Refuse, with the reason, a GPU the kernel cannot run on: older than the instructions it uses, or,
+    for an architecture-specific build ("9.0a"), any other architecture."""
     if not torch.cuda.is_available():
         return
-    need = INFO[name].min_sm if name in INFO else (7, 0)
     have = torch.cuda.get_device_capability()
+    owner = _owner(name)
+    label = owner.name if owner is not None else name
+    exact = version_archs(name)
+    if exact:
+        if have not in {_capability(a) for a in exact}:
+            needs = "; ".join(
+                f"{ARCH_FEATURES[a][0]} (compute capability {'.'.join(map(str, _capability(a)))}: "
+                f"{ARCH_FEATURES[a][1]})" if a in ARCH_FEATURES else f"compute capability {a}" for a in exact)
+            raise RuntimeError(f"{label} needs {needs}; this {torch.cuda.get_device_name()} is "
+                               f"{have[0]}.{have[1]}")
+        return
+    need = owner.min_sm if owner is not None else (7, 0)
     if have < need:
-        raise RuntimeError(f"{name} needs a GPU of compute capability {need[0]}.{need[1]} or newer "
+        raise RuntimeError(f"{label} needs a GPU of compute capability {need[0]}.{need[1]} or newer "
                            f"(it uses cp.async/mma.sync); this {torch.cuda.get_device_name()} is "
                            f"{have[0]}.{have[1]}")
 
 
 def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
-          module_name: str | None = None, src: str | None = None, functions=("forward",)):
+          module_name: str | None = None, src: str | None = None, functions=("forward",),
+          archs: list[str] | None = None, extra_ldflags: list[str] | None = None):
     """Compile (or fetch from torch's extension cache) one kernel file; returns the extension module.
 
     torch rebuilds when the source text or the flags change, so editing a .cu and calling this again is
     enough. `extra_cuda_cflags` (for example -D macros of a tile sweep) and `module_name` let scripts
     build variants side by side; `functions` names the binding's functions to export (v5 also has
-    `kernel_info`).
+    `kernel_info`). `archs` overrides the architectures: by default a version's own `archs` (built
+    exactly, e.g. "9.0a" gives -gencode=arch=compute_90a,code=sm_90a), else `arch_list()`.
+    `extra_ldflags` goes to the linker (e.g. -lcuda for the driver API).
     """
     cuda_home = _find_cuda_home()
     if cuda_home:
@@ -99,12 +132,13 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
     # kernel with other tile macros without editing the files.
     env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
-    flags = NVCC_FLAGS + gencode_flags(arch_list()) + env_flags + list(extra_cuda_cflags or [])
+    archs = archs or version_archs(name) or arch_list()
+    flags = NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or [])
     start = time.perf_counter()
     module = cpp_extension.load_inline(
         name=module_name or f"flashattn_{name}", cpp_sources=src, cuda_sources=src,
         functions=list(functions), extra_cflags=["-O2"], extra_cuda_cflags=flags,
-        no_implicit_headers=True, verbose=verbose)
+        extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True, verbose=verbose)
     BUILD_SECONDS[module_name or name] = time.perf_counter() - start
     return module
 

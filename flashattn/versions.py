@@ -12,6 +12,12 @@ import torch
 FP32 = (torch.float32,)
 HALF = (torch.bfloat16, torch.float16)
 
+# What an architecture-specific build ("9.0a" style, see Version.archs) offers, for the message that
+# refuses any other GPU: name of the architecture and the instructions that tie a kernel to it.
+ARCH_FEATURES: dict[str, tuple[str, str]] = {
+    "9.0a": ("Hopper", "wgmma, TMA"),
+}
+
 
 @dataclass(frozen=True)
 class Version:
@@ -27,6 +33,8 @@ class Version:
     causal: bool = False                   # takes causal=True
     min_sm: tuple = (7, 0)                 # oldest GPU architecture the kernel is written for
     fused: bool = True                     # one kernel launch per forward (what the profiler can read)
+    archs: tuple[str, ...] | None = None   # build exactly these ("9.0a"), ignoring TORCH_CUDA_ARCH_LIST
+    backward: str | None = None            # kernel file of this version's backward pass, e.g. "v6_backward"
     extra: dict = field(default_factory=dict)
 
 
@@ -56,7 +64,7 @@ INFO: dict[str, Version] = {v.name: v for v in (
     Version("v6", "Tensor cores (mma.sync)",
             "bf16/fp16 FlashAttention-2 on mma.sync with ldmatrix, swizzled tiles, P in registers; "
             "causal; TF32 mode for fp32",
-            dtypes=HALF + FP32, head_dims=(64, 128), causal=True, min_sm=(8, 0)),
+            dtypes=HALF + FP32, head_dims=(64, 128), causal=True, min_sm=(8, 0), backward="v6_backward"),
 )}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)
