@@ -1,0 +1,99 @@
+"""Layouts of Hopper's own instructions, as arithmetic and figures for the V7 chapter.
+
+Two layouts decide how V7 is written:
+
+* **the wgmma accumulator.** `wgmma.mma_async.m64nNk16` is issued by a *warpgroup* (four consecutive warps)
+  and leaves a 64 x N fp32 tile spread over its 128 threads. Warp w holds rows 16w..16w+15, and inside
+  those rows each warp repeats the m16n8 accumulator layout of `mma.sync` once per 8 columns. That is
+  why V6's softmax (a row lives in the 4 lanes of a quad) and its trick of feeding P back as the A
+  operand carry over unchanged.
+* **the 128-byte swizzle.** The tensor memory accelerator (TMA) writes a tile into shared memory in the
+  pattern that wgmma's matrix descriptors read: inside every 8-row x 128-byte atom, 16-byte chunk c of
+  row r is stored at chunk c ^ (r mod 8), which is V6's swizzle. A row wider than 128 bytes (D = 128 in
+  bf16 is 256 bytes) is cut into 64-element column panels, each a stack of such atoms.
+
+Everything here is plain arithmetic from the PTX ISA's description of those layouts; nothing needs a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+WARPGROUP_WARPS = 4
+SWIZZLE_BYTES = 128        # CU_TENSOR_MAP_SWIZZLE_128B / wgmma swizzle mode 1
+CHUNK_BYTES = 16
+
+
+def wgmma_accumulator_owner(n: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the 64 x n fp32 accumulator of one wgmma: (warp, lane, register index) of every element.
+
+    Element (row, col) sits in warp row // 16, lane 4 * (row % 8) + (col % 8) // 2, and register
+    4 * (col // 8) + 2 * ((row % 16) >= 8) + col % 2 of that thread.
+    """
+    if n % 8:
+        raise ValueError(f"n must be a multiple of 8 (wgmma's N step); got {n}")
+    rows, cols = np.meshgrid(np.arange(64), np.arange(n), indexing="ij")
+    warp = rows // 16
+    lane = 4 * (rows % 8) + (cols % 8) // 2
+    reg = 4 * (cols // 8) + 2 * ((rows % 16) >= 8) + cols % 2
+    return warp, lane, reg
+
+
+def swizzle_128b(row: int, chunk: int) -> int:
+    """Chunk slot where TMA's 128-byte swizzle stores 16-byte chunk `chunk` (0..7) of tile row `row`."""
+    if not 0 <= chunk < SWIZZLE_BYTES // CHUNK_BYTES:
+        raise ValueError(f"chunk must be in 0..7 (a 128-byte swizzle atom has 8 chunks); got {chunk}")
+    return chunk ^ (row % 8)
+
+
+def panel_of(col: int, elem_bytes: int = 2) -> tuple[int, int]:
+    """(panel, chunk) of element column `col`: rows wider than 128 bytes are split into panels of 128 bytes."""
+    per_panel = SWIZZLE_BYTES // elem_bytes
+    return col // per_panel, (col % per_panel) * elem_bytes // CHUNK_BYTES
+
+
+def fig_warpgroup_accumulator(n: int = 16):
+    """Which warp and lane of a warpgroup hold each element of a wgmma accumulator (first n columns)."""
+    import matplotlib.pyplot as plt
+    warp, lane, reg = wgmma_accumulator_owner(n)
+    fig, ax = plt.subplots(figsize=(9, 9.5), constrained_layout=True)
+    ax.imshow(warp + 0.25 * (lane % 4) / 3, cmap="Pastel2", aspect="auto", vmin=0, vmax=4.5)
+    for r in range(64):
+        for c in range(n):
+            ax.text(c, r, f"{lane[r, c]}·{reg[r, c]}", ha="center", va="center", fontsize=5.5)
+    for w in range(1, WARPGROUP_WARPS):
+        ax.axhline(16 * w - 0.5, color="k", lw=1.5)
+    ax.axvline(7.5, color="0.3", lw=1, ls="--")
+    ax.set_yticks([8 + 16 * w for w in range(4)], [f"warp {w}\nrows {16 * w}-{16 * w + 15}" for w in range(4)])
+    ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
+    ax.set(xlabel="accumulator column (key j for S, head-dim d for O)",
+           title=f"wgmma m64n{n}: lane·register of each fp32 accumulator element.\n"
+                 "Each warp owns 16 rows; inside them the m16n8 layout of mma.sync repeats every 8 columns.")
+    ax.title.set_fontsize(9)
+    plt.show()
+
+
+def fig_tma_swizzle(rows: int = 8, d: int = 128, elem_bytes: int = 2):
+    """Where TMA puts each 16-byte chunk of a [rows, d] tile with the 128-byte swizzle."""
+    import matplotlib.pyplot as plt
+    panels = d * elem_bytes // SWIZZLE_BYTES
+    chunks = SWIZZLE_BYTES // CHUNK_BYTES
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.6), constrained_layout=True, squeeze=False)
+    for p, ax in enumerate(axes[0]):
+        grid = np.zeros((rows, chunks))
+        for r in range(rows):
+            for c in range(chunks):
+                grid[r, swizzle_128b(r, c)] = c
+        ax.imshow(grid, cmap="tab10", vmin=0, vmax=9)
+        per_chunk = CHUNK_BYTES // elem_bytes
+        for r in range(rows):
+            for c in range(chunks):
+                first = p * chunks * per_chunk + c * per_chunk
+                ax.text(swizzle_128b(r, c), r, f"{first}-\n{first + per_chunk - 1}", ha="center", va="center",
+                        fontsize=6.5)
+        ax.set_xticks(range(chunks), [f"{4 * s}-{4 * s + 3}" for s in range(chunks)], fontsize=7)
+        ax.set(xlabel="16-byte slot of the 128-byte row (its 4 banks)", ylabel="tile row",
+               title=f"panel {p}: columns {p * chunks * per_chunk}-{(p + 1) * chunks * per_chunk - 1}")
+        ax.title.set_fontsize(9)
+    fig.suptitle(f"128-byte swizzle of a [{rows}, {d}] {8 * elem_bytes}-bit tile: chunk c of row r lands in "
+                 "slot c XOR (r mod 8); the numbers are the tile's columns", fontsize=9)
+    plt.show()
