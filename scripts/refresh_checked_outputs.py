@@ -2,8 +2,8 @@
 
     python scripts/refresh_checked_outputs.py book/results.ipynb [...]
 
-Cells marked `# NBVAL_CHECK_OUTPUT` only read committed files (recorded results, compiler reports) and
-print the same thing on any machine. When such a file changes after the notebooks were executed on the
+Cells tagged `nbval-check-output` (nbval's cell-metadata tag) only read committed files (recorded
+results, compiler reports) and print the same thing on any machine. When such a file changes after the notebooks were executed on the
 GPU machine (say, metadata added to a results JSON), this re-executes the notebook here, copies the new
 outputs of those cells only, and leaves every live output (timings, correctness runs) as the GPU run
 produced it.
@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-MARK = "# NBVAL_CHECK_OUTPUT"
+TAG = "nbval-check-output"   # nbval checks the outputs of cells carrying this tag, even under --nbval-lax
 
 
 def refresh(path: Path) -> int:
@@ -24,7 +24,7 @@ def refresh(path: Path) -> int:
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     changed = 0
     for old, new in zip(stored.cells, fresh.cells):
-        if not (old.cell_type == "code" and old.source.lstrip().startswith(MARK)):
+        if not (old.cell_type == "code" and TAG in old.metadata.get("tags", [])):
             continue
         unrun = old.execution_count is None      # a new cell: nbval treats a cell without a count as unrun
         if old.outputs != new.outputs or unrun:

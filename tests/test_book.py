@@ -64,6 +64,30 @@ def test_every_chapter_is_built(built):
     assert not stray and not (built / "README.html").exists()
 
 
+def test_nbval_options_are_cell_tags(built):
+    """nbval's options live in cell metadata (tags), so a reader sees only the code: no comment marker in a
+    code cell, and nothing of the tag in the text of a rendered page (myst-nb turns it into a CSS class)."""
+    nbformat = pytest.importorskip("nbformat")
+    plugin = pytest.importorskip("nbval.plugin")
+    tagged = 0
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            comments = {line.strip().lstrip("#").strip() for line in cell.source.splitlines()
+                        if line.strip().startswith("#")}
+            assert not comments & set(plugin.comment_markers), \
+                f"{path.name}: nbval comment marker in {cell.source[:60]!r}; use a cell tag"
+            tags = cell.metadata.get("tags", [])
+            unknown = [t for t in tags if t.startswith("nbval") and t not in plugin.metadata_tags]
+            assert not unknown, f"{path.name}: nbval does not know the tag(s) {unknown}"
+            tagged += "nbval-check-output" in tags
+    assert tagged, "no cell carries the nbval-check-output tag: nbval --nbval-lax would check nothing"
+    for page in built.rglob("*.html"):
+        text = re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", " ", page.read_text(), flags=re.S))
+        assert "nbval-check-output" not in text and "NBVAL_" not in text, f"{page.name} shows an nbval marker"
+
+
 def test_math_is_served_locally(built):
     """MathJax must come with the book (sphinx-mathjax-offline); a CDN would leave pages blank offline."""
     page = (built / "book" / "online_softmax.html").read_text()
