@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's test command: set up, build the book, run every test. On a machine without a GPU the
+# The README's test command: set up, build the book, lint, run every test. On a machine without a GPU the
 # GPU tests skip with a reason; on a GPU machine they run.
-#   scripts/test.sh            everything (pytest, nbval on the notebooks, book build + browser test)
+#   scripts/test.sh            everything (ruff, pytest, nbval on the notebooks, book build + browser test)
+# As root on a Debian/Ubuntu machine it first installs chromium and chromium-driver with apt-get for the
+# browser test; elsewhere that test skips and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,8 +12,9 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     || echo "warning: could not install chromium; the browser test will skip" >&2
 fi
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# No PYTHONPATH: setup.sh installed flashattn into .venv (editable), as a user's own scripts see it.
 source .venv/bin/activate
+ruff check .
 jupyter-book build . -W -q
 BOOK_BUILT=1 python -m pytest -q tests
 python -m pytest -q --nbval-lax book/
