@@ -3,10 +3,10 @@
     python scripts/refresh_checked_outputs.py book/results.ipynb [...]
 
 Cells tagged `nbval-check-output` (nbval's cell-metadata tag) only read committed files (recorded
-results, compiler reports) and print the same thing on any machine. When such a file changes after the notebooks were executed on the
-GPU machine (say, metadata added to a results JSON), this re-executes the notebook here, copies the new
-outputs of those cells only, and leaves every live output (timings, correctness runs) as the GPU run
-produced it.
+results, compiler reports) and print the same thing on any machine. When such a file changes after the
+notebooks were executed on the GPU machine (say, metadata added to a results JSON), this re-executes the
+notebook here, copies the new outputs of those cells only, and leaves every live output (timings,
+correctness runs) as the GPU run produced it.
 """
 import sys
 from pathlib import Path

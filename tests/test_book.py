@@ -162,7 +162,7 @@ class _Ids(HTMLParser):
                 self.ids.add(v)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ids_of(path: Path) -> frozenset:
     p = _Ids()
     p.feed(path.read_text(errors="replace"))
@@ -194,12 +194,12 @@ def test_page_in_browser(page, browser, server, built):
     if has_math:
         try:
             _wait(browser, "return document.querySelectorAll('mjx-container').length > 0", timeout=40)
-        except Exception:
+        except Exception as err:
             src = browser.execute_script(
                 "return Array.from(document.scripts).map(s => s.src).filter(s => /mathjax/i.test(s))")
             if any(not s.startswith(server) for s in src):
                 pytest.skip(f"{page}: MathJax comes from a CDN and there is no network")
-            raise AssertionError(f"{page}: {has_math} math elements but MathJax rendered none")
+            raise AssertionError(f"{page}: {has_math} math elements but MathJax rendered none") from err
         assert not browser.find_elements("css selector", "mjx-merror"), f"{page}: MathJax reported a TeX error"
 
     # internal links: the target file exists and so does the #anchor
