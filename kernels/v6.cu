@@ -272,10 +272,11 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
-template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY>
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-                  T* __restrict__ O, int BH, int M, int N, int m_blocks, float scale_log2) {
+                  T* __restrict__ O, float* __restrict__ LSE, int BH, int M, int N, int m_blocks,
+                  float scale_log2) {
   constexpr bool kTF32 = sizeof(T) == 4;
   constexpr int BR = 16 * WM * kWarps;
   constexpr int CPR = D * (int)sizeof(T) / 16;   // 16-byte chunks per row
@@ -582,18 +583,25 @@ __global__ void __launch_bounds__(kThreads, 2)
         T* dst = Oh + (size_t)row * D + 2 * q;
 #pragma unroll
         for (int t = 0; t < DT; ++t) store2<T>(dst + t * 8, o[s][t][2 * h] * inv_l, o[s][t][2 * h + 1] * inv_l);
+        // What the backward needs to recompute P_ij = exp(S_ij * scale - lse_i) without the running
+        // max: lse_i = ln(sum_j exp(S_ij * scale)) = (m_i * scale_log2 + log2(l_i)) * ln(2). A row
+        // with no visible key gets -inf (the backward treats it as "P = 0").
+        if constexpr (WITH_LSE)
+          if (q == 0)
+            LSE[(size_t)bh * M + row] =
+                l > 0.f ? (m_i[s][h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
       }
     }
 }
 
 // ---------------------------------------------------------------- launcher ----------------------------
 
-template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY>
-const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                   cudaStream_t stream) {
+template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
+                   int N, cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
   constexpr size_t smem = (size_t)(BR + 2 * STAGES * BC) * D * sizeof(T);   // Q_i + STAGES x (K_j, V_j)
-  auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY>;
+  auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, WITH_LSE>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -609,43 +617,50 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
   kernel<<<(unsigned)blocks, kThreads, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                                         static_cast<const T*>(v), static_cast<T*>(o),
-                                                        (int)BH, M, N, m_blocks, scale_log2);
+                                                        lse, (int)BH, M, N, m_blocks, scale_log2);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, bool CAUSAL>
-const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                       int D, cudaStream_t stream) {
+// WITH_LSE: the instance that also writes lse (training); the forward-only instance stays as it was.
+template <typename T, bool CAUSAL, bool WITH_LSE>
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
+                       int M, int N, int D, cudaStream_t stream) {
   constexpr bool kTF32 = sizeof(T) == 4;
   // TF32: one m16 slice per warp, all of Q_i in registers (16 k8 steps at D=128), two stages, lazy.
   if (D == 64) {
-    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
+                                                                                         stream);
     else
-      return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0)>(
-          q, k, v, o, B, H, M, N, stream);
+      return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0),
+                    WITH_LSE>(q, k, v, o, lse, B, H, M, N, stream);
   }
   if (D == 128) {
-    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true>(q, k, v, o, B, H, M, N, stream);
+    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
+                                                                                         stream);
     else
-      return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0)>(
-          q, k, v, o, B, H, M, N, stream);
+      return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0),
+                    WITH_LSE>(q, k, v, o, lse, B, H, M, N, stream);
   }
   return "v6 supports head_dim 64 and 128 only";
 }
 
 template <typename T>
-const char* dispatch_causal(const void* q, const void* k, const void* v, void* o, int B, int H, int M,
-                            int N, int D, bool causal, cudaStream_t stream) {
-  return causal ? dispatch_d<T, true>(q, k, v, o, B, H, M, N, D, stream)
-                : dispatch_d<T, false>(q, k, v, o, B, H, M, N, D, stream);
+const char* dispatch_causal(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
+                            int M, int N, int D, bool causal, cudaStream_t stream) {
+  if (lse == nullptr)
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, stream);
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, stream);
 }
 
 }  // namespace v6
 
-// dtype: 0 = bfloat16, 1 = float16, 2 = float32 (TF32 mode). Returns nullptr or a message.
-const char* v6_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream) {
+// dtype: 0 = bfloat16, 1 = float16, 2 = float32 (TF32 mode). lse: nullptr (forward only) or float32
+// [B, H, M]. Returns nullptr or a message.
+const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
+                       int H, int M, int N, int D, bool causal, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v6: B, H, M and N must all be >= 1";
   if (D != 64 && D != 128) return "v6 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
@@ -656,9 +671,9 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, int
   if (major < 8)
     return "v6 needs a GPU of compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async)";
   switch (dtype) {
-    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, B, H, M, N, D, causal, stream);
-    case 1: return v6::dispatch_causal<__half>(q, k, v, o, B, H, M, N, D, causal, stream);
-    case 2: return v6::dispatch_causal<float>(q, k, v, o, B, H, M, N, D, causal, stream);
+    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
+    case 1: return v6::dispatch_causal<__half>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
+    case 2: return v6::dispatch_causal<float>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
     default: return "v6: dtype must be bfloat16, float16 or float32";
   }
 }
@@ -666,25 +681,26 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, int
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
 // Only the headers the binding uses: <torch/extension.h> would double this half's build time.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
-const char* v6_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream);
+const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
+                       int H, int M, int N, int D, bool causal, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16, all float16 or all float32 (TF32
-// mode), on one CUDA device; D in {64, 128}. Returns o like q (same dtype).
+// mode), on one CUDA device; D in {64, 128}.
 // Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
 // into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
 // run first, give the details.
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+static void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
               "q must be bfloat16, float16 or float32 (TF32 mode)");
-  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
     TORCH_CHECK(t->scalar_type() == dtype, name, " must have the same dtype as q");
     TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D]");
@@ -700,13 +716,36 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
               "k must match q in batch, heads and head_dim");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
+}
+
+// Runs the kernel into o (and lse when it is defined).
+static void run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
+                        float* lse, bool causal) {
+  const auto dtype = q.scalar_type();
   const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const int code = dtype == at::kBFloat16 ? 0 : dtype == at::kHalf ? 1 : 2;
+  const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse, code, B, H, M,
+                               N, D, causal, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+}
+
+// Returns o like q (same dtype).
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  check_qkv(q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
-  const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), code, B, H, M, N, D,
-                               causal, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == nullptr, err);
+  run_forward(q, k, v, o, nullptr, causal);
   return o;
+}
+
+// The training forward: (o, lse) with lse float32 [B, H, M], lse_i = ln(sum_j exp(q_i . k_j / sqrt(D)))
+// over the keys row i sees, -inf for a row that sees none. o is bit-identical to forward()'s.
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  check_qkv(q, k, v);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = at::empty_like(q);
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  run_forward(q, k, v, o, lse.data_ptr<float>(), causal);
+  return {o, lse};
 }
 #endif

@@ -1,0 +1,787 @@
+// v6 backward: the FlashAttention-2 backward pass on tensor cores -- mma.sync m16n8k16, bf16/fp16 with
+// fp32 accumulation, causal masking, head dims 64 and 128.
+//
+// What it computes. With S = Q K^T, P = softmax(S * scale) row by row (scale = 1/sqrt(D)), O = P V and
+// the incoming gradient dO:
+//   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D_i)   with D_i = rowsum(dO_i o O_i),
+//   dQ = scale * dS K,   dK = scale * dS^T Q.
+// P is never stored by the forward: every tile recomputes it from Q, K and the forward's row-wise
+// log-sum-exp, P_ij = exp(S_ij * scale - lse_i), which is the already-normalised softmax (no running max,
+// no rescaling). D_i replaces rowsum(P_i o dP_i): both are the same number, but D_i needs only O and dO.
+//
+// Kernels (one stream, in this order):
+//   1. bwd_prep: D_i = rowsum(dO_i o O_i) in fp32; lse_i converted to base-2 units (lse_i * log2(e), a row
+//      with no visible key (-inf) becomes +inf so that its P is exp2(-inf) = 0 and its gradients 0); in
+//      atomic mode it also zeroes the fp32 dQ accumulator.
+//   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 64 keys, 16 per warp) of one (batch, head); it loops
+//      over the query tiles Q_i, dO_i (B_r rows) that see any of its keys (causal: it starts at the first
+//      such tile). Per tile and warp (its 16 keys x B_r queries), everything in the transposed form, so
+//      that the key dimension is the m dimension of the mma:
+//        S^T = K_j Q_i^T and dP^T = V_j dO_i^T      (A: K_j / V_j rows, ldmatrix; B: Q_i / dO_i, ldmatrix)
+//        P^T = exp2(S^T * scale_log2 - lse2_i), dS^T = P^T o (dP^T - D_i), both packed to 16 bits
+//        dV_j += P^T dO_i and dK_j += dS^T Q_i      (A: P^T / dS^T straight from the accumulator
+//                                                    registers; B: dO_i / Q_i through ldmatrix.trans)
+//      dK_j, dV_j stay in registers for the whole loop and are written once (dK times scale).
+//      Atomic mode (default): dS^T also goes to shared memory, and after one barrier each warp computes a
+//      16-row slice of dQ_i += dS K_j (A: dS through ldmatrix.trans of the stored dS^T; B: K_j through
+//      ldmatrix.trans) and adds it into the fp32 accumulator with red.global.add (.v2 on sm_90).
+//   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype.
+//   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
+//      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
+//      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
+//      but every dQ element is summed in one fixed order: bit-identical results from run to run.
+//
+// Contract. q, o, do [B, H, M, D], k, v [B, H, N, D], all bf16 or all fp16, contiguous, 16-byte aligned,
+//   one CUDA device; lse float32 [B, H, M] from v6's forward_lse. D in {64, 128}; any M, N >= 1 (M != N
+//   allowed). causal=True is bottom-right aligned exactly like the forward: query row i sees key j iff
+//   j <= i + (N - M); a row that sees no key (M > N) has O = 0 and gets dQ = 0 and adds nothing to dK, dV.
+//   Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer; the vector reduction
+//   red.global.add.v2.f32 is used on sm_90, two scalar atomics elsewhere.
+//
+// Tiles (bf16/fp16, 128 threads = 4 warps per block, all instances):
+//   bwd_dkdv: B_c = 64 (16 keys per warp), B_r = 64. shared memory: K_j, V_j (2 x 64 x D), Q_i and dO_i
+//             double-buffered with cp.async (4 x 64 x D), dS^T (64 x 64), lse2 and D_i (2 x 2 x 64 floats):
+//             D=64: 57 KB, D=128: 105 KB, so two blocks fit on an sm_90 SM.
+//             registers per thread: dV_j and dK_j accumulators D/2 each, S^T and dP^T B_r/2 each.
+//   bwd_dq:   B_r = 64, B_c = 64, Q_i and dO_i resident, K_j, V_j double-buffered: D=64: 48 KB, D=128: 96 KB.
+//   Every tile row is stored with v6's XOR swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so
+//   each ldmatrix and ldmatrix.trans phase reads 8 distinct bank groups; the dS^T stores are 4-byte
+//   writes that hit 32 distinct banks.
+//   ptxas (nvcc 13.0, sm_90): see the numbers below, recorded with
+//     nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu kernels/v6_backward.cu
+//   bwd_dkdv D=64: PTXAS_DKDV64; D=128: PTXAS_DKDV128. bwd_dq D=64: PTXAS_DQ64; D=128: PTXAS_DQ128.
+//
+// Measured on H200: see the "Measured" lines at the end of this header (written from GPU runs only).
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+
+namespace v6b {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBc = 16 * kWarps;   // keys per block in bwd_dkdv, 16 per warp
+constexpr int kBr = 64;            // query rows per tile (both kernels)
+
+// ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte (and 4-byte) global->shared copies; src_bytes = 0 writes zeros instead of reading, which is
+// how rows past the end of a matrix become zeros without a branch.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements; lanes 8i..8i+7 address the rows of matrix i. Lane l receives in
+// register i row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i (.trans: column l/4, rows 2(l%4), +1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A * B + D for one 16x8 tile (k = 16); fragment layouts of the PTX ISA (lane l: g = l/4, q = l%4).
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats -> one register of two 16-bit values (lower column in the low half: the mma A layout).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T> __device__ __forceinline__ void store2(T* dst, float a, float b) {
+  *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
+}
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+
+// dst[0] += a, dst[1] += b in global memory, without a return value (a reduction, not an atomic that
+// reads back). sm_90 has a vector form: one instruction, one L2 transaction for both.
+__device__ __forceinline__ void red_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// ---------------------------------------------------------------- shared-memory tiles -----------------
+//
+// Rows of D 16-bit elements, CPR = D/8 chunks of 16 bytes; chunk c of row r is stored at chunk c ^ (r % 8).
+// Thread tid copies chunk tid % CPR of rows tid / CPR, + kThreads / CPR, ...; rows >= `rows` are zeros.
+template <int ROWS, int CPR, typename T>
+__device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gmem, int row0, int rows,
+                                          int tid) {
+  constexpr int kD = CPR * 8;
+  constexpr int kRowStep = kThreads / CPR;
+  static_assert((ROWS * CPR) % kThreads == 0 && kThreads % CPR == 0, "tile must split evenly over the block");
+  const int r0 = tid / CPR, c = tid % CPR;
+  const uint32_t base = smem_addr(smem_tile);
+  const T* src = gmem + (size_t)(row0 + r0) * kD + c * 8;
+  const bool whole = row0 + ROWS <= rows;   // block-uniform
+#pragma unroll
+  for (int it = 0; it < ROWS * CPR / kThreads; ++it) {
+    const int r = r0 + it * kRowStep;
+    const bool valid = whole || row0 + r < rows;
+    // an out-of-range row still needs a legal address: row 0 of this (batch, head)
+    cp_async_16(base + (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u, valid ? src + it * kRowStep * kD : gmem,
+                valid);
+  }
+}
+
+// lse2 and D_i of query rows [row0, row0 + kBr) into shared memory: threads 0..63 copy lse2, 64..127
+// copy D_i, one float each; rows past M become 0, which with their zero Q and dO rows gives P * (dP - D)
+// = 1 * (0 - 0) = 0: padded rows add nothing.
+__device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const float* __restrict__ lse2,
+                                               const float* __restrict__ Dvec, int row0, int M, int tid) {
+  static_assert(2 * kBr == kThreads, "one float per thread");
+  const int r = tid % kBr, row = row0 + r;
+  const bool valid = row < M;
+  const float* src = tid < kBr ? lse2 : Dvec;
+  float* dst = tid < kBr ? s_lse : s_d;
+  cp_async_4(smem_addr(dst + r), valid ? src + row : src, valid);
+}
+
+// ---------------------------------------------------------------- 1. pre-pass -------------------------
+// CPR threads per row (16-byte chunks), rows = B * H * M.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    bwd_prep(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
+             float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, long long rows) {
+  constexpr int CPR = D / 8;
+  const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR;
+  const int c = threadIdx.x % CPR;
+  float sum = 0.f;
+  if (row < rows) {
+    const uint4 o4 = *reinterpret_cast<const uint4*>(O + row * D + c * 8);
+    const uint4 d4 = *reinterpret_cast<const uint4*>(dO + row * D + c * 8);
+    const T* o8 = reinterpret_cast<const T*>(&o4);
+    const T* d8 = reinterpret_cast<const T*>(&d4);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum = fmaf(to_float<T>(o8[e]), to_float<T>(d8[e]), sum);
+    if (dq_acc != nullptr) {
+      float4* acc = reinterpret_cast<float4*>(dq_acc + row * D + c * 8);
+      acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  // the CPR lanes of a row are consecutive lanes of one warp (CPR divides 32)
+#pragma unroll
+  for (int off = CPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (row < rows && c == 0) {
+    Dvec[row] = sum;
+    const float l = lse[row];
+    lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+  }
+}
+
+// ---------------------------------------------------------------- 2. dK, dV (and dQ atomics) ----------
+//
+// Warp w owns keys [16w, 16w + 16) of the block's tile. Accumulator element e of n8 tile t sits at key
+// row 16w + g + 8*(e/2) and column 8t + 2q + e%2 (a query for S^T/dP^T, a head-dim column for dK/dV).
+template <typename T, int D, bool CAUSAL, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(kThreads, 2)
+    bwd_dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+             const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
+             T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
+             int n_blocks, float scale_log2, float scale) {
+  constexpr int BC = kBc, BR = kBr;
+  constexpr int CPR = D / 8;            // 16-byte chunks per row of Q, K, V, dO
+  constexpr int ROWB = CPR * 16;        // bytes per row
+  constexpr int KSTEPS = D / 16;        // k16 steps over the head dim
+  constexpr int NTQ = BR / 8;           // n8 tiles over the queries of a tile
+  constexpr int DT = D / 8;             // n8 tiles over the head dim
+  constexpr int SROWB = BR * 2;         // bytes per row of dS^T
+  static_assert(SROWB == 128, "the dS^T swizzle assumes 8 chunks per row");
+  // dQ phase: BR/16 query slices; the warps left over split the head dim
+  constexpr int QS = BR / 16, WN = kWarps / QS, DQT = DT / WN;
+  static_assert(QS * WN == kWarps && DQT % 2 == 0, "dQ work must split evenly over the warps");
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);   // [B_c][D]
+  T* sV = sK + BC * D;                      // [B_c][D]
+  T* sQ = sV + BC * D;                      // 2 buffers of [B_r][D]
+  T* sdO = sQ + 2 * BR * D;                 // 2 buffers of [B_r][D]
+  T* sdS = sdO + 2 * BR * D;                // [B_c][B_r] (dS^T), atomic mode only
+  float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
+  float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
+
+  // Causal: the first key tiles see the most query tiles; they start first, all heads at once.
+  int n_block, bh;
+  if (CAUSAL) {
+    bh = blockIdx.x % BH;
+    n_block = (int)(blockIdx.x / BH);
+  } else {
+    n_block = blockIdx.x % n_blocks;
+    bh = blockIdx.x / n_blocks;
+  }
+  const int n0 = n_block * BC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+
+  const T* Qh = Q + (size_t)bh * M * D;
+  const T* Kh = K + (size_t)bh * N * D;
+  const T* Vh = V + (size_t)bh * N * D;
+  const T* dOh = dO + (size_t)bh * M * D;
+  const float* lse2h = lse2 + (size_t)bh * M;
+  const float* Dh = Dvec + (size_t)bh * M;
+
+  // Query tiles to visit. Causal: key j is seen by rows i >= j - (N - M), so the tile's first key bounds
+  // them from below.
+  const int m_tiles = (M + BR - 1) / BR;
+  int it_begin = 0;
+  if (CAUSAL) {
+    const long long first = (long long)n0 - N + M;
+    it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
+  }
+
+  float dv[DT][4], dk[DT][4];
+#pragma unroll
+  for (int t = 0; t < DT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[t][e] = dk[t][e] = 0.f;
+
+  if (it_begin < m_tiles) {   // block-uniform
+    const int x = lane & 7;
+    const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;   // A operands, and .trans B operands
+    const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;   // B operands, and .trans A (dS)
+    // this warp's 16 rows of K_j / V_j as A operands
+    const uint32_t sK_a = smem_addr(sK) + (uint32_t)((warp * 16 + a_row) * ROWB);
+    const uint32_t sV_a = smem_addr(sV) + (uint32_t)((warp * 16 + a_row) * ROWB);
+
+    load_tile<BC, CPR>(sK, Kh, n0, N, tid);
+    load_tile<BC, CPR>(sV, Vh, n0, N, tid);
+    load_tile<BR, CPR>(sQ, Qh, it_begin * BR, M, tid);
+    load_tile<BR, CPR>(sdO, dOh, it_begin * BR, M, tid);
+    load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
+    cp_async_commit();
+
+    // 16 x B_r product acc = A B^T, A = this warp's 16 rows of sA (K_j or V_j), B = the B_r rows at sB.
+    auto rows_times_tile = [&](float (&acc)[NTQ][4], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+      for (int t = 0; t < NTQ; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, a_base + (((2 * ks + a_chunk) ^ x) << 4));
+#pragma unroll
+        for (int np = 0; np < NTQ / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+          mma<T>(acc[2 * np], a, b[0], b[1]);
+          mma<T>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    };
+    // acc[16 x D] += A [16 x B_r] (packed accumulator pairs) * tile [B_r x D] (row-major at base, .trans)
+    auto packed_times_tile = [&](float (&acc)[DT][4], const uint32_t (&pk)[NTQ][2], uint32_t base) {
+#pragma unroll
+      for (int kk = 0; kk < BR / 16; ++kk) {
+        const uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, base + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
+          mma<T>(acc[2 * dp], a, b[0], b[1]);
+          mma<T>(acc[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    };
+
+    int buf = 0;
+    for (int it = it_begin; it < m_tiles; ++it) {
+      // Tile it has landed for every thread, and every warp is done with tile it - 1 (its Q/dO buffer,
+      // and the dS^T tile its dQ step read): the prefetch and this tile's dS^T stores may go ahead.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < m_tiles) {
+        const int nb = buf ^ 1;
+        load_tile<BR, CPR>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
+        load_tile<BR, CPR>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
+        load_row_terms(sL + nb * BR, sDv + nb * BR, lse2h, Dh, (it + 1) * BR, M, tid);
+      }
+      cp_async_commit();
+
+      const int i0 = it * BR;
+      const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)(b_row * ROWB);
+      const uint32_t sdO_b = smem_addr(sdO + buf * BR * D) + (uint32_t)(b_row * ROWB);
+      const float* L = sL + buf * BR;
+      const float* Dv = sDv + buf * BR;
+
+      float s[NTQ][4], dp[NTQ][4];
+      rows_times_tile(s, sK_a, sQ_b);    // S^T = K_j Q_i^T
+      rows_times_tile(dp, sV_a, sdO_b);  // dP^T = V_j dO_i^T
+
+      // ---- P^T and dS^T, masked where needed, packed to 16 bits ----
+      const bool tail = n0 + BC > N;
+      const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;   // last key vs first query of the tile
+      uint32_t p_pk[NTQ][2], ds_pk[NTQ][2];
+#pragma unroll
+      for (int t = 0; t < NTQ; ++t) {
+        const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * t + 2 * q);
+        const float2 d2 = *reinterpret_cast<const float2*>(Dv + 8 * t + 2 * q);
+        float p[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lse_e = (e & 1) ? l2.y : l2.x, d_e = (e & 1) ? d2.y : d2.x;
+          p[e] = ex2(fmaf(s[t][e], scale_log2, -lse_e));
+          if (tail || diag) {
+            const int key = n0 + warp * 16 + g + 8 * (e >> 1);
+            const int row = i0 + 8 * t + 2 * q + (e & 1);
+            // j <= i + N - M written as j - N <= i - M so that nothing can overflow
+            if (key >= N || (CAUSAL && key - N > row - M)) p[e] = 0.f;
+          }
+          ds[e] = p[e] * (dp[t][e] - d_e);
+        }
+        p_pk[t][0] = pack2<T>(p[0], p[1]);
+        p_pk[t][1] = pack2<T>(p[2], p[3]);
+        ds_pk[t][0] = pack2<T>(ds[0], ds[1]);
+        ds_pk[t][1] = pack2<T>(ds[2], ds[3]);
+      }
+
+      const uint32_t sdO_t = smem_addr(sdO + buf * BR * D) + (uint32_t)(a_row * ROWB);
+      const uint32_t sQ_t = smem_addr(sQ + buf * BR * D) + (uint32_t)(a_row * ROWB);
+      packed_times_tile(dv, p_pk, sdO_t);   // dV_j += P^T dO_i
+      packed_times_tile(dk, ds_pk, sQ_t);   // dK_j += dS^T Q_i
+
+      if constexpr (ATOMIC_DQ) {
+        // dS^T rows of this warp into shared memory: key row r, queries 8t + 2q, +1 -> chunk t, byte 4q.
+        unsigned char* sdSb = reinterpret_cast<unsigned char*>(sdS);
+#pragma unroll
+        for (int t = 0; t < NTQ; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + g + 8 * h;
+            *reinterpret_cast<uint32_t*>(sdSb + r * SROWB + ((t ^ (r & 7)) << 4) + 4 * q) = ds_pk[t][h];
+          }
+        __syncthreads();
+        // dQ_i[slice rows, head-dim part] += dS K_j over the block's 64 keys.
+        const int slice = warp % QS, part = warp / QS;
+        float dq[DQT][4];
+#pragma unroll
+        for (int t = 0; t < DQT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
+        const uint32_t sdS_a = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
+        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          // A = dS [16 queries x 16 keys] from dS^T [keys][queries]: matrices (keys 0-7, queries 0-7),
+          // (keys 0-7, queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15), transposed.
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, sdS_a + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
+#pragma unroll
+          for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
+            const int chunk = part * DQT + 2 * dp2 + a_chunk;
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
+            mma<T>(dq[2 * dp2], a, b[0], b[1]);
+            mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i0 + slice * 16 + g + 8 * h;
+          if (row < M) {
+            float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
+#pragma unroll
+            for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
+          }
+        }
+      }
+      buf ^= 1;
+    }
+  }
+
+  // ---- dK_j (times scale) and dV_j straight from registers; also zeros for keys no query sees ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + warp * 16 + g + 8 * h;
+    if (key < N) {
+      const size_t off = ((size_t)bh * N + key) * D + 2 * q;
+#pragma unroll
+      for (int t = 0; t < DT; ++t) {
+        store2<T>(dK + off + 8 * t, dk[t][2 * h] * scale, dk[t][2 * h + 1] * scale);
+        store2<T>(dV + off + 8 * t, dv[t][2 * h], dv[t][2 * h + 1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 3a. dQ = scale * accumulator --------
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, float scale) {
+  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 each
+  if (i >= n4) return;
+  const float4 a = reinterpret_cast<const float4*>(acc)[i];
+  uint2 out;
+  out.x = pack2<T>(a.x * scale, a.y * scale);
+  out.y = pack2<T>(a.z * scale, a.w * scale);
+  reinterpret_cast<uint2*>(dQ)[i] = out;
+}
+
+// ---------------------------------------------------------------- 3b. deterministic dQ ----------------
+//
+// One block per query tile of one (batch, head); warp w owns query rows [16w, 16w + 16) of the tile.
+// Accumulator element e of n8 tile t: row 16w + g + 8*(e/2), column 8t + 2q + e%2 (a key for S and dP, a
+// head-dim column for dQ).
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 2)
+    bwd_dq(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+           const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
+           T* __restrict__ dQ, int BH, int M, int N, int m_blocks, float scale_log2, float scale) {
+  constexpr int BR = kBr, BC = 64;
+  constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, NT = BC / 8, DT = D / 8;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
+  T* sdO = sQ + BR * D;                     // [B_r][D]
+  T* sK = sdO + BR * D;                     // 2 buffers of [B_c][D]
+  T* sV = sK + 2 * BC * D;                  // 2 buffers of [B_c][D]
+
+  int m_block, bh;
+  if (CAUSAL) {   // longest query tiles first
+    bh = blockIdx.x % BH;
+    m_block = m_blocks - 1 - (int)(blockIdx.x / BH);
+  } else {
+    m_block = blockIdx.x % m_blocks;
+    bh = blockIdx.x / m_blocks;
+  }
+  const int m0 = m_block * BR;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+
+  const T* Qh = Q + (size_t)bh * M * D;
+  const T* Kh = K + (size_t)bh * N * D;
+  const T* Vh = V + (size_t)bh * N * D;
+  const T* dOh = dO + (size_t)bh * M * D;
+
+  int n_tiles = (N + BC - 1) / BC;
+  if (CAUSAL) {
+    const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
+    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+  }
+
+  // this lane's two rows: lse2 and D_i (rows past M: 0, harmless, never written)
+  float L[2], Dr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + warp * 16 + g + 8 * h;
+    L[h] = row < M ? lse2[(size_t)bh * M + row] : 0.f;
+    Dr[h] = row < M ? Dvec[(size_t)bh * M + row] : 0.f;
+  }
+
+  float dq[DT][4];
+#pragma unroll
+  for (int t = 0; t < DT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
+
+  if (n_tiles > 0) {
+    const int x = lane & 7;
+    const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
+    const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
+    const uint32_t sQ_a = smem_addr(sQ) + (uint32_t)((warp * 16 + a_row) * ROWB);
+    const uint32_t sdO_a = smem_addr(sdO) + (uint32_t)((warp * 16 + a_row) * ROWB);
+
+    load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
+    load_tile<BR, CPR>(sdO, dOh, m0, M, tid);
+    load_tile<BC, CPR>(sK, Kh, 0, N, tid);
+    load_tile<BC, CPR>(sV, Vh, 0, N, tid);
+    cp_async_commit();
+
+    auto rows_times_tile = [&](float (&acc)[NT][4], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a[4];
+        ldmatrix_x4(a, a_base + (((2 * ks + a_chunk) ^ x) << 4));
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+          mma<T>(acc[2 * np], a, b[0], b[1]);
+          mma<T>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    };
+
+    int buf = 0;
+    for (int jt = 0; jt < n_tiles; ++jt) {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (jt + 1 < n_tiles) {
+        load_tile<BC, CPR>(sK + (buf ^ 1) * BC * D, Kh, (jt + 1) * BC, N, tid);
+        load_tile<BC, CPR>(sV + (buf ^ 1) * BC * D, Vh, (jt + 1) * BC, N, tid);
+      }
+      cp_async_commit();
+
+      const int j0 = jt * BC;
+      const uint32_t sK_b = smem_addr(sK + buf * BC * D) + (uint32_t)(b_row * ROWB);
+      const uint32_t sV_b = smem_addr(sV + buf * BC * D) + (uint32_t)(b_row * ROWB);
+      float s[NT][4], dp[NT][4];
+      rows_times_tile(s, sQ_a, sK_b);     // S = Q_i K_j^T
+      rows_times_tile(dp, sdO_a, sV_b);   // dP = dO_i V_j^T
+
+      const bool tail = j0 + BC > N;
+      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+      uint32_t ds_pk[NT][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          float p = ex2(fmaf(s[t][e], scale_log2, -L[h]));
+          if (tail || diag) {
+            const int row = m0 + warp * 16 + g + 8 * h;
+            const int col = j0 + 8 * t + 2 * q + (e & 1);
+            if (col >= N || (CAUSAL && col - N > row - M)) p = 0.f;
+          }
+          ds[e] = p * (dp[t][e] - Dr[h]);
+        }
+        ds_pk[t][0] = pack2<T>(ds[0], ds[1]);
+        ds_pk[t][1] = pack2<T>(ds[2], ds[3]);
+      }
+
+      // dQ_i += dS K_j: A = dS from the accumulator registers, B = K_j [keys][D] through ldmatrix.trans
+      const uint32_t sK_t = smem_addr(sK + buf * BC * D) + (uint32_t)(a_row * ROWB);
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        const uint32_t a[4] = {ds_pk[2 * kk][0], ds_pk[2 * kk][1], ds_pk[2 * kk + 1][0], ds_pk[2 * kk + 1][1]};
+#pragma unroll
+        for (int dp2 = 0; dp2 < D / 16; ++dp2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + (((2 * dp2 + a_chunk) ^ x) << 4));
+          mma<T>(dq[2 * dp2], a, b[0], b[1]);
+          mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
+        }
+      }
+      buf ^= 1;
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + warp * 16 + g + 8 * h;
+    if (row < M) {
+      T* dst = dQ + ((size_t)bh * M + row) * D + 2 * q;
+#pragma unroll
+      for (int t = 0; t < DT; ++t) store2<T>(dst + 8 * t, dq[t][2 * h] * scale, dq[t][2 * h + 1] * scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- launcher ----------------------------
+
+template <typename K>
+const char* set_smem(K kernel, size_t smem) {
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if ((size_t)optin < smem) return "v6 backward: this GPU has too little shared memory per block for this tile";
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+struct Args {
+  const void *q, *k, *v, *o, *lse, *dout;
+  void *dq, *dk, *dv;
+  float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
+  int B, H, M, N;
+  cudaStream_t stream;
+};
+
+template <typename T, int D, bool CAUSAL>
+const char* run(const Args& a) {
+  const long long BH = (long long)a.B * a.H, rows = BH * a.M;
+  const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
+  const bool atomic = a.dq_acc != nullptr;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const T* dout = static_cast<const T*>(a.dout);
+
+  constexpr int rows_per_block = kThreads / (D / 8);
+  const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
+  if (prep_blocks > 0x7fffffffLL) return "v6 backward: B * H * M is too large";
+  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
+
+  const int n_blocks = (a.N + kBc - 1) / kBc;
+  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / 64) must be below 2^31";
+  constexpr size_t smem_dkdv = (size_t)(2 * kBc + 4 * kBr) * D * sizeof(T) + kBc * kBr * sizeof(T) +
+                               4 * kBr * sizeof(float);
+  auto dkdv = atomic ? bwd_dkdv<T, D, CAUSAL, true> : bwd_dkdv<T, D, CAUSAL, false>;
+  if (const char* err = set_smem(dkdv, smem_dkdv)) return err;
+  dkdv<<<(unsigned)(n_blocks * BH), kThreads, smem_dkdv, a.stream>>>(
+      q, k, v, dout, a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, (int)BH, a.M,
+      a.N, n_blocks, scale_log2, scale);
+
+  if (atomic) {
+    const long long n4 = rows * D / 4;
+    bwd_convert<T><<<(unsigned)((n4 + kThreads - 1) / kThreads), kThreads, 0, a.stream>>>(
+        a.dq_acc, static_cast<T*>(a.dq), n4, scale);
+  } else {
+    const int m_blocks = (a.M + kBr - 1) / kBr;
+    if ((long long)m_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(M / 64) must be below 2^31";
+    constexpr size_t smem_dq = (size_t)(2 * kBr + 4 * 64) * D * sizeof(T);
+    auto dq = bwd_dq<T, D, CAUSAL>;
+    if (const char* err = set_smem(dq, smem_dq)) return err;
+    dq<<<(unsigned)(m_blocks * BH), kThreads, smem_dq, a.stream>>>(q, k, v, dout, a.lse2, a.dvec,
+                                                                     static_cast<T*>(a.dq), (int)BH, a.M,
+                                                                     a.N, m_blocks, scale_log2, scale);
+  }
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T>
+const char* dispatch(const Args& a, int D, bool causal) {
+  if (D == 64) return causal ? run<T, 64, true>(a) : run<T, 64, false>(a);
+  if (D == 128) return causal ? run<T, 128, true>(a) : run<T, 128, false>(a);
+  return "v6 backward supports head_dim 64 and 128 only";
+}
+
+}  // namespace v6b
+
+// dtype: 0 = bfloat16, 1 = float16. dvec, lse2: float [B*H*M] scratch; dq_acc: float [B*H*M*D] scratch
+// (atomic mode) or nullptr (deterministic mode). Returns nullptr or a message.
+const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                        const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
+                        int dtype, int B, int H, int M, int N, int D, bool causal, cudaStream_t stream) {
+  if (B < 1 || H < 1 || M < 1 || N < 1) return "v6 backward: B, H, M and N must all be >= 1";
+  int dev = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major < 8) return "v6 backward needs a GPU of compute capability 8.0 or newer (mma.sync, ldmatrix, cp.async)";
+  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, M, N, stream};
+  switch (dtype) {
+    case 0: return v6b::dispatch<__nv_bfloat16>(a, D, causal);
+    case 1: return v6b::dispatch<__half>(a, D, causal);
+    default: return "v6 backward: dtype must be bfloat16 or float16";
+  }
+}
+
+#else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+
+const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                        const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
+                        int dtype, int B, int H, int M, int N, int D, bool causal, cudaStream_t stream);
+
+// q, o, dout: [B, H, M, D]; k, v: [B, H, N, D]; all bfloat16 or all float16, contiguous, one CUDA device;
+// lse: float32 [B, H, M] from v6's forward_lse with the same q, k, v and causal. Returns (dq, dk, dv).
+// deterministic=false: dQ summed with fp32 atomics (fastest); true: a separate dQ kernel, bit-identical
+// from run to run. Messages carry no numbers (see v6.cu).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                                                        at::Tensor lse, at::Tensor dout, bool causal,
+                                                        bool deterministic) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
+                         {"dout", &dout}, {"lse", &lse}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == (t == &lse ? at::kFloat : dtype), name,
+                t == &lse ? " must be float32" : " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == (t == &lse ? 3 : 4), name, t == &lse ? " must have rank 3 [B, H, M]"
+                                                                 : " must have rank 4 [B, H, L, D]");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name, " must be 16-byte aligned");
+    for (int d = 0; d < t->dim(); ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 backward supports head_dim 64 and 128 only");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k must match q in batch, heads and head_dim");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
+  TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes(), "o and dout must have the shape of q");
+  TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              "lse must have shape [B, H, M]");
+  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto dvec = at::empty({B, H, M}, f32), lse2 = at::empty({B, H, M}, f32);
+  at::Tensor dq_acc;
+  if (!deterministic) dq_acc = at::empty({B, H, M, D}, f32);
+  const char* err = v6_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                dvec.data_ptr<float>(), lse2.data_ptr<float>(),
+                                deterministic ? nullptr : dq_acc.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1,
+                                B, H, M, N, D, causal, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return {dq, dk, dv};
+}
+#endif
