@@ -1,0 +1,258 @@
+"""v7 (wgmma + TMA, sm_90a): what the compiler made of it, and what it computes on a Hopper GPU.
+
+CPU tests (nvcc, no GPU): the file compiles for sm_90a in every tile variant the chapter times; ptxas
+reports no spills and no stack frame; the SASS of every kernel has HGMMA (both products on wgmma),
+UTMALDG (TMA loads) and no local memory (LDL/STL); no warning such as C7508 (ignored setmaxnreg) or a
+serialised wgmma.
+
+GPU tests (a GPU of compute capability 9.0 only): the kernel against a float64 reference, error at most
+twice what PyTorch's SDPA makes in the same dtype; odd shapes, M != N both ways, causal rows with no key
+equal to 0; poisoned outputs; refusals; and a compute-sanitizer run (memcheck, racecheck, synccheck) of
+this same file as its own small driver (`python tests/test_v7.py --sanitize`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL = ROOT / "kernels" / "v7.cu"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import needs_gpu, poison_allocator  # noqa: E402
+from flashattn.reference import attention_reference  # noqa: E402
+
+GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
+# Tile variants: the default build and the steps the chapter times (macros of kernels/v7.cu).
+VARIANTS = {
+    "default": [],
+    "stages1": ["-DV7_STAGES=1"],
+    "stages3": ["-DV7_STAGES=3"],
+    "bc64": ["-DV7_D64_BC=64", "-DV7_D128_BC=64", "-DV7_D64_MINB=2", "-DV7_D128_MINB=2"],
+    "wg3": ["-DV7_D64_WG=3", "-DV7_D128_WG=3"],
+}
+
+
+def cuda_tool(name: str) -> str:
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    candidates = [Path(home) / "bin" / name, shutil.which(name)]
+    if name == "cuobjdump":   # the GPU-less machines carry the one in Triton's wheel
+        try:
+            import triton
+            candidates.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+        except ImportError:
+            pass
+    for c in candidates:
+        if c and Path(c).exists():
+            return str(c)
+    pytest.fail(f"{name} not found (CUDA toolkit at CUDA_HOME or on PATH)")
+
+
+def compile_v7(tmp_path: Path, flags: list[str]) -> tuple[str, str]:
+    """nvcc on the kernel half alone; returns (ptxas report with warnings, SASS)."""
+    obj = tmp_path / "v7.o"
+    res = subprocess.run([cuda_tool("nvcc"), GENCODE, "-O3", "-std=c++17", "-Xptxas", "-v", "-c", "-x", "cu",
+                          str(KERNEL), "-o", str(obj), *flags], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    sass = subprocess.run([cuda_tool("cuobjdump"), "--dump-sass", str(obj)], capture_output=True, text=True,
+                          timeout=300)
+    assert sass.returncode == 0, sass.stderr[-2000:]
+    return res.stderr + res.stdout, sass.stdout
+
+
+def sass_functions(sass: str) -> dict[str, str]:
+    """SASS text per kernel (cuobjdump prints 'Function : <mangled name>' before each)."""
+    parts = re.split(r"\n\s*Function : (\S+)\n", sass)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_compiles_for_sm90a_without_spills(variant, tmp_path):
+    report, sass = compile_v7(tmp_path, VARIANTS[variant])
+    entries = re.findall(r"Compiling entry function '(\S+)'", report)
+    assert len(entries) == 8, f"expected 2 dtypes x 2 head dims x causal/not kernels, got {entries}"
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert len(frames) == len(entries)
+    assert all(f == ("0", "0", "0") for f in frames), f"stack frame or spills: {frames}"
+    for line in report.splitlines():   # C7508 (setmaxnreg ignored), C7510 (wgmma serialised), ...
+        assert "warning" not in line.lower(), line
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
+    assert len(regs) == len(entries) and max(regs) <= 255
+
+    funcs = {name: text for name, text in sass_functions(sass).items() if "flash_fwd_wgmma" in name}
+    assert len(funcs) == len(entries)
+    for name, text in funcs.items():
+        assert "HGMMA" in text, f"{name}: no wgmma in the SASS"
+        # the P V product takes P from registers: an HGMMA whose A operand is a register, not gdesc
+        assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA"
+        assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA"
+        assert "UTMALDG" in text, f"{name}: no TMA load"
+        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        assert "HMMA" not in text.replace("HGMMA", ""), f"{name} still has mma.sync"
+
+
+# ================================================================ GPU tests
+def is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v7 needs a GPU of compute capability 9.0")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_v7():
+    from flashattn.loader import build
+    return build("v7", archs=["9.0a"], module_name="flashattn_v7_test")
+
+
+@pytest.fixture(scope="module")
+def v7():
+    return build_v7()
+
+
+def causal_mask(M, N, device):
+    """Bottom-right aligned: query i sees key j iff j <= i + N - M."""
+    i = torch.arange(M, device=device)[:, None]
+    j = torch.arange(N, device=device)[None, :]
+    return j <= i + (N - M)
+
+
+def sdpa(q, k, v, causal):
+    """PyTorch's own result in the input dtype (its default backend choice); rows with no key -> 0."""
+    mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.nan_to_num(out, nan=0.0)
+
+
+def check(v7, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(B, H, M, D, device="cuda", generator=g) * q_scale).to(dtype)
+    k = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
+    poison_allocator(q)   # the output's future memory holds NaN: a forgotten element stays NaN
+    out = v7.forward(q, k, v, causal)
+    torch.cuda.synchronize()
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN element)"
+    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    ours = (out.double() - ref).abs().max().item()
+    theirs = (sdpa(q, k, v, causal).double() - ref).abs().max().item()
+    assert ours <= 2 * theirs + 1e-5, f"max abs error {ours:.3e} > 2 x SDPA's {theirs:.3e} + 1e-5"
+    if causal and M > N:   # the first M - N rows see no key: defined as 0
+        assert (out[:, :, :M - N] == 0).all()
+    return ours, theirs
+
+
+SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1023, 1025), (1025, 1023), (1, 1025), (1024, 1),
+          (2048, 2048)]
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
+@pytest.mark.parametrize("M,N", SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_matches_float64(v7, dtype, causal, D, M, N, B, H):
+    seed = zlib.crc32(repr((dtype, causal, D, M, N, B, H)).encode())
+    check(v7, B, H, M, N, D, DTYPES[dtype], causal, seed)
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_large_logits(v7, dtype, D, causal):
+    # q x 20: scores far beyond exp's range without the running max
+    check(v7, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=11 + D, q_scale=20.0)
+
+
+@needs_gpu
+@needs_hopper
+def test_many_heads_tail_tiles_stay_in_their_head(v7):
+    """N = 129 leaves a one-key tail tile in every head; the 3-D tensor map must zero-fill it rather than
+    read the next head's first keys (which here are huge, so a leak would show)."""
+    B, H, M, N, D = 2, 5, 70, 129, 128
+    q = torch.randn(B, H, M, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) * 100
+    out = v7.forward(q, k, v, False)
+    ref = attention_reference(q, k, v, dtype=torch.float64)
+    theirs = (sdpa(q, k, v, False).double() - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * theirs + 1e-5
+
+
+@needs_gpu
+@needs_hopper
+def test_bad_inputs_refused_then_good_call_works(v7):
+    good = [torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = good
+    cases = {
+        "cpu": (q.cpu(), k.cpu(), v.cpu()),
+        "float32": tuple(t.float() for t in good),
+        "int32": tuple(t.to(torch.int32) for t in good),
+        "rank3": (q[0], k[0], v[0]),
+        "mixed dtype": (q, k.half(), v),
+        "k head_dim": (q, torch.randn(1, 2, 33, 128, device="cuda", dtype=torch.bfloat16), v),
+        "v length": (q, k, torch.randn(1, 2, 34, 64, device="cuda", dtype=torch.bfloat16)),
+        "D=80": tuple(torch.randn(1, 2, 33, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+        "D=256": tuple(torch.randn(1, 2, 33, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+        "non-contiguous": (q.transpose(2, 3).contiguous().transpose(2, 3), k, v),
+        "empty": tuple(torch.empty(1, 2, 0, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+    }
+    for name, (a, b, c) in cases.items():
+        with pytest.raises(RuntimeError):
+            v7.forward(a, b, c, False)
+    out = v7.forward(q, k, v, False)
+    ref = attention_reference(q, k, v, dtype=torch.float64)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+
+
+# ---------------------------------------------------------------- compute-sanitizer
+SANITIZE_SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67), (1, 1, 200, 333)]   # B, H, M, N
+
+
+def sanitize_target() -> None:
+    """What the sanitizer runs: every dtype, head dim and mask on small and odd shapes (tail tiles, M > N,
+    fully masked rows); one line per call so a report names the call before it."""
+    v7 = build_v7()
+    for B, H, M, N in SANITIZE_SHAPES:
+        for D in (64, 128):
+            for dtype in DTYPES.values():
+                for causal in (False, True):
+                    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for L in (M, N, N))
+                    out = v7.forward(q, k, v, causal)
+                    torch.cuda.synchronize()
+                    assert torch.isfinite(out).all()
+                    print(f"ran v7 {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_clean(v7, tool):
+    cmd = [cuda_tool("compute-sanitizer"), f"--tool={tool}", "--error-exitcode=99", sys.executable,
+           str(Path(__file__).resolve()), "--sanitize"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
+    ran = [line for line in out.splitlines() if line.startswith("ran v7 ")]
+    assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * 2, out[-4000:]
+
+
+if __name__ == "__main__" and "--sanitize" in sys.argv:
+    sanitize_target()
