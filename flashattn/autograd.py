@@ -1,0 +1,201 @@
+"""`flashattn.autograd.attention`: the kernels as a differentiable PyTorch operator.
+
+    from flashattn.autograd import attention
+    o = attention(q, k, v, causal=True)      # version="v6"; q [B, H, M, D], k and v [B, H, N, D]
+    o.sum().backward()                       # dq, dk, dv from kernels/v6_backward.cu
+
+Two `torch.library.custom_op`s in the "flashattn" namespace carry the calls:
+
+* ``flashattn::attention_forward(q, k, v, causal, version, deterministic) -> (o, lse)``: the forward that
+  also returns the row-wise log-sum-exp (float32 [B, H, M]), the one number per row the backward needs to
+  recompute P without storing it;
+* ``flashattn::attention_backward(q, k, v, o, lse, do, causal, version, deterministic) -> (dq, dk, dv)``.
+
+Both have a fake (meta) implementation, so `torch.compile(fullgraph=True)` traces them without running
+anything and without a graph break; `register_autograd` connects them (the forward saves q, k, v, o, lse).
+The ops allocate through PyTorch's caching allocator and never synchronise, so they can be captured in a
+CUDA graph (build the kernels before capturing: call the function once).
+
+The input checks (`flashattn.check_inputs`: types, ranks, dtypes, shapes, head dim, device) run in Python
+before the op, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. Pointer
+alignment and contiguity are handled inside the ops, which Dynamo does not look into.
+
+`backward_call` and `backward_flops` serve the benchmark's backward mode: the time of the gradient
+computation alone, given dO, for v6 and SDPA's backends.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .validate import check_inputs
+from .versions import INFO
+
+TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
+BACKWARD_DTYPES = (torch.bfloat16, torch.float16)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+@functools.lru_cache(maxsize=None)
+def forward_module(version: str):
+    """The version's kernel file built with its training binding `forward_lse` next to `forward`."""
+    from .loader import build, check_device
+    check_device(version)
+    return build(version, functions=("forward", "forward_lse"), module_name=f"flashattn_{version}_train")
+
+
+@functools.lru_cache(maxsize=None)
+def backward_module(version: str):
+    """The extension built from the version's backward kernel file (`backward(...)` binding)."""
+    from .loader import build, check_device
+    check_device(version)
+    return build(INFO[version].backward, functions=("backward",))
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned base, as the kernels' 16-byte copies need (a view that starts
+    mid-row, like x[..., 1:, :], is copied)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+# ------------------------------------------------------------------------------------------ the ops
+@torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, version: str,
+                      deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): o = softmax(q k^T / sqrt(D)) v, lse float32 [B, H, M] (-inf for rows that see no key).
+    `deterministic` is not used by the forward; it travels here so that the backward can read it."""
+    return forward_module(version).forward_lse(_dense(q), _dense(k), _dense(v), causal)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, causal, version, deterministic):
+    B, H, M, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, M), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, causal: bool, version: str,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the attention output o given its gradient do; deterministic=True sums dQ without
+    atomics (bit-identical from run to run, slower)."""
+    return backward_module(version).backward(_dense(q), _dense(k), _dense(v), _dense(o), _dense(lse),
+                                             _dense(do), causal, deterministic)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(q, k, v, o, lse, do, causal, version, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, version, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.version, ctx.deterministic = causal, version, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.version,
+                                    ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------ user API
+def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic: bool = False):
+    """softmax(q k^T / sqrt(D)) v by `version`, differentiable when the version has a backward kernel.
+
+    q [B, H, M, D], k and v [B, H, N, D] on one CUDA device. Bad input raises ValueError or TypeError
+    naming the argument before any launch. A version without a backward (everything but v6 today)
+    raises when an input requires grad (instead of returning a tensor detached from the graph); with no
+    gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
+    run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
+    """
+    check_inputs(q, k, v, version, causal)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if version not in TRAINING_VERSIONS:
+        if needs_grad:
+            raise ValueError(f"version {version!r} has no backward pass, but an input requires grad; "
+                             f"versions that train: {', '.join(TRAINING_VERSIONS)} "
+                             f"(or run {version!r} under torch.no_grad())")
+        from . import forward
+        return forward(q, k, v, version=version, causal=causal)
+    if needs_grad and q.dtype not in BACKWARD_DTYPES:
+        raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
+                        f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
+    o, _ = attention_forward(q, k, v, causal, version, deterministic)
+    return o
+
+
+# ------------------------------------------------------------------------------------------ benchmark
+BACKWARD_NAMES = ("v6", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+
+
+def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
+    """2.5 x the forward's 4*B*H*M*N*D: five matrix products of 2*M*N*D each (S and dP recomputed, dV,
+    dK, dQ) against the forward's two; causal masking skips about half."""
+    flops = 2.5 * 4.0 * B * H * M * N * D
+    return flops / 2 if causal else flops
+
+
+def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: bool = False):
+    """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
+    once, here. name: "v6" (its backward kernels; `deterministic` picks the dQ path) or "sdpa",
+    "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward of that SDPA backend, through
+    torch.autograd.grad with retain_graph=True, so only the backward kernels run per call)."""
+    if name not in BACKWARD_NAMES:
+        raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES)}; got {name!r}")
+    if do.shape != q.shape:
+        raise ValueError(f"do must have the shape of q {tuple(q.shape)}; got {tuple(do.shape)}")
+    if name in TRAINING_VERSIONS:
+        check_inputs(q, k, v, name, causal)
+        q, k, v, do = (_dense(t.detach()) for t in (q, k, v, do))
+        o, lse = forward_module(name).forward_lse(q, k, v, causal)
+        bwd = backward_module(name).backward
+        return lambda: bwd(q, k, v, o, lse, do, causal, deterministic)
+    import contextlib
+
+    from .bench import SDPA_BACKENDS, _sdpa_backend_context
+    from .reference import sdpa
+    context = _sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with context():   # the backend is chosen in the forward; autograd then runs that backend's backward
+        o = sdpa(q, k, v, causal=causal)
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+
+def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
+                  "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
+                  max_seconds: float = 1.5) -> list[dict]:
+    """Backward times of `names` at one shape, interleaved (flashattn.timing.time_interleaved, L2 flushed):
+    one row per name with the median in microseconds and TFLOP/s by `backward_flops`. "v6_deterministic"
+    is v6 with its deterministic dQ kernel. A name that fails gives a row with its error."""
+    import contextlib
+
+    from .timing import Timing, time_interleaved
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    calls = {}
+    for name in names:
+        base, det = (name[:-len("_deterministic")], True) if name.endswith("_deterministic") else (name, False)
+        calls[name] = (backward_call(base, q, k, v, do, causal, deterministic=det), contextlib.nullcontext)
+    results = time_interleaved(calls, warmup=warmup, repetitions=repetitions, max_seconds=max_seconds)
+    flops = backward_flops(B, H, M, N, D, causal)
+    rows = []
+    for name, t in results.items():
+        row = dict(version=name, direction="backward", B=B, H=H, M=M, N=N, D=D, causal=causal,
+                   dtype=str(dtype).replace("torch.", ""))
+        if isinstance(t, Timing):
+            row.update(t.summary(), tflops=flops / (t.median_ms * 1e-3) / 1e12)
+        else:
+            row["error"] = f"{type(t).__name__}: {t}"
+        rows.append(row)
+    return rows

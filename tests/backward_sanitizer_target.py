@@ -1,0 +1,33 @@
+"""Runs v6's forward_lse and backward (atomic and deterministic dQ) on small and odd shapes;
+tests/test_backward.py runs this file under compute-sanitizer (memcheck, then racecheck). The kernels are
+built by the test before the sanitizer starts."""
+import itertools
+
+import torch
+
+from flashattn.autograd import backward_module, forward_module
+
+SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67)]   # B, H, M, N: small, odd, M > N
+
+
+def cases():
+    for (B, H, M, N), D, causal in itertools.product(SHAPES, (64, 128), (False, True)):
+        dtype = torch.float16 if (M + D) % 3 == 0 else torch.bfloat16   # both dtypes, half the launches
+        yield B, H, M, N, D, causal, dtype
+
+
+def run():
+    fwd, bwd = forward_module("v6"), backward_module("v6")
+    for B, H, M, N, D, causal, dtype in cases():
+        q, do = (torch.randn(B, H, M, D, device="cuda", dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(2))
+        o, lse = fwd.forward_lse(q, k, v, causal)
+        for deterministic in (False, True):
+            grads = bwd.backward(q, k, v, o, lse, do, causal, deterministic)
+            torch.cuda.synchronize()
+            assert all(torch.isfinite(g).all() for g in grads), (B, H, M, N, D, causal, deterministic)
+        print(f"ran v6 backward {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,197 @@
+"""flashattn.autograd: the custom ops, their fake implementations, autograd wiring, input checks (CPU),
+and on the GPU opcheck, torch.compile(fullgraph=True) and CUDA-graph capture."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flashattn.autograd as fa
+from conftest import needs_gpu
+from flashattn.bench import attention_flops
+from flashattn.reference import relative_error
+
+
+# ================================================================ CPU
+def meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+def test_ops_registered_with_fake_shapes():
+    assert hasattr(torch.ops.flashattn, "attention_forward") and hasattr(torch.ops.flashattn, "attention_backward")
+    q, k = meta(2, 3, 17, 64), meta(2, 3, 40, 64)
+    o, lse = torch.ops.flashattn.attention_forward(q, k, k, True, "v6", False)
+    assert (o.shape, o.dtype) == (q.shape, q.dtype)
+    assert (lse.shape, lse.dtype) == ((2, 3, 17), torch.float32)
+    dq, dk, dv = torch.ops.flashattn.attention_backward(q, k, k, o, lse, o, True, "v6", False)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+    assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
+
+
+def test_autograd_wiring_on_meta():
+    """register_autograd: the forward op's output has a grad_fn whose backward calls the backward op
+    (its fake here) and gives each input a gradient of its own shape; lse is not differentiable."""
+    q, k, v = meta(2, 3, 17, 128, grad=True), meta(2, 3, 5, 128, grad=True), meta(2, 3, 5, 128, grad=True)
+    o, lse = torch.ops.flashattn.attention_forward(q, k, v, False, "v6", False)
+    assert o.requires_grad and not lse.requires_grad
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_fake_tensor_trace_has_no_break():
+    """With fake CUDA tensors (no GPU needed) the user function traces to one graph holding the op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 17, 64, dtype=torch.float16, device="cuda")
+        k = torch.empty(2, 3, 33, 64, dtype=torch.float16, device="cuda")
+        graph = make_fx(lambda a, b, c: fa.attention(a, b, c, causal=True))(q, k, k)
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert torch.ops.flashattn.attention_forward.default in targets
+
+
+@pytest.mark.parametrize("case,exc,match", [
+    ("cpu", ValueError, "q must be a CUDA tensor"),
+    ("rank3", ValueError, "q must have rank 4"),
+    ("int", TypeError, "q has dtype int32"),
+    ("k head_dim", ValueError, "k must match q"),
+    ("v length", ValueError, "v must have the same shape as k"),
+    ("D=80", ValueError, "head_dim"),
+    ("empty", ValueError, "q has an empty dimension"),
+])
+def test_bad_input_names_the_argument(case, exc, match):
+    q = torch.randn(1, 2, 9, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 11, 64, dtype=torch.bfloat16)
+    args = {"cpu": (q, k, k), "rank3": (q[0], k, k), "int": (q.int(), k.int(), k.int()),
+            "k head_dim": (q, k[..., :32], k), "v length": (q, k, k[:, :, :5]),
+            "D=80": (q[..., :40].repeat(1, 1, 1, 2), k[..., :40].repeat(1, 1, 1, 2), k[..., :40].repeat(1, 1, 1, 2)),
+            "empty": (q[:, :, :0], k, k)}[case]
+    with pytest.raises(exc, match=match):
+        fa.attention(*args)
+
+
+def test_version_without_backward_refuses_grad():
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 9, 64, device="cuda", requires_grad=True)
+        with pytest.raises(ValueError, match=r"'v5' has no backward pass.*versions that train: v6"):
+            fa.attention(q, q, q, version="v5")
+        h = torch.empty(1, 2, 9, 64, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="has no backward"):
+            fa.attention(h, h, h.requires_grad_(True), version="sdpa")
+        with pytest.raises(TypeError, match="backward of v6 takes bfloat16 and float16"):
+            fa.attention(q, q, q, version="v6")
+
+
+def test_backward_flops_and_names():
+    for causal in (False, True):
+        assert fa.backward_flops(2, 3, 100, 70, 64, causal) == 2.5 * attention_flops(2, 3, 100, 70, 64, causal)
+    assert fa.backward_flops(1, 1, 10, 10, 8, True) == fa.backward_flops(1, 1, 10, 10, 8, False) / 2
+    x = torch.empty(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="name must be one of"):
+        fa.backward_call("v5", x, x, x, x)
+    with pytest.raises(ValueError, match="do must have the shape of q"):
+        fa.backward_call("v6", x, x, x, x[..., :32])
+
+
+# ================================================================ GPU
+def cuda_inputs(B=2, H=3, M=77, N=130, D=64, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for L in (M, N, N, M)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck(deterministic):
+    q, k, v, do = cuda_inputs()
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    torch.library.opcheck(torch.ops.flashattn.attention_forward.default, (q, k, v, True, "v6", deterministic))
+    o, lse = torch.ops.flashattn.attention_forward(q.detach(), k.detach(), v.detach(), True, "v6", False)
+    torch.library.opcheck(torch.ops.flashattn.attention_backward.default,
+                          (q.detach(), k.detach(), v.detach(), o, lse, do, True, "v6", deterministic))
+
+
+@needs_gpu
+def test_attention_matches_raw_kernels_and_handles_views():
+    """The op gives the binding's exact bits, also from non-contiguous and misaligned views."""
+    q, k, v, do = cuda_inputs(M=65, N=65)
+    big = torch.randn(2, 3, 66, 64, device="cuda", dtype=torch.bfloat16)
+    big[:, :, 1:] = q
+    qv = big[:, :, 1:]                      # starts 128 bytes in: contiguous rows, offset base
+    kt = k.transpose(2, 3).contiguous().transpose(2, 3)   # non-contiguous
+    leaves = [t.detach().requires_grad_(True) for t in (qv, kt, v)]
+    o = fa.attention(*leaves, causal=True, deterministic=True)
+    o.backward(do)
+    from flashattn.autograd import backward_module, forward_module
+    o_raw, lse = forward_module("v6").forward_lse(q, k, v, True)
+    raw = backward_module("v6").backward(q, k, v, o_raw, lse, do, True, True)
+    assert torch.equal(o, o_raw)
+    for leaf, r in zip(leaves, raw):
+        assert torch.equal(leaf.grad, r)
+
+
+@needs_gpu
+def test_no_grad_version_runs_forward():
+    q, k, v, _ = cuda_inputs(dtype=torch.float32)
+    import flashattn
+    with torch.no_grad():
+        out = fa.attention(q, k, v, version="v5")
+    assert torch.equal(out, flashattn.forward(q, k, v, version="v5"))
+
+
+class TinyAttention(torch.nn.Module):
+    def __init__(self, dim=128, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        o = fa.attention(q, k, v, causal=True, deterministic=True)
+        return self.proj(o.transpose(1, 2).reshape(B, L, C))
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph_matches_eager(backend):
+    torch.manual_seed(0)
+    model = TinyAttention().cuda().to(torch.bfloat16)
+    x = torch.randn(2, 100, 128, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    outs, grads = [], []
+    for m in (model, compiled):
+        m.zero_grad()
+        y = m(x)
+        (y.float() ** 2).mean().backward()
+        outs.append(y.detach())
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+    # the same op both ways; the rest may be fused differently by the backend
+    assert relative_error(outs[1], outs[0]) < 1e-2
+    for a, b in zip(grads[1], grads[0]):
+        assert relative_error(a, b) < 2e-2
+
+
+@needs_gpu
+def test_cuda_graph_replays_forward_and_backward():
+    q, k, v, do = cuda_inputs(M=200, N=200, D=128, dtype=torch.float16)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    step = lambda: torch.autograd.grad(fa.attention(q, k, v, causal=True, deterministic=True), (q, k, v), do)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up: builds the kernels, fills the allocator's graph pool
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_grads = step()
+    fresh = cuda_inputs(M=200, N=200, D=128, dtype=torch.float16, seed=5)
+    with torch.no_grad():
+        for t, f in zip((q, k, v, do), fresh):
+            t.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = step()
+    for got, want in zip(static_grads, expected):
+        assert torch.equal(got, want)

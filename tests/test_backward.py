@@ -1,0 +1,232 @@
+"""v6 backward (kernels/v6_backward.cu) and v6's forward_lse: gradients, log-sum-exp, determinism.
+
+  * CPU: the one operand layout the forward does not already use -- dS read as an mma A fragment through
+    ldmatrix.trans from the dS^T tile the warps store -- emulated with tests/test_v6.py's numpy ldmatrix
+    and mma, with the kernel's own address formulas (values and bank conflicts of stores and loads).
+  * GPU: dQ, dK, dV against float64 autograd of flashattn.reference.attention_reference; our relative
+    error must be at most twice the error of PyTorch's own backward (SDPA) in the same dtype. Odd shapes,
+    M != N both ways, causal and not, several B and H, large logits, both dQ modes, poisoned memory.
+  * GPU: compute-sanitizer memcheck and racecheck over tests/backward_sanitizer_target.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import needs_gpu, poison_allocator
+from flashattn.reference import attention_reference, sdpa
+from test_v6 import a16, halves, ldmatrix_x4
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ================================================================ CPU: the dS^T tile and its .trans read
+def test_ds_transposed_tile_emulated():
+    """Warp w stores dS^T[key][query] from its accumulator registers (key row r = 16w + g + 8h, queries
+    8t + 2q, +1 at chunk t ^ (r % 8), byte 4q); the dQ step then reads dS[query][key] A fragments with
+    ldmatrix.trans (row b_row, chunk (2 * slice + b_chunk) ^ (lane % 8)). Checks both against the
+    matrix and that the 4-byte stores hit 32 distinct banks."""
+    rng = np.random.default_rng(1)
+    BC, BR = 64, 64
+    dsT = rng.integers(-8, 9, (BC, BR)).astype(np.float16)    # [key][query]
+    mem = np.zeros(BC * BR, np.uint16)                          # 128-byte rows
+    bits = dsT.view(np.uint16)
+    for w in range(4):
+        for t in range(BR // 8):
+            for h in range(2):
+                addrs = []
+                for lane in range(32):
+                    g, q = divmod(lane, 4)
+                    r = 16 * w + g + 8 * h
+                    byte = r * 2 * BR + ((t ^ (r & 7)) << 4) + 4 * q
+                    mem[byte // 2] = bits[r, 8 * t + 2 * q]
+                    mem[byte // 2 + 1] = bits[r, 8 * t + 2 * q + 1]
+                    addrs.append(byte)
+                assert len({(a // 4) % 32 for a in addrs}) == 32, "dS^T store has a bank conflict"
+    for slice_ in range(BR // 16):
+        for kk in range(BC // 16):
+            addrs = []
+            for lane in range(32):
+                x, b_row, b_chunk = lane & 7, (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1
+                addrs.append((kk * 16 + b_row) * 2 * BR + (((2 * slice_ + b_chunk) ^ x) << 4))
+            regs = ldmatrix_x4(mem, addrs, trans=True)   # also checks the 8 phases for bank conflicts
+            for lane in range(32):
+                for i in range(8):
+                    row, k = a16(lane, i)
+                    got = halves(int(regs[lane, i // 2]), np.float16)[i % 2]
+                    assert got == dsT[kk * 16 + k, slice_ * 16 + row], (slice_, kk, lane, i)
+
+
+# ================================================================ GPU helpers
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(scope="module")
+def fwd():
+    from flashattn.autograd import forward_module
+    return forward_module("v6")
+
+
+@pytest.fixture(scope="module")
+def bwd():
+    from flashattn.autograd import backward_module
+    return backward_module("v6")
+
+
+def make_inputs(B, H, M, N, D, dtype, seed, q_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(B, H, M, D, device="cuda", generator=g) * q_scale).to(dtype)
+    k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    do = torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype)
+    return q, k, v, do
+
+
+def autograd_grads(fn, q, k, v, do):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, leaves, do.to(out.dtype))
+
+
+def rel_err(x, ref, floor):
+    """||x - ref|| / max(||ref||, floor) in float64. The floor keeps exact-zero references (N = 1 gives
+    dQ = dK = 0 exactly) from turning rounding noise into an infinite relative error."""
+    diff = torch.linalg.vector_norm(x.double() - ref).item()
+    return diff / max(torch.linalg.vector_norm(ref).item(), floor)
+
+
+def ours(fwd, bwd, q, k, v, do, causal, deterministic):
+    o, lse = fwd.forward_lse(q, k, v, causal)
+    # dq, dk, dv and the fp32 dQ accumulator reuse NaN-filled blocks: an unwritten element shows up
+    poison_allocator(q, k, v, q.float(), q.float())
+    return bwd.backward(q, k, v, o, lse, do, causal, deterministic)
+
+
+def check_grads(fwd, bwd, B, H, M, N, D, dtype, causal, deterministic, seed, q_scale=1.0):
+    q, k, v, do = make_inputs(B, H, M, N, D, dtype, seed, q_scale)
+    got = ours(fwd, bwd, q, k, v, do, causal, deterministic)
+    torch.cuda.synchronize()
+    ref = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal), q.double(), k.double(),
+                         v.double(), do.double())
+    torch_grads = autograd_grads(lambda a, b, c: sdpa(a, b, c, causal=causal), q, k, v, do)
+    if not all(torch.isfinite(t).all() for t in torch_grads):   # SDPA's NaN for rows with no key (M > N)
+        torch_grads = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, dtype=dtype),
+                                     q, k, v, do)
+    floor = 1e-3 * torch.linalg.vector_norm(do.double()).item()
+    for name, g, r, t in zip(("dq", "dk", "dv"), got, ref, torch_grads):
+        assert g.dtype == dtype and g.shape == r.shape
+        assert torch.isfinite(g).all(), f"{name}: non-finite element (unwritten or NaN)"
+        assert torch.isfinite(r).all()
+        e_ours, e_torch = rel_err(g, r, floor), rel_err(t, r, floor)
+        assert e_ours <= 2 * e_torch + 1e-5, f"{name}: relative error {e_ours:.3e} > 2 x PyTorch's {e_torch:.3e}"
+    if causal and M > N:   # rows with no visible key: zero gradient
+        assert (got[0][:, :, :M - N] == 0).all()
+    return got
+
+
+SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1, 203), (203, 1), (1023, 1025), (1025, 1023), (128, 128)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("M,N", SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode", ["atomic", "deterministic"])
+def test_gradients_match(fwd, bwd, mode, dtype, causal, D, M, N):
+    seed = zlib.crc32(repr((mode, dtype, causal, D, M, N)).encode())
+    B, H = ((1, 1), (2, 3), (3, 2))[seed % 3]
+    check_grads(fwd, bwd, B, H, M, N, D, DTYPES[dtype], causal, mode == "deterministic", seed)
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_large_logits(fwd, bwd, dtype, causal, D):
+    # q x 8: scaled scores of magnitude ~30, far past exp's range without the saved log-sum-exp
+    check_grads(fwd, bwd, 2, 2, 300, 517, D, DTYPES[dtype], causal, False, seed=11 + D, q_scale=8.0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_is_bit_identical(fwd, bwd, causal, D):
+    q, k, v, do = make_inputs(2, 3, 1025, 777, D, torch.bfloat16, seed=D + causal)
+    first = ours(fwd, bwd, q, k, v, do, causal, True)
+    second = ours(fwd, bwd, q, k, v, do, causal, True)
+    atomic = ours(fwd, bwd, q, k, v, do, causal, False)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    # dK and dV never go through atomics: the same bits in both modes
+    assert torch.equal(first[1], atomic[1]) and torch.equal(first[2], atomic[2])
+
+
+@needs_gpu
+@pytest.mark.parametrize("M,N", [(1, 1), (113, 203), (203, 113), (1025, 1023)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_forward_lse(fwd, dtype, causal, D, M, N):
+    dt = {"fp32": torch.float32, **DTYPES}[dtype]
+    q, k, v, _ = make_inputs(2, 3, M, N, D, dt, seed=M + N + D + causal, q_scale=4.0)
+    poison_allocator(q, q[..., 0].float())
+    o, lse = fwd.forward_lse(q, k, v, causal)
+    assert torch.equal(o, fwd.forward(q, k, v, causal)), "forward_lse's output differs from forward's"
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    s = (q.double() @ k.double().transpose(-1, -2)) / D ** 0.5
+    if causal:
+        from flashattn.reference import causal_mask
+        s = s.masked_fill(~causal_mask(M, N, q.device), float("-inf"))
+    ref = torch.logsumexp(s, dim=-1)
+    seen = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), seen) and (lse[~seen] == float("-inf")).all()
+    # 16-bit inputs: exact products, fp32 sums; fp32 runs as TF32 (scores off by ~1e-3 relative)
+    tol = 5e-3 if dt == torch.float32 else 1e-4
+    assert (lse[seen].double() - ref[seen]).abs().max().item() <= tol * max(1.0, ref[seen].abs().max().item())
+
+
+@needs_gpu
+def test_bad_inputs_refused(bwd, fwd):
+    q, k, v, do = make_inputs(1, 2, 33, 40, 64, torch.bfloat16, seed=3)
+    o, lse = fwd.forward_lse(q, k, v, False)
+    good = dict(q=q, k=k, v=v, o=o, lse=lse, dout=do)
+    bad = {"q": q.float(), "k": k[..., :32].contiguous(), "v": v[:, :1].contiguous(), "o": o.cpu(),
+           "lse": lse.double(), "dout": do.transpose(2, 3).contiguous().transpose(2, 3)}
+    for name, value in bad.items():
+        args = dict(good, **{name: value})
+        with pytest.raises(RuntimeError):
+            bwd.backward(args["q"], args["k"], args["v"], args["o"], args["lse"], args["dout"], False, False)
+    dq, dk, dv = bwd.backward(q, k, v, o, lse, do, False, False)   # still works afterwards
+    assert torch.isfinite(dq).all() and dk.shape == k.shape
+
+
+# ================================================================ GPU: compute-sanitizer
+def sanitizer():
+    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    pytest.fail("compute-sanitizer not found on a GPU machine (install the CUDA toolkit's sanitizer)")
+
+
+@needs_gpu
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_clean(fwd, bwd, tool):
+    """forward_lse and both backward modes under compute-sanitizer (the fixtures build outside it)."""
+    cmd = [sanitizer(), f"--tool={tool}", "--error-exitcode=99", sys.executable,
+           str(ROOT / "tests" / "backward_sanitizer_target.py")]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
+    ran = [line for line in out.splitlines() if line.startswith("ran ")]
+    from backward_sanitizer_target import cases
+    assert len(ran) == len(list(cases())), out[-4000:]
