@@ -3,18 +3,20 @@
     import flashattn
     out = flashattn.forward(q, k, v, version="v4")   # q [B, H, M, D], k and v [B, H, N, D], CUDA tensors
 
-`flashattn.VERSIONS` lists every implementation in chapter order; `flashattn.load(name)` compiles one
-kernel file and returns the extension module; `flashattn.reference` holds the float64 reference.
+`flashattn.VERSIONS` lists every implementation in chapter order and `flashattn.INFO` what each accepts;
+`flashattn.plan(q, k, v, version)` checks a call once and says which version runs it (a Plan you can call
+again without the checks); `flashattn.load(version)` compiles one kernel file and returns the extension
+module; `flashattn.reference` holds the float64 reference.
 """
 from __future__ import annotations
 
 from . import reference
 from .loader import load
-from .validate import check_inputs
+from .validate import Plan, check_inputs, plan
 from .versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
 
-__all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "INFO", "forward", "load", "reference",
-           "check_inputs"]
+__all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "INFO", "forward", "plan", "Plan", "load",
+           "reference", "check_inputs"]
 
 
 def forward(q, k, v, version: str = "v4", causal: bool = False):
@@ -24,15 +26,4 @@ def forward(q, k, v, version: str = "v4", causal: bool = False):
     Non-contiguous inputs are accepted: they are copied to contiguous memory first, since every kernel
     indexes a dense [B, H, L, D] layout. v3, v4 and v5 hand head dims they are not specialised for to v2.
     """
-    run = check_inputs(q, k, v, version, causal)
-    if run == "baseline":
-        return reference.baseline(q, k, v, causal)
-    if run == "sdpa":
-        return reference.sdpa(q, k, v, causal)
-    # Dense [B, H, L, D] memory with 16-byte aligned bases (v4 and later load float4s); a misaligned
-    # view, such as x[..., 1:, :], is copied.
-    q, k, v = (t.contiguous() if t.data_ptr() % 16 == 0 else t.contiguous().clone() for t in (q, k, v))
-    module = load(run)
-    if INFO[run].causal:
-        return module.forward(q, k, v, causal)
-    return module.forward(q, k, v)
+    return plan(q, k, v, version, causal).run(q, k, v)

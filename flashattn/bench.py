@@ -1,4 +1,4 @@
-"""Benchmark: `python -m flashattn.bench IMPL [IMPL ...] [options]` (see --help).
+"""Benchmark: `python -m flashattn.bench VERSION [VERSION ...] [options]` (see --help).
 
 Every version in one run is timed side by side on the same inputs with `flashattn.timing` (CUDA events
 around each call, L2 flushed between calls, interleaved rounds, median with min and max). Each row reports
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .versions import INFO, VERSIONS
+from .versions import VERSIONS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 20
                 warmup=25, repetitions=100, rounds=10, max_seconds=3.0, dtype="float32")
 
 EPILOG = f"""\
-names: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
+VERSION: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
 {', '.join(SDPA_BACKENDS)} (SDPA with that backend forced by torch.nn.attention.sdpa_kernel; the backend
 context is entered outside the timed region). Several names may be given.
 
@@ -62,10 +62,13 @@ the cap off.
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("impl", nargs="+", metavar="IMPL", help="all, a version name, or an SDPA variant")
-    p.add_argument("-B", "--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("-H", "--num-heads", type=int, default=DEFAULTS["num_heads"])
-    p.add_argument("-D", "--head-dim", type=int, default=DEFAULTS["head_dim"])
+    p.add_argument("versions", nargs="+", metavar="VERSION", help="all, a version name, or an SDPA variant")
+    p.add_argument("-B", "--batch-size", type=int, default=DEFAULTS["batch_size"],
+                   help="batch size B (default: %(default)s)")
+    p.add_argument("-H", "--num-heads", type=int, default=DEFAULTS["num_heads"],
+                   help="attention heads H (default: %(default)s)")
+    p.add_argument("-D", "--head-dim", type=int, default=DEFAULTS["head_dim"],
+                   help="head dimension D (default: %(default)s)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=DEFAULTS["seq_lens"], metavar="L",
                    help="sequence lengths M = N to run (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up calls (default: %(default)s)")
@@ -77,10 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=DEFAULTS["dtype"],
                    help="input dtype; bfloat16/float16 only for sdpa, baseline, v6 (default: %(default)s)")
-    p.add_argument("--causal", action="store_true", help="causal masking (v6, sdpa, baseline)")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write all figures and the environment here")
-    p.add_argument("--append", action="store_true", help="add this run to an existing --json file")
-    p.add_argument("--no-check", action="store_true", help="skip the correctness check at the smallest shape")
+    p.add_argument("--causal", action="store_true",
+                   help="causal masking (v6, sdpa, baseline; default: off)")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="write all figures and the environment here (default: print only)")
+    p.add_argument("--append", action="store_true",
+                   help="add this run to an existing --json file (default: replace the file)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the correctness check at the smallest shape (default: check)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default: %(default)s)")
     return p
 
@@ -90,14 +97,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     names = []
-    for name in args.impl:
-        if name == "all":
+    for version in args.versions:
+        if version == "all":
             names.extend(VERSIONS)
-        elif name in BENCH_NAMES:
-            names.append(name)
+        elif version in BENCH_NAMES:
+            names.append(version)
         else:
-            parser.error(f"unknown IMPL {name!r}; choose all or one of {', '.join(BENCH_NAMES)}")
-    args.impl = list(dict.fromkeys(names))          # keep order, drop repeats
+            parser.error(f"unknown VERSION {version!r}; choose all or one of {', '.join(BENCH_NAMES)}")
+    args.versions = list(dict.fromkeys(names))          # keep order, drop repeats
     for opt in ("batch_size", "num_heads", "head_dim", "repetitions", "rounds"):
         if getattr(args, opt) < 1:
             parser.error(f"--{opt.replace('_', '-')} must be >= 1")
@@ -122,24 +129,17 @@ def _sdpa_backend_context(name: str):
     return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
-def make_call(name: str, q, k, v, causal: bool):
-    """(fn, context, ran_as): `fn()` runs one forward; `context()` gives a context to enter around warm-ups
-    and timing (it forces an SDPA backend, so the choice happens outside the timed region); `ran_as` is the
-    version that really runs (v3/v4/v5 hand unsupported head dims to v2). Raises ValueError/TypeError
-    when the version cannot take these inputs."""
-    if name in SDPA_BACKENDS:
+def make_call(version: str, q, k, v, causal: bool):
+    """(fn, context, runs_as): `fn()` runs one forward; `context()` gives a context to enter around warm-ups
+    and timing (it forces an SDPA backend, so the choice happens outside the timed region); `runs_as` is the
+    version that really runs (v3/v4/v5 hand unsupported head dims to v2). The inputs are checked once,
+    here, by flashattn.plan (ValueError/TypeError when the version cannot take them); `fn` runs the plan."""
+    if version in SDPA_BACKENDS:
         from .reference import sdpa
-        return (lambda: sdpa(q, k, v, causal=causal)), _sdpa_backend_context(name), "sdpa"
-    import flashattn
-    from . import reference
-    from .validate import check_inputs
-    ran_as = check_inputs(q, k, v, version=name, causal=causal)
-    if name in ("baseline", "sdpa"):
-        fn = getattr(reference, name)
-        return (lambda: fn(q, k, v, causal=causal)), contextlib.nullcontext, ran_as
-    if INFO[name].kernel:
-        flashattn.load(ran_as)                     # compile/load before any timing
-    return (lambda: flashattn.forward(q, k, v, version=name, causal=causal)), contextlib.nullcontext, ran_as
+        return (lambda: sdpa(q, k, v, causal=causal)), _sdpa_backend_context(version), "sdpa"
+    from .validate import plan
+    p = plan(q, k, v, version, causal)          # compiles or loads the kernel before any timing
+    return (lambda: p.run(q, k, v)), contextlib.nullcontext, p.runs_as
 
 
 # --------------------------------------------------------------------------------------- environment
@@ -193,8 +193,8 @@ def _progress(total: int):
         return _Quiet()
 
 
-def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> list[dict]:
-    """Time `names` side by side on one set of inputs, one row each; never raises for a version that
+def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None) -> list[dict]:
+    """Time `versions` side by side on one set of inputs, one row each; never raises for a version that
     refuses the inputs. Each version is built and called once (errors surface here, before timing, and
     the output is checked against `ref` when given); then `flashattn.timing.time_interleaved` times all
     of them in `args.rounds` interleaved rounds."""
@@ -202,14 +202,14 @@ def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> li
     B, H, M, D = q.shape
     N = k.shape[2]
     rows, calls = {}, {}
-    for name in names:
-        row = dict(impl=name, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
+    for version in versions:
+        row = dict(version=version, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
                    dtype=str(q.dtype).replace("torch.", ""), causal=causal,
-                   flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, ran_as=None,
+                   flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, runs_as=None,
                    rel_error=None)
-        rows[name] = row
+        rows[version] = row
         try:
-            fn, context, row["ran_as"] = make_call(name, q, k, v, causal)
+            fn, context, row["runs_as"] = make_call(version, q, k, v, causal)
             with context():
                 out = fn()
                 torch.cuda.synchronize()
@@ -217,15 +217,15 @@ def bench_shape(names, q, k, v, causal: bool, args, ref=None, on_row=None) -> li
                     from .reference import relative_error
                     row["rel_error"] = relative_error(out, ref)
                 del out
-            calls[name] = (fn, context)
+            calls[version] = (fn, context)
         except (ValueError, TypeError) as err:
             row.update(status="unsupported", message=str(err).strip().splitlines()[0])
         except RuntimeError as err:                # launch failures, refused backends, out of memory
             row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
     timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions,
                                rounds=args.rounds, max_seconds=args.max_seconds)
-    for name, timing in timings.items():
-        row = rows[name]
+    for version, timing in timings.items():
+        row = rows[version]
         if isinstance(timing, Exception):
             row.update(status="failed", message=str(timing).strip().splitlines()[0][:300])
             continue
@@ -243,7 +243,7 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
     def key(r):
         return (r["batch_size"], r["num_heads"], r["seq_len_q"], r["seq_len_kv"], r["head_dim"], r["dtype"],
                 r["causal"])
-    ref = {(key(r), r["impl"]): r.get("median_us") for r in rows if r["status"] == "ok"}
+    ref = {(key(r), r["version"]): r.get("median_us") for r in rows if r["status"] == "ok"}
     for r in rows:
         t, base, sdpa = r.get("median_us"), ref.get((key(r), "baseline")), ref.get((key(r), "sdpa"))
         r["change_vs_baseline_pct"] = (t / base - 1) * 100 if t and base else None
@@ -258,7 +258,7 @@ def run(args) -> dict:
     from .reference import attention_reference
     dtype = DTYPES[args.dtype]
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    rows, bar = [], _progress(len(args.seq_lens) * len(args.impl))
+    rows, bar = [], _progress(len(args.seq_lens) * len(args.versions))
     try:
         for L in args.seq_lens:
             shape = (args.batch_size, args.num_heads, L, args.head_dim)
@@ -266,12 +266,12 @@ def run(args) -> dict:
             check = not args.no_check and L == args.seq_lens[0]
             ref = attention_reference(q, k, v, causal=args.causal) if check else None
             bar.set_postfix_str(f"L={L}")
-            rows += bench_shape(args.impl, q, k, v, args.causal, args, ref, on_row=lambda _: bar.update(1))
+            rows += bench_shape(args.versions, q, k, v, args.causal, args, ref, on_row=lambda _: bar.update(1))
             del q, k, v, ref
             torch.cuda.empty_cache()
     finally:
         bar.close()
-    settings = {k: getattr(args, k) for k in ("impl", "batch_size", "num_heads", "head_dim", "seq_lens",
+    settings = {k: getattr(args, k) for k in ("versions", "batch_size", "num_heads", "head_dim", "seq_lens",
                                               "warmup", "repetitions", "rounds", "max_seconds", "dtype",
                                               "causal", "seed")}
     settings["l2_flush"] = True
@@ -297,10 +297,10 @@ def format_rows(rows: list[dict]) -> str:
         lines = [head]
         for r in group:
             if r["status"] != "ok":
-                lines.append((r["impl"], f"{r['status']}: {r['message']}"))
+                lines.append((r["version"], f"{r['status']}: {r['message']}"))
                 continue
             calls = str(r["calls_timed"]) + ("*" if r["calls_timed"] < r["requested_repetitions"] else "")
-            name = r["impl"] + (f" (as {r['ran_as']})" if r["ran_as"] not in (None, r["impl"], "sdpa") else "")
+            name = r["version"] + (f" (as {r['runs_as']})" if r["runs_as"] not in (None, r["version"], "sdpa") else "")
             lines.append((name, _num(r["median_us"]), f"{r['min_us']:,.1f} - {r['max_us']:,.1f}", calls,
                           _num(r["tflops"]), _num(r["change_vs_baseline_pct"], "{:+.1f}%"),
                           _num(r["time_ratio_vs_sdpa"], "{:.3f}"), _num(r["rel_error"], "{:.1e}")))

@@ -8,6 +8,7 @@ what makes a cold build take seconds instead of a minute.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import time
@@ -15,11 +16,31 @@ from pathlib import Path
 
 import torch
 
-from .versions import ARCH_FEATURES, INFO
+from .versions import ARCH_FEATURES, INFO, KERNEL_VERSIONS
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 BUILD_SECONDS: dict[str, float] = {}   # wall time of the last load() per version, build or cache hit
+
+
+class _NoRuntimeNotice(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." warning, logged when
+    torch.utils.cpp_extension is imported on a machine without a GPU. Compiling without a GPU is what
+    this package does on purpose there (the kernels are checked by building them), so the notice would
+    only repeat itself in every notebook output; every other message of that logger still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+def cpp_extension():
+    """torch.utils.cpp_extension, imported with the one notice above filtered out (the only place this
+    package imports it)."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoRuntimeNotice) for f in log.filters):
+        log.addFilter(_NoRuntimeNotice())
+    from torch.utils import cpp_extension as module
+    return module
 
 
 def _find_cuda_home() -> str | None:
@@ -125,9 +146,9 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     cuda_home = _find_cuda_home()
     if cuda_home:
         os.environ["CUDA_HOME"] = cuda_home
-    from torch.utils import cpp_extension
+    ext = cpp_extension()
     if cuda_home:
-        cpp_extension.CUDA_HOME = cuda_home
+        ext.CUDA_HOME = cuda_home
     src = source(name) if src is None else src
     # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
     # kernel with other tile macros without editing the files.
@@ -135,7 +156,7 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     archs = archs or version_archs(name) or arch_list()
     flags = NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or [])
     start = time.perf_counter()
-    module = cpp_extension.load_inline(
+    module = ext.load_inline(
         name=module_name or f"flashattn_{name}", cpp_sources=src, cuda_sources=src,
         functions=list(functions), extra_cflags=["-O2"], extra_cuda_cflags=flags,
         extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True, verbose=verbose)
@@ -143,20 +164,21 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     return module
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(name: str):
     return build(name)
 
 
-def load(name: str):
-    """The compiled extension for version `name` (v0 ... v6); built once per process.
+def load(version: str):
+    """The compiled extension of `version` (v0 ... v6); built once per process.
 
-    The returned module's `forward(q, k, v)` (v6: `forward(q, k, v, causal)`) is the raw binding: it
-    checks its inputs in C++ and refuses head dims its kernel does not take. `flashattn.forward` adds the
-    friendlier Python checks and routes such head dims to the fallback version.
+    The returned module's `forward(q, k, v, causal)` is the raw binding: it checks its inputs in C++ and
+    refuses head dims its kernel does not take, and causal=True where the kernel has no mask.
+    `flashattn.forward` adds the friendlier Python checks and routes such head dims to the fallback
+    version.
     """
-    if name not in INFO or not INFO[name].kernel:
-        kernels = ", ".join(n for n, v in INFO.items() if v.kernel)
-        raise ValueError(f"load() builds CUDA kernels: name must be one of {kernels}; got {name!r}")
-    check_device(name)
-    return _cached(name)
+    if version not in INFO or not INFO[version].kernel:
+        raise ValueError(f"load() builds CUDA kernels: version must be one of {', '.join(KERNEL_VERSIONS)}; "
+                         f"got {version!r}")
+    check_device(version)
+    return _cached(version)

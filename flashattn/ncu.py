@@ -345,15 +345,18 @@ def table_rows(s: dict) -> list[tuple[str, str, str]]:
     rows.append(("DRAM bandwidth", _si(s["dram_bytes_per_s"], "B/s"),
                  f"{100 * s['dram_bytes_per_s'] / s['dram_peak_bytes_per_s']:.1f}% of the DRAM peak"
                  if s["dram_bytes_per_s"] is not None and s["dram_peak_bytes_per_s"] else "—"))
-    rows.append(("Occupancy", f"{s['achieved_occupancy_pct']:.2f}% achieved" if s["achieved_occupancy_pct"] is not None else "—",
-                 f"{s['theoretical_occupancy_pct']:.2f}% theoretical" if s["theoretical_occupancy_pct"] is not None else "—"))
+    achieved, theoretical = s["achieved_occupancy_pct"], s["theoretical_occupancy_pct"]
+    rows.append(("Occupancy", f"{achieved:.2f}% achieved" if achieved is not None else "—",
+                 f"{theoretical:.2f}% theoretical" if theoretical is not None else "—"))
     lim = s["limited_by"]
     rows.append(("Theoretical blocks/SM", f"{s['blocks_per_sm']:.0f}" if s["blocks_per_sm"] is not None else "—",
                  "limited " + ("jointly " if len(lim) > 1 else "") + "by " + " and ".join(lim) if lim else "—"))
-    rows.append(("Registers", f"{s['registers_per_thread']:.0f}/thread" if s["registers_per_thread"] else "—",
-                 f"{s['block_size']:.0f} threads/block, {s['grid_size']:.0f} blocks" if s["block_size"] and s["grid_size"] else "—"))
+    launch = f"{s['block_size']:.0f} threads/block, {s['grid_size']:.0f} blocks" \
+        if s["block_size"] and s["grid_size"] else "—"
+    rows.append(("Registers", f"{s['registers_per_thread']:.0f}/thread" if s["registers_per_thread"] else "—", launch))
     dyn, drv = s["shared_dynamic_bytes"], s["shared_driver_bytes"]
-    rows.append(("Shared memory", f"{s['shared_total_bytes'] / 1e3:.2f} KB/block" if s["shared_total_bytes"] is not None else "—",
+    total = s["shared_total_bytes"]
+    rows.append(("Shared memory", f"{total / 1e3:.2f} KB/block" if total is not None else "—",
                  f"{dyn / 1e3:.2f} KB dynamic + {(s['shared_static_bytes'] or 0) / 1e3:.2f} KB static + "
                  f"{drv / 1e3:.2f} KB driver reservation" if dyn is not None and drv is not None else "—"))
     return rows

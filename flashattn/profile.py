@@ -1,12 +1,12 @@
-"""Nsight Compute profile of one fused kernel: `python -m flashattn.profile IMPL [options]`.
+"""Nsight Compute profile of one fused kernel: `python -m flashattn.profile VERSION [options]`.
 
-IMPL is a fused version (one kernel launch per forward: v1 and later) or `all` for every one of them.
+VERSION is a fused version (one kernel launch per forward: v1 and later) or `all` for every one of them.
 baseline and v0 launch several kernels, so one roofline point or occupancy figure would be ambiguous,
 and sdpa is PyTorch's kernel rather than this project's: passing them is an error that says so.
 
 ncu runs this same module in an internal `--target` mode, which builds the inputs at the primary shape
 (B=4, H=12, M=N=2048, D=64; float32, bfloat16 for v6), makes warm-up calls and then one more call. The
-kernel-name filter (the `__global__` names read from kernels/<impl>.cu) together with `--launch-skip`
+kernel-name filter (the `__global__` names read from kernels/<version>.cu) together with `--launch-skip`
 (one skipped launch per warm-up; the count applies to filtered launches only) and `--launch-count 1`
 selects exactly the last call's kernel. Clocks are left alone (`--clock-control none`). Only the sections
 the tables, the roofline and the stall breakdown need are collected, which keeps each report small:
@@ -15,7 +15,7 @@ the tables, the roofline and the stall breakdown need are collected, which keeps
     WarpStateStats (+ SpeedOfLight_HierarchicalTensorRooflineChart for tensor-core versions, when this
     ncu has it)
 
-The report is written to OUT/flash_<impl>_s<M>_profile.ncu-rep (OUT defaults to /tmp) together with what
+The report is written to OUT/flash_<version>_s<M>_profile.ncu-rep (OUT defaults to /tmp) together with what
 `ncu --import` prints for it: the details page as CSV in base units (.details.csv) and as text
 (.details.txt), and the raw page as CSV in base units (.raw.csv). `tests/test_ncu.py` checks
 `flashattn.ncu`'s parsed values against those files.
@@ -42,38 +42,38 @@ TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
 
 
-def uses_tensor_cores(name: str) -> bool:
+def uses_tensor_cores(version: str) -> bool:
     """v6 (mma.sync); versions.py may also flag others with extra={'tensor_cores': True}."""
-    return bool(INFO[name].extra.get("tensor_cores", name == "v6"))
+    return bool(INFO[version].extra.get("tensor_cores", version == "v6"))
 
 
-def default_dtype(name: str) -> str:
-    return "bfloat16" if name == "v6" else "float32"
+def default_dtype(version: str) -> str:
+    return "bfloat16" if version == "v6" else "float32"
 
 
-def refusal(name: str) -> str | None:
-    """Why `name` cannot be profiled here, or None when it can."""
-    if name not in INFO:
-        return f"unknown IMPL {name!r}; choose all or one of {', '.join(PROFILED)}"
-    if name == "sdpa" or not INFO[name].kernel and name != "baseline":
-        return (f"{name} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
+def refusal(version: str) -> str | None:
+    """Why `version` cannot be profiled here, or None when it can."""
+    if version not in INFO:
+        return f"unknown VERSION {version!r}; choose all or one of {', '.join(PROFILED)}"
+    if version == "sdpa" or not INFO[version].kernel and version != "baseline":
+        return (f"{version} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
                 f"here; the fused versions are {', '.join(PROFILED)}")
-    if name == "baseline":
+    if version == "baseline":
         return (f"baseline runs several PyTorch kernels (matmul, softmax, matmul), so a single roofline point "
                 f"or occupancy figure would be ambiguous; profile one of {', '.join(PROFILED)}")
-    if not INFO[name].fused:
-        return (f"{name} launches several kernels per forward with different register counts and occupancy, "
+    if not INFO[version].fused:
+        return (f"{version} launches several kernels per forward with different register counts and occupancy, "
                 f"so a single roofline point would be ambiguous; profile one of {', '.join(PROFILED)}")
     return None
 
 
-def report_stem(name: str, seq_len: int) -> str:
-    return f"flash_{name}_s{seq_len}_profile"
+def report_stem(version: str, seq_len: int) -> str:
+    return f"flash_{version}_s{seq_len}_profile"
 
 
-def kernel_names(name: str, kernel_dir: Path = KERNEL_DIR) -> list[str]:
-    """The `__global__` function names declared in kernels/<name>.cu."""
-    path = kernel_dir / f"{name}.cu"
+def kernel_names(version: str, kernel_dir: Path = KERNEL_DIR) -> list[str]:
+    """The `__global__` function names declared in kernels/<version>.cu."""
+    path = kernel_dir / f"{version}.cu"
     return kernel_names_in(path.read_text()) if path.exists() else []
 
 
@@ -83,12 +83,12 @@ def kernel_names_in(source: str) -> list[str]:
     return list(dict.fromkeys(re.findall(r"__global__\s+(?:static\s+)?void\s+(\w+)\s*\(", source)))
 
 
-def kernel_filter(name: str) -> str:
+def kernel_filter(version: str) -> str:
     """ncu --kernel-name value matching the version's kernels (and its fallback's: v3-v5 hand head dims
     they are not written for to v2)."""
-    names = kernel_names(name) + (kernel_names(INFO[name].fallback) if INFO[name].fallback else [])
+    names = kernel_names(version) + (kernel_names(INFO[version].fallback) if INFO[version].fallback else [])
     if not names:
-        raise SystemExit(f"no __global__ kernel found in {KERNEL_DIR / (name + '.cu')}; pass --kernel-regex")
+        raise SystemExit(f"no __global__ kernel found in {KERNEL_DIR / (version + '.cu')}; pass --kernel-regex")
     return "regex:" + "|".join(names)
 
 
@@ -120,7 +120,7 @@ def diagnose(output: str) -> str | None:
         return NO_PERMISSION
     if "No kernels were profiled" in output:
         return ("ncu profiled no kernel: the kernel-name filter matched nothing that ran. Check the "
-                "__global__ names in kernels/<impl>.cu or pass --kernel-regex.")
+                "__global__ names in kernels/<version>.cu or pass --kernel-regex.")
     return None
 
 
@@ -133,8 +133,8 @@ def available_sections(ncu: str) -> set[str] | None:
     return found if found & set(BASE_SECTIONS) else None      # an unexpected listing: don't filter on it
 
 
-def sections_for(name: str, available: set[str] | None) -> list[str]:
-    wanted = list(BASE_SECTIONS) + ([TENSOR_SECTION] if uses_tensor_cores(name) else [])
+def sections_for(version: str, available: set[str] | None) -> list[str]:
+    wanted = list(BASE_SECTIONS) + ([TENSOR_SECTION] if uses_tensor_cores(version) else [])
     if available is None:
         return [s for s in wanted if s != TENSOR_SECTION]
     missing = [s for s in wanted if s not in available]
@@ -162,22 +162,23 @@ def export_pages(ncu: str, report: Path) -> list[Path]:
     return written
 
 
-def ncu_command(ncu: str, name: str, args, out_base: Path, sections: list[str]) -> list[str]:
-    cmd = [ncu, "--clock-control", "none", "--kernel-name", args.kernel_regex or kernel_filter(name),
+def ncu_command(ncu: str, version: str, args, out_base: Path, sections: list[str]) -> list[str]:
+    cmd = [ncu, "--clock-control", "none", "--kernel-name", args.kernel_regex or kernel_filter(version),
            "--launch-skip", str(args.warmup), "--launch-count", "1", "--force-overwrite", "-o", str(out_base)]
     for s in sections:
         cmd += ["--section", s]
-    cmd += [sys.executable, "-m", "flashattn.profile", "--target", name, "--dtype", args.dtype or default_dtype(name),
+    cmd += [sys.executable, "-m", "flashattn.profile", "--target", version,
+            "--dtype", args.dtype or default_dtype(version),
             "--batch-size", str(args.batch_size), "--num-heads", str(args.num_heads), "--seq-len",
             str(args.seq_len), "--head-dim", str(args.head_dim), "--warmup", str(args.warmup)]
     return cmd + (["--causal"] if args.causal else [])
 
 
-def profile_one(ncu: str, name: str, args, available: set[str] | None) -> Path:
+def profile_one(ncu: str, version: str, args, available: set[str] | None) -> Path:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out_base = out_dir / report_stem(name, args.seq_len)
-    cmd = ncu_command(ncu, name, args, out_base, sections_for(name, available))
+    out_base = out_dir / report_stem(version, args.seq_len)
+    cmd = ncu_command(ncu, version, args, out_base, sections_for(version, available))
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     output = proc.stdout + proc.stderr
@@ -185,7 +186,7 @@ def profile_one(ncu: str, name: str, args, available: set[str] | None) -> Path:
     reason = diagnose(output)
     if reason or proc.returncode != 0 or not report.exists():
         tail = "\n".join(output.strip().splitlines()[-25:])
-        raise RuntimeError(f"profiling {name} failed: {reason or 'ncu exit status ' + str(proc.returncode)}\n{tail}")
+        raise RuntimeError(f"profiling {version} failed: {reason or 'ncu exit status ' + str(proc.returncode)}\n{tail}")
     export_pages(ncu, report)
     print(f"wrote {report}", flush=True)
     return report
@@ -195,6 +196,7 @@ def profile_one(ncu: str, name: str, args, available: set[str] | None) -> Path:
 def run_target(args) -> int:
     """What ncu launches: warm-up calls, then the one call that the filter selects."""
     import torch
+
     import flashattn
     dtype = getattr(torch, args.dtype or default_dtype(args.target))
     shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
@@ -211,7 +213,7 @@ def run_target(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashattn.profile", description=__doc__.split("\n\n")[0],
                                 epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them)")
-    p.add_argument("impl", nargs="?", metavar="IMPL", help="all or one of " + ", ".join(PROFILED))
+    p.add_argument("version", nargs="?", metavar="VERSION", help="all or one of " + ", ".join(PROFILED))
     p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="input dtype (default: float32; bfloat16 for v6)")
@@ -222,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-D", "--head-dim", type=int, default=PRIMARY["head_dim"])
     p.add_argument("--warmup", type=int, default=1, help="unprofiled calls before the profiled one")
     p.add_argument("--ncu", help="path to ncu (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-    p.add_argument("--kernel-regex", help="ncu --kernel-name filter (default: regex of kernels/<impl>.cu names)")
-    p.add_argument("--target", metavar="IMPL", help=argparse.SUPPRESS)   # internal: the profiled program
+    p.add_argument("--kernel-regex", help="ncu --kernel-name filter (default: regex of kernels/<version>.cu names)")
+    p.add_argument("--target", metavar="VERSION", help=argparse.SUPPRESS)   # internal: the profiled program
     return p
 
 
@@ -232,10 +234,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.target:
         return run_target(args)
-    if not args.impl:
-        parser.error("IMPL is required: all or one of " + ", ".join(PROFILED))
-    names = list(PROFILED) if args.impl == "all" else [args.impl]
-    reason = refusal(args.impl) if args.impl != "all" else None
+    if not args.version:
+        parser.error("VERSION is required: all or one of " + ", ".join(PROFILED))
+    names = list(PROFILED) if args.version == "all" else [args.version]
+    reason = refusal(args.version) if args.version != "all" else None
     if reason:
         parser.error(reason)
     ncu = find_ncu(args.ncu)
@@ -244,12 +246,12 @@ def main(argv=None) -> int:
         return 2
     available = available_sections(ncu)
     failed = []
-    for name in names:
+    for version in names:
         try:
-            profile_one(ncu, name, args, available)
+            profile_one(ncu, version, args, available)
         except (RuntimeError, SystemExit) as err:
             print(f"error: {err}", file=sys.stderr)
-            failed.append(name)
+            failed.append(version)
             if NO_PERMISSION in str(err):
                 break                              # every other version would fail the same way
     return 1 if failed else 0

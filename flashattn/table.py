@@ -30,9 +30,24 @@ def label(name: str) -> str:
     return LABELS.get(name, name.upper() if name.startswith("v") else name)
 
 
+OLD_KEYS = {"impl": "version", "ran_as": "runs_as"}   # names of benchmark files recorded before the rename
+
+
+def normalize_run(run: dict) -> dict:
+    """One benchmark run with today's key names: rows recorded earlier say `impl` for the version asked
+    for and `ran_as` for the one that ran, and their settings `impl` for the list of versions."""
+    rows = [{OLD_KEYS.get(k, k): v for k, v in r.items()} for r in run.get("rows", [])]
+    settings = dict(run.get("settings", {}))
+    if "impl" in settings:
+        settings["versions"] = settings.pop("impl")
+    return dict(run, rows=rows, settings=settings)
+
+
 def load(path) -> dict:
+    """A benchmark JSON ({"runs": [...]} or one run), with the key names of `normalize_run`."""
     doc = json.loads(Path(path).read_text())
-    return doc if "runs" in doc else {"runs": [doc]}
+    doc = doc if "runs" in doc else {"runs": [doc]}
+    return dict(doc, runs=[normalize_run(run) for run in doc["runs"]])
 
 
 def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None, causal: bool = False,
@@ -55,7 +70,7 @@ def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None,
     same = [(r, m) for r, m in rows if (r["dtype"], r["head_dim"], r["batch_size"], r["num_heads"])
             == (first["dtype"], first["head_dim"], first["batch_size"], first["num_heads"])]
     order = {n: i for i, n in enumerate(list(VERSIONS) + list(EXTRA_INFO))}
-    same.sort(key=lambda rm: order.get(rm[0]["impl"], len(order)))
+    same.sort(key=lambda rm: order.get(rm[0]["version"], len(order)))
     return [r for r, _ in same], same[0][1]
 
 
@@ -68,7 +83,7 @@ def title_description(name: str) -> tuple[str, str]:
 def sdpa_cell(r: dict) -> str:
     """'1.24× faster' / '1.40× slower' against SDPA in the same run; '—' for SDPA itself or no SDPA."""
     s = r.get("speedup_vs_sdpa")
-    if s is None or r["impl"] == "sdpa":
+    if s is None or r["version"] == "sdpa":
         return "—"
     return f"{s:.2f}× faster" if s >= 1 else f"{1 / s:.2f}× slower"
 
@@ -80,15 +95,15 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
              "|---|---|--:|--:|--:|---|"]
     short = False
     for r in rows:
-        title, desc = title_description(r["impl"])
-        name = label(r["impl"])
+        title, desc = title_description(r["version"])
+        name = label(r["version"])
         if r["status"] != "ok":
             lines.append(f"| {name} | {title} | n/a | — | — | {desc} (not run: {r['message']}) |")
             continue
         mark = ""
         if r.get("calls_timed", 0) < r.get("requested_repetitions", 0):
             mark, short = "†", True
-        delta = "—" if r["impl"] == "baseline" or r.get("change_vs_baseline_pct") is None \
+        delta = "—" if r["version"] == "baseline" or r.get("change_vs_baseline_pct") is None \
             else f"{r['change_vs_baseline_pct']:+.1f}%".replace("-", "−")
         lines.append(f"| {name} | {title} | {r['median_us']:,.2f}{mark} | {delta} | {sdpa_cell(r)} | {desc} |")
     r0 = rows[0]
@@ -108,7 +123,8 @@ def markdown(rows: list[dict], run: dict | None = None) -> str:
         lines.append(f"{shape}.")
     if short:
         lines.append("")
-        lines.append("† fewer timed calls: `--max-seconds` stopped this slow version early (the JSON records how many).")
+        lines.append("† fewer timed calls: `--max-seconds` stopped this slow version early "
+                     "(the JSON records how many).")
     return "\n".join(lines)
 
 
@@ -129,21 +145,45 @@ def update_readme(readme, table: str, block: str = "results-table") -> None:
     path.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
-def comparison_table(doc: dict, impl: str, against: list[str], group_shapes: bool = False) -> str:
-    """One line per shape in the file: `impl`'s median and its speed relative to each of `against`
-    (>1: impl is faster), every ratio taken within one run. For the README's v5 and v6 sections.
+def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
+    """The README's sentence about the last GPU test run, from the JUnit XML pytest wrote there
+    (scripts/gpu_session.sh, step tests). The commit comes from the suite name ("flashattn at <commit>")
+    or, failing that, from `commit_file` (results/h200/git_commit.txt)."""
+    xml = Path(xml)
+    if not xml.exists():
+        return (f"No GPU test run is recorded yet: `{xml.as_posix()}` is written by the `tests` step of "
+                f"`scripts/gpu_session.sh` on the H200.")
+    import xml.etree.ElementTree as ET
+    root = ET.parse(xml).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
+    name = suites[0].get("name", "") if suites else ""
+    commit = name.split(" at ", 1)[1] if " at " in name else None
+    if (not commit or commit == "unknown") and commit_file and Path(commit_file).exists():
+        commit = Path(commit_file).read_text().split()[0]
+    when = (suites[0].get("timestamp") or "")[:10] if suites else ""
+    failed = count["failures"] + count["errors"]
+    return (f"The last full run of the test suite on the H200 ({when + ', ' if when else ''}commit "
+            f"`{(commit or 'unknown')[:10]}`): {passed} passed, {count['skipped']} skipped, {failed} failed "
+            f"(`{xml.as_posix()}`).")
+
+
+def comparison_table(doc: dict, version: str, against: list[str], group_shapes: bool = False) -> str:
+    """One line per shape in the file: `version`'s median and its speed relative to each of `against`
+    (>1: version is faster), every ratio taken within one run. For the README's v5 and v6 sections.
     `group_shapes`: a file of repeated runs, one line per run, the runs of one shape together."""
-    lines = ["| B, H, M=N, D | dtype | causal | " + f"{impl} (µs) | "
-             + " | ".join(f"{a} (µs) | {impl} vs {a}" for a in against) + " |",
+    lines = ["| B, H, M=N, D | dtype | causal | " + f"{version} (µs) | "
+             + " | ".join(f"{a} (µs) | {version} vs {a}" for a in against) + " |",
              "|---|---|---|--:|" + "--:|--:|" * len(against)]
     body = []
     for run in doc["runs"]:
         by_shape: dict = {}
         for r in run["rows"]:
             key = (r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], r["dtype"], bool(r["causal"]))
-            by_shape.setdefault(key, {})[r["impl"]] = r
+            by_shape.setdefault(key, {})[r["version"]] = r
         for (B, H, L, D, dtype, causal), rows in by_shape.items():
-            mine = rows.get(impl)
+            mine = rows.get(version)
             if not mine or mine["status"] != "ok":
                 continue
             cells = []
@@ -179,14 +219,14 @@ def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, appe
     kernels_dir = Path(kernels_dir or Path(__file__).resolve().parent.parent / "kernels")
     changed = []
     for r in rows:
-        path = kernels_dir / f"{r['impl']}.cu"
+        path = kernels_dir / f"{r['version']}.cu"
         if r["status"] != "ok" or not path.exists():
             continue
         lines = path.read_text().split("\n")
         idx = [i for i, line in enumerate(lines) if line.startswith("// Measured on H200")]
         if not idx:
             continue
-        flash = next((f for f in rows if f["impl"] == "sdpa_flash"), None)
+        flash = next((f for f in rows if f["version"] == "sdpa_flash"), None)
         new = header_line(r, command, flash)
         if append:
             lines.insert(idx[-1] + 1, new)
@@ -199,7 +239,7 @@ def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, appe
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashattn.table", description="README results table from bench JSON")
-    p.add_argument("json", type=Path)
+    p.add_argument("json", type=Path, nargs="?", help="a benchmark JSON (not needed with --gpu-tests)")
     p.add_argument("--seq-len", type=int, help="M = N of the rows to show (default: 2048, else the largest)")
     p.add_argument("--dtype", help="dtype of the rows to show (default: the first run's)")
     p.add_argument("--head-dim", type=int)
@@ -209,13 +249,25 @@ def main(argv=None) -> int:
                    help="write the rows' medians into kernels/*.cu '// Measured on H200' lines, citing COMMAND")
     p.add_argument("--append", action="store_true", help="with --update-headers: add a line, keep the old ones")
     p.add_argument("--compare", nargs="+", metavar="NAME",
-                   help="IMPL OTHER...: a table of IMPL against OTHER at every shape in the file")
+                   help="VERSION OTHER...: a table of VERSION against OTHER at every shape in the file")
     p.add_argument("--block", help="with --compare --update-readme: the README block to replace "
-                                   "(default: IMPL-table)")
+                                   "(default: VERSION-table)")
+    p.add_argument("--gpu-tests", type=Path, metavar="XML",
+                   help="the sentence about a recorded GPU test run (pytest's JUnit XML); with --update-readme: "
+                        "into the gpu-tests block")
     p.add_argument("--group-shapes", action="store_true",
                    help="with --compare: repeated runs, one line each, grouped by shape")
     args = p.parse_args(argv)
     select = dict(seq_len=args.seq_len, dtype=args.dtype, causal=args.causal, head_dim=args.head_dim)
+    if args.gpu_tests:
+        sentence = gpu_tests_sentence(args.gpu_tests, args.gpu_tests.parent / "git_commit.txt")
+        if args.update_readme:
+            update_readme(args.update_readme, sentence, block="gpu-tests")
+        else:
+            print(sentence)
+        return 0
+    if args.json is None:
+        p.error("a benchmark JSON is required (or --gpu-tests XML)")
     if args.compare:
         table = comparison_table(load(args.json), args.compare[0], args.compare[1:], args.group_shapes)
         if args.update_readme:

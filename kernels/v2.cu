@@ -148,7 +148,9 @@ const char* flash_attention_forward(const float* q, const float* k, const float*
 // Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
 // into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
 // run first, give the details.
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v) {
+// `causal` keeps one signature, forward(q, k, v, causal), across every version's binding.
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  TORCH_CHECK(!causal, "causal=True is not implemented by this kernel (flashattn.INFO says which versions take it)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
     TORCH_CHECK(t->scalar_type() == at::kFloat, name, " must be float32");

@@ -2,7 +2,8 @@
 # One call on a GPU machine that has CUDA PyTorch but no package index (the H200 host): install the
 # carried wheels, build every kernel, then run the requested steps, writing logs and results to OUTDIR.
 #   scripts/gpu_session.sh OUTDIR STEP...
-#   STEP[@SECONDS]: build | tests | sanitizer | sweep5 | sweep6 | record | profile | notebooks | nbval | <python code>
+#   STEP[@SECONDS]: build | tests | sanitizer | sweep-VERSION (sweep-v5, sweep-v6) | record | profile | notebooks |
+#                   nbval | <python code>
 # Everything written under OUTDIR is packed into OUTDIR/session.tar.gz after each step. The copy of the
 # tree on such a machine has no .git, or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the
 # JSON records (it takes precedence over git).
@@ -33,16 +34,18 @@ for arg in "$@"; do
       ( python3 -c "import flashattn, time; t=time.time(); flashattn.load('$v'); print('$v built in %.1f s' % (time.time()-t))" \
           > "$W/build_$v.log" 2>&1 || echo "BUILD FAILED $v" >> "$W/build_$v.log" ) &
     done; wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
-  tests)
-    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-4} tests -k "not sanitizer" --junitxml="$W/junit.xml" > "$W/pytest.log" 2>&1
+  tests)  # the JUnit XML lands with the record (work/h200 -> results/h200): flashattn.table reads it for the README
+    mkdir -p "$W/h200"; commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-4} tests -k "not sanitizer" \
+      --junitxml="$W/h200/pytest_junit.xml" -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40 ;;
   sanitizer)
     $T python3 -m pytest -q -p no:cacheprovider tests/test_sanitizer_gpu.py > "$W/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; tail -3 "$W/sanitizer.log" ;;
-  sweep5)
-    $T python3 scripts/v5_sweep.py --out "$W" > "$W/v5_sweep.log" 2>&1; echo "v5 sweep rc=$?"; tail -25 "$W/v5_sweep.log" ;;
-  sweep6)
-    $T python3 scripts/v6_sweep.py --out "$W" > "$W/v6_sweep.log" 2>&1; echo "v6 sweep rc=$?"; tail -25 "$W/v6_sweep.log" ;;
+  sweep-*)  # python -m flashattn.sweep VERSION: VERSION_sweep.json next to the other records
+    v=${step#sweep-}; mkdir -p "$W/h200"
+    $T python3 -m flashattn.sweep "$v" --out "$W/h200" > "$W/h200/${v}_sweep.txt" 2>&1; echo "$v sweep rc=$?"
+    tail -25 "$W/h200/${v}_sweep.txt" ;;
   record)
     $T bash scripts/record_h200.sh "$W/h200" bench v5 v6 repeat > "$W/record.log" 2>&1; echo "record rc=$?"
     tail -40 "$W/h200/bench.txt"; tail -30 "$W/h200/bench_v5.txt"; tail -30 "$W/h200/bench_v6.txt"

@@ -16,3 +16,4 @@ $PY -m flashattn.table $R/bench_v6.json --compare v6 sdpa_flash sdpa sdpa_cudnn 
 $PY -m flashattn.table $R/bench.json --compare v6 sdpa v5 --block v6-tf32-table --update-readme README.md
 $PY -m flashattn.table $R/bench_v6_repeat.json --compare v6 sdpa_flash sdpa --group-shapes --block v6-repeat-table \
     --update-readme README.md
+$PY -m flashattn.table --gpu-tests $R/pytest_junit.xml --update-readme README.md

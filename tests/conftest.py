@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,3 +29,24 @@ def _free_gpu_memory():
     yield
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def write_bench_file(folder: Path, old_keys: bool = False) -> None:
+    """A bench.json with baseline, sdpa and v4 at one shape; `old_keys`: as files recorded before the
+    rename (impl, ran_as)."""
+    import json
+
+    from flashattn.bench import add_comparisons
+    rows = []
+    for version, us in (("baseline", 2000.0), ("sdpa", 1500.0), ("v4", 1200.0)):
+        rows.append(dict(version=version, batch_size=4, num_heads=12, seq_len_q=2048, seq_len_kv=2048, head_dim=64,
+                         dtype="float32", causal=False, status="ok", message=None, runs_as=version, rel_error=1e-7,
+                         median_us=us, min_us=us - 1, max_us=us + 1, calls_timed=100, requested_repetitions=100,
+                         tflops=51.5e9 / (us * 1e-6) / 1e12, flops=51.5e9))
+    add_comparisons(rows)
+    if old_keys:
+        rows = [{{"version": "impl", "runs_as": "ran_as"}.get(k, k): v for k, v in r.items()} for r in rows]
+    doc = {"schema": 1, "runs": [{"meta": {"device": {"name": "NVIDIA H200"}, "torch": "2.11",
+                                           "git": {"commit": "abcdef1234567"}},
+                                  "settings": {"repetitions": 100, "warmup": 25}, "rows": rows}]}
+    (folder / "bench.json").write_text(json.dumps(doc))

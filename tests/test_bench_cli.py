@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_gpu
 
 from flashattn import bench, profile
 from flashattn.versions import INFO, VERSIONS
-
-from conftest import needs_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------------------------- bench
 def test_defaults_match_the_seed_suite():
     a = bench.parse_args(["all"])
-    assert a.impl == list(VERSIONS)
+    assert a.versions == list(VERSIONS)
     assert (a.batch_size, a.num_heads, a.head_dim, a.seq_lens) == (4, 12, 64, [512, 1024, 2048])
     assert (a.warmup, a.repetitions, a.max_seconds, a.dtype, a.causal) == (25, 100, 3.0, "float32", False)
     assert a.rounds == 10
@@ -31,18 +30,18 @@ def test_overrides_and_sdpa_variants():
     a = bench.parse_args(["v6", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "--dtype", "bfloat16",
                           "--causal", "-B", "2", "-H", "16", "-D", "128", "--seq-lens", "8192", "1024",
                           "--warmup", "2", "--repetitions", "3", "--max-seconds", "0.5", "--json", "x.json"])
-    assert a.impl == ["v6", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+    assert a.versions == ["v6", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
     assert (a.batch_size, a.num_heads, a.head_dim, a.seq_lens) == (2, 16, 128, [1024, 8192])
     assert (a.dtype, a.causal, a.max_seconds, a.json) == ("bfloat16", True, 0.5, Path("x.json"))
     assert not set(bench.SDPA_BACKENDS) & set(VERSIONS)
 
 
-def test_unknown_impl_is_an_error(capsys):
+def test_unknown_version_is_an_error(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(["v99"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown IMPL 'v99'" in err and "sdpa_flash" in err
+    assert "unknown VERSION 'v99'" in err and "sdpa_flash" in err
 
 
 @pytest.mark.parametrize("bad", [["v4", "--seq-lens", "0"], ["v4", "--repetitions", "0"], ["v4", "--rounds", "0"],
@@ -61,15 +60,30 @@ def test_help_explains_max_seconds_and_variants(capsys):
         assert word in text.replace("\n", " ")
 
 
+def test_help_gives_every_option_a_description_with_its_default(capsys):
+    parser = bench.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, f"{action.option_strings} has no help text"
+        assert "default" in action.help, f"{action.option_strings} does not state its default"
+    for flag, dest in (("-B", "batch_size"), ("-H", "num_heads"), ("-D", "head_dim")):
+        assert f"{flag} {dest.upper()}, --{dest.replace('_', '-')} {dest.upper()}" in text
+        assert f"(default: {bench.DEFAULTS[dest]})" in text
+
+
 def test_flop_count():
     assert bench.attention_flops(4, 12, 2048, 2048, 64) == 4 * 4 * 12 * 2048 * 2048 * 64
     assert bench.attention_flops(1, 1, 8, 16, 4, causal=True) == 4 * 8 * 16 * 4 / 2
 
 
-def _row(impl, us, status="ok", **kw):
-    r = dict(impl=impl, batch_size=4, num_heads=12, seq_len_q=2048, seq_len_kv=2048, head_dim=64, dtype="float32",
+def _row(version, us, status="ok", **kw):
+    r = dict(version=version, batch_size=4, num_heads=12, seq_len_q=2048, seq_len_kv=2048, head_dim=64, dtype="float32",
              causal=False, status=status, message=None if status == "ok" else "no", median_us=us, min_us=us,
-             max_us=us, calls_timed=100, requested_repetitions=100, ran_as=impl, rel_error=None,
+             max_us=us, calls_timed=100, requested_repetitions=100, runs_as=version, rel_error=None,
              tflops=1.0, stopped_early=False)
     r.update(kw)
     return r
@@ -78,7 +92,7 @@ def _row(impl, us, status="ok", **kw):
 def test_comparisons_against_baseline_and_sdpa():
     rows = bench.add_comparisons([_row("baseline", 200.0), _row("sdpa", 100.0), _row("v4", 50.0),
                                   _row("v0", None, status="unsupported"), _row("v1", 80.0, seq_len_q=1024)])
-    by = {r["impl"]: r for r in rows}
+    by = {r["version"]: r for r in rows}
     assert by["v4"]["change_vs_baseline_pct"] == pytest.approx(-75.0)
     assert by["v4"]["time_ratio_vs_sdpa"] == pytest.approx(0.5) and by["v4"]["speedup_vs_sdpa"] == pytest.approx(2)
     assert by["v0"]["change_vs_baseline_pct"] is None
@@ -167,7 +181,7 @@ def test_short_benchmark_of_every_version(tmp_path):
                                "--repetitions", "3", "--json", str(out)]) == 0
     run = json.loads(out.read_text())["runs"][0]
     assert run["meta"]["device"]["name"] and run["meta"]["torch"] == torch.__version__
-    rows = {r["impl"]: r for r in run["rows"]}
+    rows = {r["version"]: r for r in run["rows"]}
     assert set(rows) == set(names)
     for name in VERSIONS:                           # every version takes fp32 at D=64
         r = rows[name]
@@ -181,7 +195,7 @@ def test_short_benchmark_of_every_version(tmp_path):
 def test_unsupported_dtype_is_a_row_not_a_crash(tmp_path):
     result = bench.run(bench.parse_args(["v4", "v6", "--dtype", "bfloat16", "-B", "1", "-H", "1", "--seq-lens", "64",
                                          "--warmup", "1", "--repetitions", "2"]))
-    rows = {r["impl"]: r for r in result["rows"]}
+    rows = {r["version"]: r for r in result["rows"]}
     assert rows["v4"]["status"] == "unsupported" and "dtype" in rows["v4"]["message"]
     assert rows["v6"]["status"] == "ok"
 

@@ -22,7 +22,7 @@ if torch.cuda.is_available():
     q = torch.randn(2, 3, 113, 64, device="cuda")
     k = torch.randn(2, 3, 203, 64, device="cuda")
     v = torch.randn(2, 3, 203, 64, device="cuda")
-    out = mod.forward(q, k, v)
+    out = mod.forward(q, k, v, False)   # every binding: forward(q, k, v, causal)
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8.0, -1) @ v.double()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     print("RELERR", err)

@@ -17,9 +17,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from conftest import needs_gpu, poison_allocator
 
 import flashattn
-from conftest import needs_gpu, poison_allocator
 from flashattn.reference import attention_reference
 
 
@@ -347,6 +347,7 @@ def test_bad_inputs_refused_then_good_call_works(v6):
     for name, (a, b, c) in cases.items():
         with pytest.raises(RuntimeError):
             v6.forward(a, b, c, False)
+            pytest.fail(f"the binding took the {name} case")
     out = v6.forward(q, k, v, False)
     ref = attention_in(q, k, v, False, torch.float32)
     assert (out.float() - ref).abs().max().item() < 2e-2

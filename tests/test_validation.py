@@ -1,11 +1,11 @@
 """Bad input is refused before any launch, with the argument named, and needs no GPU to detect."""
 import pytest
 import torch
+from conftest import needs_gpu
 
 import flashattn
+import flashattn.bench
 from flashattn import check_inputs
-
-from conftest import needs_gpu
 
 
 def qkv(B=2, H=3, M=17, N=33, D=64, dtype=torch.float32, device="cpu"):
@@ -121,6 +121,28 @@ def test_routing_on_gpu():
     assert check_inputs(*qkv(D=128, device="cuda"), "v5") == "v5"
 
 
+def test_plan_checks_like_check_inputs():
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        flashattn.plan(*qkv(), "v4")
+    with pytest.raises(ValueError, match="causal=True is not implemented by v2"):
+        flashattn.plan(*qkv(), "v2", causal=True)
+
+
+@needs_gpu
+def test_plan_names_the_version_that_runs_and_runs_it_unchecked():
+    import dataclasses
+    q, k, v = qkv(D=40, device="cuda")
+    p = flashattn.plan(q, k, v, "v4")
+    assert (p.version, p.runs_as, p.causal) == ("v4", "v2", False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.runs_as = "v4"
+    out = p.run(q, k, v)
+    assert torch.equal(out, flashattn.forward(q, k, v, version="v4"))
+    assert flashattn.reference.relative_error(out, flashattn.reference.attention_reference(q, k, v)) < 1e-5
+    fn, _, runs_as = flashattn.bench.make_call("v4", q, k, v, False)
+    assert runs_as == "v2" and torch.equal(fn(), out)
+
+
 @needs_gpu
 @pytest.mark.parametrize("version", [v for v in flashattn.KERNEL_VERSIONS])
 def test_good_call_after_refused_calls(version):
@@ -141,23 +163,25 @@ def test_good_call_after_refused_calls(version):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v4", "v5"])
 def test_raw_binding_refuses_and_recovers(version):
     """The copied .cu alone (no Python checks) still refuses bad input with a message, then works."""
     module = flashattn.load(version)
     q, k, v = qkv(M=33, N=33, device="cuda")
+    with pytest.raises(RuntimeError, match="causal=True is not implemented by this kernel"):
+        module.forward(q, k, v, True)
     with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
-        module.forward(q.cpu(), k, v)
+        module.forward(q.cpu(), k, v, False)
     with pytest.raises(RuntimeError, match="k must be float32"):
-        module.forward(q, k.double(), v)
+        module.forward(q, k.double(), v, False)
     with pytest.raises(RuntimeError, match="v must be contiguous"):
-        module.forward(q, k, v.transpose(2, 3).contiguous().transpose(2, 3))
+        module.forward(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), False)
     with pytest.raises(RuntimeError, match="v must have the shape of k"):
-        module.forward(q, k, v[:, :, :-1].contiguous())
+        module.forward(q, k, v[:, :, :-1].contiguous(), False)
     if version in ("v3", "v4"):
         with pytest.raises(RuntimeError, match="compiled for head_dim 64 only"):
-            module.forward(*qkv(D=40, device="cuda"))
-    out = module.forward(q, k, v)
+            module.forward(*qkv(D=40, device="cuda"), False)
+    out = module.forward(q, k, v, False)
     assert flashattn.reference.relative_error(out, flashattn.reference.attention_reference(q, k, v)) < 1e-5
 
 

@@ -1,0 +1,443 @@
+"""The book's figures, drawn with matplotlib from recorded data or fixed inputs (no random state without
+a seed), so every run draws the same picture.
+
+Rooflines and scaling plots read results/h200/ through flashattn.records; the diagrams of tiles, warps,
+banks and fragments take their arithmetic from flashattn.geometry.
+"""
+from __future__ import annotations
+
+from .geometry import (
+    bank_map,
+    conflict_degree,
+    mma_accumulator_owner,
+    smem_bytes,
+    smem_parts,
+    swizzle,
+    v5_default_tiles,
+)
+from .records import _primary_rows, ceilings, profile_summary, report_path
+from .table import label
+from .versions import VERSIONS
+
+
+def roofline(versions=None, highlight: str | None = None, title: str | None = None):
+    """Roofline of the recorded reports of `versions` (default: every one that has a report), under
+    the measured ceilings of results/h200/ceilings.json; the report's own peaks are drawn too."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .plots import point_from_summary
+    from .plots import roofline as draw
+    c = ceilings()
+    versions = [v for v in (versions or VERSIONS) if report_path(v).exists()]
+    points = []
+    for v in versions:
+        s = profile_summary(v)
+        if s is not None:
+            points.append(point_from_summary(label(v), s))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), constrained_layout=True)
+    if points:
+        draw(points, title=title or "Roofline from the recorded Nsight Compute reports", ax=ax)
+        if highlight:
+            for p in points:
+                if p["label"] == label(highlight):
+                    ax.plot(p["intensity"], p["flops_per_s"], "o", ms=16, mfc="none", mec="crimson", mew=2)
+    x = np.logspace(-1, 4.3, 200)
+    tensor = highlight == "v6" or any(p.get("tensor_peak") for p in points)
+    for peak, name, style in ((c["fp32"], "FP32 SGEMM", "-."), (c["tf32"], "TF32 GEMM", ":"),
+                              (c["bf16"], "BF16 GEMM", ":")):
+        if name != "FP32 SGEMM" and not tensor:
+            continue                                   # CUDA-core chapters: only the FP32 roof matters
+        ax.plot(x, np.minimum(peak, c["dram"] * x), style, color="tab:green", lw=1.2,
+                label=f"measured: {name} {peak / 1e12:,.0f} TFLOP/s, copy {c['dram'] / 1e12:.2f} TB/s")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
+           ylabel="performance [FLOP/s]")
+    if not points:
+        ax.set_title(title or "Measured H200 ceilings (no report recorded yet)")
+        ax.text(0.5, 0.08, "no Nsight Compute report recorded yet", transform=ax.transAxes, ha="center",
+                color="0.4")
+    top = max([c["fp32"]] + [p["flops_per_s"] for p in points if p.get("flops_per_s")]
+              + [p.get("tensor_peak") or 0 for p in points])
+    ax.set_ylim(top=top * 3)
+    ax.legend(loc="upper left", fontsize=7.5)
+    ax.grid(True, which="both", alpha=0.25)
+    plt.show()
+
+
+def fig_scaling(versions=VERSIONS, file="bench.json", dtype="float32"):
+    """Latency and TFLOP/s against sequence length for every version, from the recorded benchmark."""
+    import matplotlib.pyplot as plt
+    rows = _primary_rows(dtype=dtype, file=file)
+    if not rows:
+        print(f"No recorded benchmark yet (results/h200/{file}): the H200 run fills these plots in.")
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for i, v in enumerate(versions):
+        pts = sorted((r["seq_len_q"], r["median_us"], r["tflops"]) for r in rows if r["version"] == v)
+        if not pts:
+            continue
+        L, us, tf = zip(*pts)
+        style = dict(marker="o", color=f"C{i % 10}", label=label(v), ls="--" if v in ("baseline", "sdpa") else "-")
+        a.plot(L, us, **style)
+        b.plot(L, tf, **style)
+    c = ceilings()
+    b.axhline(c["fp32"] / 1e12, color="tab:green", ls="-.", lw=1)
+    b.text(rows[0]["seq_len_q"], c["fp32"] / 1e12 * 1.08, "FP32 SGEMM ceiling", color="tab:green", fontsize=8)
+    a.set(xscale="log", yscale="log", xlabel="sequence length M = N", ylabel="latency [µs]",
+          title="Latency (B=4, H=12, D=64)")
+    b.set(xscale="log", yscale="log", xlabel="sequence length M = N", ylabel="TFLOP/s",
+          title="Throughput, 4·B·H·M·N·D FLOP per call")
+    for ax in (a, b):
+        ax.set_xticks(sorted({r["seq_len_q"] for r in rows}))
+        ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        ax.grid(True, which="both", alpha=0.25)
+    a.legend(fontsize=8, ncol=2)
+    plt.show()
+
+
+def _boxes(ax, x, y, w, h, text, color, fs=9, **kw):
+    from matplotlib.patches import FancyBboxPatch
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="0.3", **kw))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fs)
+
+
+def _arrow(ax, a, b, text="", color="0.3"):
+    ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="->", color=color, lw=1.4))
+    if text:
+        ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + 0.12, text, ha="center", fontsize=8, color=color)
+
+
+def fig_attention_bytes(D: int = 64, B: int = 4, H: int = 12):
+    """Bytes a naive float32 forward moves (S written, read, P written, read) against the bytes of Q, K,
+    V and O alone, and the arithmetic intensity each implies, against sequence length."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    c = ceilings()
+    L = np.array([256, 512, 1024, 2048, 4096, 8192, 16384])
+    flops = 4.0 * B * H * L * L * D
+    io = 4.0 * B * H * 4 * L * D                   # Q, K, V read once, O written once
+    naive = io + 4.0 * B * H * L * L * 4            # S written, S read, P written, P read
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+    a.plot(L, naive / 1e9, "o-", label="naive: Q, K, V, O + S and P through DRAM")
+    a.plot(L, io / 1e9, "s-", label="fused: Q, K, V, O only")
+    a.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="DRAM traffic per forward [GB]",
+          title=f"Bytes moved (B={B}, H={H}, D={D}, float32)")
+    b.plot(L, flops / naive, "o-", label="naive")
+    b.plot(L, flops / io, "s-", label="fused (ideal)")
+    b.axhline(c["fp32"] / c["dram"], color="tab:green", ls="-.", lw=1)
+    b.text(L[0], c["fp32"] / c["dram"] * 0.6, f"FP32 ridge of the H200: {c['fp32'] / c['dram']:.0f} FLOP/byte",
+           color="tab:green", fontsize=8)
+    b.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="FLOP per DRAM byte",
+          title="Arithmetic intensity")
+    for ax in (a, b):
+        ax.set_xticks(L)
+        ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        ax.tick_params(axis="x", labelrotation=45)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=8)
+    plt.show()
+
+
+def fig_roofline_model():
+    """The roofline model drawn from the measured H200 ceilings, with the two attention intensities."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    c = ceilings()
+    x = np.logspace(-1, 4, 300)
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), constrained_layout=True)
+    for peak, name, col in ((c["bf16"], "BF16 tensor cores", "C3"), (c["tf32"], "TF32 tensor cores", "C1"),
+                            (c["fp32"], "FP32 CUDA cores", "C0")):
+        ax.plot(x, np.minimum(peak, c["dram"] * x) / 1e12, color=col, lw=2,
+                label=f"{name}: {peak / 1e12:,.1f} TFLOP/s, ridge {peak / c['dram']:.0f} FLOP/B")
+        ax.plot([peak / c["dram"]] * 2, [0.05, peak / 1e12], ":", color=col, lw=1)
+    for xi, name in ((16, "naive attention\nD=64: D/4 = 16"), (512, "fused, N=2048:\nN/4 = 512")):
+        ax.axvline(xi, color="0.5", ls="--", lw=1)
+        ax.text(xi * 1.1, 0.12, name, fontsize=8, color="0.3")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
+           ylabel="attainable TFLOP/s", ylim=(0.05, 2000),
+           title=f"Roofline of the H200 from measured ceilings (DRAM copy {c['dram'] / 1e12:.2f} TB/s)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="upper left", fontsize=8)
+    plt.show()
+
+
+def online_softmax_trace(scores, tile: int):
+    """m, l after each tile of one row of scores, and the exact softmax sum, for the derivation."""
+    import numpy as np
+    m, l, out = -np.inf, 0.0, []
+    for t in range(0, len(scores), tile):
+        s = scores[t:t + tile]
+        m_new = max(m, s.max())
+        l = l * np.exp(m - m_new) + np.exp(s - m_new).sum()
+        m = m_new
+        out.append((t // tile, m, l))
+    return out
+
+
+def fig_online_softmax(n: int = 32, tile: int = 8, seed: int = 3):
+    """One row of scores processed tile by tile: the running max m and the running sum l, whose last
+    value times exp(m) equals the full sum."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    s = np.clip(rng.normal(0, 1.0, n), -3.0, 1.8)
+    s[3], s[12], s[19] = 2.2, 3.2, 5.0               # the max grows in tiles 2 and 3, not in tile 4
+    trace = online_softmax_trace(s, tile)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
+    cols = [f"C{(i // tile) % 10}" for i in range(n)]
+    a.bar(range(n), s, color=cols)
+    last = None
+    for t, m, _ in trace:
+        if m != last:                                 # label the running max where it changes
+            a.hlines(m, t * tile - 0.4, n - 0.6, color="k", lw=1, ls="--")
+            a.text(t * tile, m + 0.2, f"m from tile {t + 1} on", fontsize=8)
+            last = m
+    a.set(xlabel="key index j", ylabel="score $s_j$", title=f"One row of S in tiles of {tile} keys")
+    steps = [t + 1 for t, _, _ in trace]
+    b.plot(steps, [l for *_, l in trace], "o-", label="running $\\ell$ (relative to the running max)")
+    b.plot(steps, [np.exp(s[:(t + 1) * tile] - s.max()).sum() * np.exp(s.max() - m) for t, m, _ in trace],
+           "x", ms=10, color="k", label="$\\sum_{j<\\mathrm{seen}} e^{s_j - m}$ recomputed from scratch")
+    b.set(xlabel="tiles seen", ylabel="$\\ell$", xticks=steps,
+          title="$\\ell$ drops when m grows: old terms are rescaled, not recomputed")
+    b.legend(fontsize=8)
+    b.grid(alpha=0.3)
+    plt.show()
+
+
+def fig_v0_dataflow():
+    """v0's three launches and where the score matrix lives between them."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 2.8), constrained_layout=True)
+    ax.set(xlim=(0, 10), ylim=(0, 3))
+    ax.axis("off")
+    _boxes(ax, 0.1, 1.9, 1.5, 0.8, "Q, K\n(DRAM)", "#dbe9f6")
+    _boxes(ax, 2.2, 1.9, 1.9, 0.8, "scores_kernel\nS = QKᵀ/√D", "#fde0c5")
+    _boxes(ax, 4.7, 0.9, 1.9, 1.0, "S / P\n[B, H, N, N] floats\nin DRAM", "#f7c6c7")
+    _boxes(ax, 2.2, 0.1, 1.9, 0.8, "softmax_kernel\nP = softmax(S)", "#fde0c5")
+    _boxes(ax, 7.2, 1.9, 1.9, 0.8, "pv_kernel\nO = PV", "#fde0c5")
+    _boxes(ax, 7.2, 0.1, 1.9, 0.8, "V (DRAM) → O", "#dbe9f6")
+    _arrow(ax, (1.6, 2.3), (2.2, 2.3))
+    _arrow(ax, (4.1, 2.3), (4.9, 1.9))
+    ax.text(4.6, 2.35, "write N² floats", fontsize=8, color="crimson")
+    _arrow(ax, (4.7, 1.1), (4.1, 0.6))
+    ax.text(4.45, 0.55, "read + write N²", fontsize=8, color="crimson")
+    _arrow(ax, (6.6, 1.6), (7.2, 2.2))
+    ax.text(6.25, 2.05, "read N²", fontsize=8, color="crimson")
+    _arrow(ax, (8.15, 0.9), (8.15, 1.9))
+    plt.show()
+
+
+def fig_grid_fill(blocks_v1: int = 48, blocks_v2: int = 1536, blocks_per_sm_v2: int = 3):
+    """How many of the H200's SMs each grid keeps busy: v1 launches one block per (batch, head)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    sms = ceilings()["sm_count"]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 2.6), constrained_layout=True)
+    for ax, blocks, per, name in ((axes[0], blocks_v1, 1, "v1: one block per (batch, head)"),
+                                  (axes[1], blocks_v2, blocks_per_sm_v2, "v2: one block per query tile")):
+        first_wave = np.minimum(blocks, sms * per)
+        busy = np.zeros(sms)
+        busy[: min(sms, blocks)] = 1
+        ax.imshow(busy[None, :], cmap="Greens", vmin=0, vmax=1.4, aspect="auto")
+        ax.set_yticks([])
+        ax.set_xticks([0, 47, sms - 1])
+        ax.set_xticklabels(["SM 0", "SM 47", f"SM {sms - 1}"])
+        waves = blocks / (sms * per)
+        ax.set_title(f"{name}: {blocks:,} blocks; {int(first_wave):,} run at once "
+                     f"({min(blocks, sms)} of {sms} SMs busy, {waves:.1f} waves)", fontsize=9, loc="left")
+    plt.show()
+
+
+def fig_smem_stack(versions=("v1", "v2", "v3"), D: int = 64):
+    """Stacked bars of each version's shared memory per block (KiB), by array (flashattn.geometry)."""
+    import matplotlib.pyplot as plt
+    budgets = {v: [(name, smem_bytes([(name, r, c)])) for name, r, c in smem_parts(v, D)] for v in versions}
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * len(budgets)), constrained_layout=True)
+    names = list(budgets)
+    colors = {}
+    for y, v in enumerate(names):
+        left = 0.0
+        for part, nbytes in budgets[v]:
+            col = colors.setdefault(part, f"C{len(colors) % 10}")
+            ax.barh(y, nbytes / 1024, left=left, color=col, ec="white")
+            if nbytes / 1024 > 2.5:
+                ax.text(left + nbytes / 2048, y, part, ha="center", va="center", fontsize=8, color="white")
+            left += nbytes / 1024
+        ax.text(left + 0.5, y, f"{left:.1f} KiB", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), [label(n) for n in names])
+    ax.invert_yaxis()
+    widest = max(sum(b for _, b in parts) for parts in budgets.values()) / 1024
+    ax.set(xlabel=f"shared memory per block [KiB] at D = {D}", xlim=(0, widest * 1.18))
+    plt.show()
+
+
+def fig_loop_order():
+    """v1 walks K/V tiles outside and all query tiles inside; v2 gives each block one query tile."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.7), constrained_layout=True)
+    n = 6
+    for ax, name in zip(axes, ("v1 (FlashAttention-1 order)", "v2 (FlashAttention-2 order)")):
+        ax.set(xlim=(-0.2, n + 0.2), ylim=(n + 0.2, -0.9), aspect="equal")
+        ax.axis("off")
+        for i in range(n):
+            for j in range(n):
+                if name.startswith("v1"):
+                    col = plt.cm.Blues(0.25 + 0.6 * j / n)    # one block, visiting column by column
+                else:
+                    col = plt.cm.tab10(i % 10)                # block i owns row i
+                ax.add_patch(Rectangle((j, i), 1, 1, fc=col, ec="white", alpha=0.85))
+        ax.text(n / 2, -0.45, "key tiles j (K_j, V_j) →", ha="center", fontsize=9)
+        ax.text(-0.15, n / 2, "query tiles i ↓", rotation=90, va="center", ha="right", fontsize=9)
+        ax.set_title(name, fontsize=10)
+    axes[0].text(n / 2, n + 0.1, "one block: for j: load K_j, V_j; for i: update O_i, m_i, l_i in DRAM",
+                 ha="center", va="top", fontsize=8)
+    axes[1].text(n / 2, n + 0.1, "block i (colour): keeps O_i, m_i, l_i on chip; streams every K_j, V_j",
+                 ha="center", va="top", fontsize=8)
+    plt.show()
+
+
+def fig_warp_ownership(B_r=64, B_c=32, D=64, warps=8):
+    """v3/v4: which warp owns which query rows, and which lane owns which score / output columns."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    rows = B_r // warps
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), constrained_layout=True,
+                             gridspec_kw={"width_ratios": [D, B_c, D]})
+    warp_of_row = np.repeat(np.arange(warps), rows)
+    q = np.tile(warp_of_row[:, None], (1, D))
+    axes[0].imshow(q, cmap="tab10", vmin=0, vmax=9, aspect="auto")
+    axes[0].set_title(f"Q_i ({B_r} × {D}): row → warp\n(warp w owns rows 8w … 8w+7)", fontsize=9)
+    lane = np.tile(np.arange(B_c)[None, :], (B_r, 1))
+    shade = warp_of_row[:, None] * 0 + (lane % 32) / 31
+    axes[1].imshow(np.where(warp_of_row[:, None] == 0, shade, np.nan), cmap="viridis", aspect="auto")
+    axes[1].imshow(np.where(warp_of_row[:, None] == 0, np.nan, warp_of_row[:, None] + 0 * lane), cmap="tab10",
+                   vmin=0, vmax=9, alpha=0.35, aspect="auto")
+    axes[1].set_title(f"S_ij ({B_r} × {B_c}): lane c computes column c\n(warp 0 shaded by lane)", fontsize=9)
+    out_lane = np.tile((np.arange(D) % 32)[None, :], (B_r, 1)) / 31
+    axes[2].imshow(np.where(warp_of_row[:, None] == 0, out_lane, np.nan), cmap="viridis", aspect="auto")
+    axes[2].imshow(np.where(warp_of_row[:, None] == 0, np.nan, warp_of_row[:, None] + 0 * out_lane), cmap="tab10",
+                   vmin=0, vmax=9, alpha=0.35, aspect="auto")
+    axes[2].set_title(f"O_i ({B_r} × {D}) in registers: lane c owns\ncolumns c and c+32 of its warp's rows", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("column")
+        ax.set_ylabel("row")
+    plt.show()
+
+
+def fig_bank_mapping(strides=(64, 65), d: int = 0):
+    """Lane c reads K_j[c][d]: which of the 32 banks it hits, for each row stride."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, len(strides), figsize=(5.2 * len(strides), 3.6), constrained_layout=True)
+    for ax, stride in zip(np.atleast_1d(axes), strides):
+        grid = np.zeros((32, 32))
+        for c, b in enumerate(bank_map(stride, d)):
+            grid[b, c] = 1
+        ax.imshow(grid, cmap="Reds" if conflict_degree(stride, d) > 1 else "Greens", origin="lower", vmin=0, vmax=1.2)
+        ax.set(xlabel="lane c (reads row c of K_j)", ylabel="shared-memory bank",
+               title=f"row stride {stride} floats: {conflict_degree(stride, d)}-way "
+                     f"{'conflict' if conflict_degree(stride, d) > 1 else '(conflict-free)'}")
+        ax.set_xticks(range(0, 32, 4))
+        ax.set_yticks(range(0, 32, 4))
+    plt.show()
+
+
+def fig_register_tile(B_r=None, B_c=None, TM=None, TN=None, highlight=(0, 1, 8, 9)):
+    """v5: the threads of a block tile S_ij; thread (rg, cg) owns rows rg + i*NRG and columns cg + j*WC.
+    The shape defaults to the one kernels/v5.cu compiles for D = 64."""
+    t = v5_default_tiles()[64]
+    B_r, B_c, TM, TN = B_r or t["B_r"], B_c or t["B_c"], TM or t["TM"], TN or t["TN"]
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    WC, NRG = B_c // TN, B_r // TM
+    owner = np.full((B_r, B_c), -1.0)
+    for k, t in enumerate(highlight):
+        rg, cg = t // WC, t % WC
+        for i in range(TM):
+            for j in range(TN):
+                owner[rg + i * NRG, cg + j * WC] = k
+    colors = ["#eeeeee"] + [plt.cm.tab10(k) for k in range(len(highlight))]
+    fig, ax = plt.subplots(figsize=(6.2, 5.6), constrained_layout=True)
+    ax.pcolormesh(np.arange(B_c + 1), np.arange(B_r + 1), owner + 1, cmap=ListedColormap(colors),
+                  vmin=0, vmax=len(highlight), edgecolors="white", linewidth=0.3)
+    ax.set_xticks(range(0, B_c + 1, WC))
+    ax.set_yticks(range(0, B_r + 1, NRG))
+    ax.set_xlim(0, B_c)
+    ax.set_ylim(B_r, 0)
+    ax.set_aspect("equal")
+    ax.grid(color="0.5", lw=0.8)
+    ax.legend(handles=[Patch(color=colors[k + 1], label=f"thread {t}: rg={t // WC}, cg={t % WC}")
+                       for k, t in enumerate(highlight)], loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=2, fontsize=8)
+    ax.set(xlabel="key column of S_ij", ylabel="query row of S_ij")
+    ax.set_title(f"{B_r} × {B_c} score tile, {NRG * WC} threads, each owning a {TM} × {TN} register tile:\n"
+                 f"rows rg + {NRG}·i (i < {TM}), columns cg + {WC}·j (j < {TN}); thread = {WC}·rg + cg", fontsize=9)
+    plt.show()
+
+
+def fig_pipeline(tiles: int = 3):
+    """v5's two-stage cp.async pipeline: each copy hides behind half a tile of arithmetic."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(11, 2.2), constrained_layout=True)
+    t = 0.0
+    for j in range(tiles):
+        ax.barh(1, 1.0, left=t, color="C0", ec="white")
+        ax.text(t + 0.5, 1, f"S = Q K_{j}ᵀ, softmax", ha="center", va="center", color="white", fontsize=8)
+        ax.barh(0, 0.8, left=t + 0.05, color="C1", ec="white")
+        ax.text(t + 0.45, 0, f"cp.async V_{j}", ha="center", va="center", fontsize=8)
+        ax.barh(1, 1.0, left=t + 1, color="C2", ec="white")
+        ax.text(t + 1.5, 1, f"O += P V_{j}", ha="center", va="center", color="white", fontsize=8)
+        if j < tiles - 1:
+            ax.barh(0, 0.8, left=t + 1.05, color="C4", ec="white")
+            ax.text(t + 1.45, 0, f"cp.async K_{j + 1}", ha="center", va="center", color="white", fontsize=8)
+        t += 2
+    ax.set_yticks([0, 1], ["copy engine\n(cp.async)", "FFMA pipes"])
+    ax.set(xlabel="time →", xticks=[])
+    ax.set_xlim(0, t)
+    plt.show()
+
+
+def fig_mma_fragment():
+    """m16n8k16: which lane of the warp holds which element of the 16 x 8 accumulator tile C (and
+    hence of P), and how two neighbouring n8 tiles form one k16 slice of the A operand."""
+    import matplotlib.pyplot as plt
+    own = mma_accumulator_owner(16, 16)
+    fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
+    ax.imshow(own % 4, cmap="Pastel1", vmin=0, vmax=8)
+    for r in range(16):
+        for c in range(16):
+            reg = (c % 2) + 2 * (r >= 8)
+            ax.text(c, r, f"{own[r, c]}\nc{reg}", ha="center", va="center", fontsize=6.5)
+    ax.axvline(7.5, color="k", lw=2)
+    ax.set_xticks(range(16))
+    ax.set_yticks(range(16))
+    ax.set(xlabel="key column (two n8 accumulator tiles = one k16 slice of P)", ylabel="query row",
+           title="S/P accumulator fragment of m16n8k16: lane (top) and its register c0..c3 (bottom)\n"
+                 "lane = 4·(row mod 8) + column/2 : the same placement the A operand of the next mma expects")
+    ax.title.set_fontsize(9)
+    plt.show()
+
+
+def fig_swizzle():
+    """ldmatrix reads one 16-byte chunk from each of 8 rows: without the swizzle all 8 chunks sit in the
+    same 4 banks; with chunk ^ (row % 8) they cover all 32 banks."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    for ax, swz in zip(axes, (False, True)):
+        grid = np.full((8, 8), np.nan)
+        for r in range(8):
+            grid[r, swizzle(r, 0) if swz else 0] = r
+        ax.imshow(grid, cmap="tab10", vmin=0, vmax=9)
+        for r in range(8):
+            c = swizzle(r, 0) if swz else 0
+            ax.text(c, r, f"row {r}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(8), [f"{4 * c}-{4 * c + 3}" for c in range(8)], fontsize=7)
+        ax.set(xlabel="banks of the 16-byte chunk (128-byte row)", ylabel="row of the tile",
+               title=("swizzled: chunk 0 of row r at chunk r: 8 rows, 32 banks, 1 wavefront" if swz else
+                      "plain row-major: chunk 0 of 8 rows, 4 banks, 8 wavefronts"))
+        ax.title.set_fontsize(9)
+    plt.show()

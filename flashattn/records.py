@@ -1,0 +1,313 @@
+"""Readers of what was recorded on the H200 (results/h200/) and by the compiler (results/compile/).
+
+Every function here reads committed files only, so its output is the same on every machine (the book
+checks the tables of these cells with nbval's `nbval-check-output` tag); a missing file gives one sentence
+saying what will fill it in, never an error.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+from .notebook import PRIMARY, md
+from .table import label, sdpa_cell
+from .versions import VERSIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "h200"
+COMPILE_RECORD = ROOT / "results" / "compile" / "resources.json"
+SW_POWER_CAP = 0x4          # NVML's clocks-event (throttle) reason bit for the software power cap
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ceilings() -> dict:
+    """The H200 ceilings measured with PyTorch's own GEMMs and copies (results/h200/ceilings.json), in base
+    units."""
+    doc = _json(RESULTS / "ceilings.json")
+    c = {k: v["value"] for k, v in doc["ceilings"].items()}
+    return {"fp32": c["fp32_cuda_core_tflops"] * 1e12, "tf32": c["tf32_tensor_tflops"] * 1e12,
+            "bf16": c["bf16_tensor_tflops"] * 1e12, "fp16": c["fp16_tensor_tflops"] * 1e12,
+            "dram": c["dram_copy_tbps"] * 1e12, "sm_count": doc["sm_count"], "source": doc["source"]}
+
+
+def ceilings_table():
+    """The measured ceilings next to the datasheet, and the ridge points they imply."""
+    doc = _json(RESULTS / "ceilings.json")
+    dram = doc["ceilings"]["dram_copy_tbps"]["value"]
+    lines = ["| Ceiling | Measured on the H200 | Datasheet | How | Ridge point |", "|---|--:|--:|---|--:|"]
+    for key, name in (("fp32_cuda_core_tflops", "FP32, CUDA cores"), ("tf32_tensor_tflops", "TF32, tensor cores"),
+                      ("bf16_tensor_tflops", "BF16, tensor cores")):
+        c = doc["ceilings"][key]
+        lines.append(f"| {name} | {c['value']:,.1f} TFLOP/s | {c['datasheet']:,} TFLOP/s | {c['how']} | "
+                     f"{c['value'] / dram:,.0f} FLOP/byte |")
+    c = doc["ceilings"]["dram_copy_tbps"]
+    lines.append(f"| DRAM bandwidth | {c['value']:.2f} TB/s | {c['datasheet']} TB/s | {c['how']} | — |")
+    return md("\n".join(lines))
+
+
+def bench_rows(path: Path | None = None) -> list[dict]:
+    """Every row of a recorded benchmark file (default results/h200/bench.json), [] when absent."""
+    path = path or RESULTS / "bench.json"
+    if not path.exists():
+        return []
+    from .table import load
+    return [dict(r, _meta=run.get("meta", {}), _settings=run.get("settings", {}))
+            for run in load(path)["runs"] for r in run["rows"]]
+
+
+def report_path(version: str, seq_len: int = PRIMARY["L"]) -> Path:
+    return RESULTS / f"flash_{version}_s{seq_len}_profile.ncu-rep"
+
+
+def _ncu_report_importable() -> bool:
+    """ncu_report comes from PyPI (ncu-report) or from Nsight Compute's own extras/python folder."""
+    try:
+        import ncu_report  # noqa: F401
+        return True
+    except ImportError:
+        pass
+    from .profile import find_ncu
+    ncu = find_ncu()
+    if ncu:
+        extras = Path(ncu).resolve().parent / "extras" / "python"
+        if extras.is_dir():
+            sys.path.append(str(extras))
+            try:
+                import ncu_report  # noqa: F401
+                return True
+            except ImportError:
+                return False
+    return False
+
+
+def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
+    """flashattn.ncu's summary of the recorded report of `version`, None when there is none."""
+    path = report_path(version, seq_len)
+    if not path.exists() or not _ncu_report_importable():
+        return None
+    return _summary(str(path), path.stat().st_mtime_ns)
+
+
+@functools.cache
+def _summary(path: str, mtime_ns: int) -> dict:
+    """One parse per report and version of the file: a chapter asks for the table, the stalls and the
+    roofline point of the same report."""
+    from .ncu import summarize
+    return summarize(path)
+
+
+def _recorded_summary(version: str, seq_len: int):
+    """(summary, None) or (None, the sentence to show instead)."""
+    path = report_path(version, seq_len)
+    if not path.exists():
+        return None, (f"*No Nsight Compute report recorded yet for {label(version)} "
+                      f"(`results/h200/{path.name}`); it appears here once the H200 run is committed.*")
+    s = profile_summary(version, seq_len)
+    if s is None:
+        return None, "*The report is there but `ncu_report` is not installed (`pip install ncu-report`).*"
+    return s, None
+
+
+def profile_table(version: str, seq_len: int = PRIMARY["L"], batch_size: int = PRIMARY["B"],
+                  num_heads: int = PRIMARY["H"], head_dim: int = PRIMARY["D"]):
+    """The Nsight Compute table of `version`, parsed from the committed report (profiled with
+    `python -m flashattn.profile` at the shape given here; the primary one by default)."""
+    s, missing = _recorded_summary(version, seq_len)
+    if s is None:
+        return md(missing)
+    from .ncu import markdown_table
+    from .profile import default_dtype
+    return md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={batch_size}, H={num_heads}, "
+               f"M=N={seq_len}, D={head_dim} ({default_dtype(version)}):\n\n" + markdown_table(s))
+
+
+def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
+    """Where the warps of `version` spent their cycles (ncu's warp-state statistics), largest first."""
+    s, missing = _recorded_summary(version, seq_len)
+    if s is None:
+        return md(missing)
+    from .ncu import stall_table as table
+    return md(table(s, top))
+
+
+def _bench_table(rows: list[dict], note: str) -> str:
+    lines = ["| version | M = N | median µs | min – max µs | calls | TFLOP/s | vs. baseline | vs. SDPA |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {label(r['version'])} | {r['seq_len_q']} | {r['status']}: {r['message']} | | | | | |")
+            continue
+        base = r.get("change_vs_baseline_pct")
+        sd = sdpa_cell(r)
+        lines.append(f"| {label(r['version'])} | {r['seq_len_q']} | {r['median_us']:,.1f} | "
+                     f"{r['min_us']:,.1f} – {r['max_us']:,.1f} | {r['calls_timed']} | {r['tflops']:.2f} | "
+                     f"{'—' if base is None or r['version'] == 'baseline' else f'{base:+.1f}%'} | {sd} |")
+    return "\n".join(lines) + "\n\n" + note
+
+
+def _recorded_note(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    meta, st = rows[0]["_meta"], rows[0]["_settings"]
+    dev = (meta.get("device") or {}).get("name", "?")
+    commit = ((meta.get("git") or {}).get("commit") or "uncommitted")[:10]
+    rounds = f" in {st['rounds']} interleaved rounds" if st.get("rounds", 1) > 1 else ""
+    return (f"Recorded on {dev} (torch {meta.get('torch', '?')}, commit {commit}): median of up to "
+            f"{st.get('repetitions', '?')} calls{rounds} after {st.get('warmup', '?')} warm-ups, L2 flushed "
+            f"before each.")
+
+
+def recorded(versions, seq_lens=(PRIMARY["L"],), dtype="float32", causal=False, head_dim=64, file="bench.json"):
+    """The recorded H200 rows of these versions and lengths, as a table (same columns as `timing`)."""
+    rows = [r for r in bench_rows(RESULTS / file) if r["version"] in versions and r["seq_len_q"] in seq_lens
+            and r["dtype"] == dtype and bool(r["causal"]) == causal and r["head_dim"] == head_dim]
+    if not rows:
+        return md(f"*No recorded benchmark yet (`results/h200/{file}`); the H200 run fills it in.*")
+    order = {v: i for i, v in enumerate(versions)}
+    rows.sort(key=lambda r: (r["seq_len_q"], order[r["version"]]))
+    return md(_bench_table(rows, _recorded_note(rows)))
+
+
+def pytorch_attention_table(dtype: str | None = None):
+    """PyTorch's attention on the H200 as measured with the ceilings (results/h200/ceilings.json)."""
+    doc = _json(RESULTS / "ceilings.json")
+    rows = [r for r in doc["pytorch_attention"]["rows"] if dtype is None or r["dtype"] == dtype]
+    lines = ["| N | dtype | PyTorch path | µs | TFLOP/s |", "|--:|---|---|--:|--:|"]
+    for r in rows:
+        lines.append(f"| {r['N']} | {r['dtype']} | {r['impl']} | {r['us']:,.1f} | {r['tflops']:.1f} |")
+    return md("\n".join(lines) + "\n\nB=4, H=12, D=64, non-causal; measured with the ceilings, not by this "
+               "book's benchmark (which times everything side by side).")
+
+
+def kernel_resources(version: str) -> list[dict]:
+    """ptxas's registers and static shared memory per kernel for sm_90, from results/compile/resources.json
+    (or a fresh nvcc run when the record has no entry for this version yet)."""
+    from .resources import load_record
+    rec = load_record(COMPILE_RECORD)[1] if COMPILE_RECORD.exists() else {}
+    kernels = rec.get(version, {}).get("sm_90")
+    if not kernels:
+        from .resources import compile_report
+        kernels = compile_report(version, "90")
+    return kernels
+
+
+def repeat_table(file="bench_v6_repeat.json", version="v6", against=("sdpa_flash", "sdpa")):
+    """The same comparison recorded in several separate processes, one line per run: how far a ratio
+    moves from run to run (`scripts/record_h200.sh OUT repeat`)."""
+    if not (RESULTS / file).exists():
+        return md(f"*No repeated runs recorded yet (`results/h200/{file}`).*")
+    from .table import comparison_table, load
+    return md(comparison_table(load(RESULTS / file), version, list(against), group_shapes=True))
+
+
+def clock_log(file="gpu_clocks.csv") -> dict | None:
+    """Summary of the nvidia-smi samples taken during the repeated runs (every 200 ms): peak board
+    power, how often the power cap held the clock down, and how low the SM clock went then."""
+    import csv
+    path = RESULTS / file
+    if not path.exists():
+        return None
+    busy = capped = 0
+    peak_w, max_mhz, capped_mhz = 0.0, 0, []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh, skipinitialspace=True):
+            mhz = int(row["clocks.current.sm [MHz]"].split()[0])
+            watts = float(row["power.draw [W]"].split()[0])
+            # newer drivers name the column clocks_event_reasons, older ones clocks_throttle_reasons
+            reasons = int(row.get("clocks_event_reasons.active") or row["clocks_throttle_reasons.active"], 16)
+            busy += mhz > 1000                              # idle samples sit at 345 MHz
+            peak_w, max_mhz = max(peak_w, watts), max(max_mhz, mhz)
+            if reasons & SW_POWER_CAP:
+                capped += 1
+                capped_mhz.append(mhz)
+    return dict(busy_samples=busy, capped_samples=capped, peak_watts=peak_w, max_mhz=max_mhz,
+                min_capped_mhz=min(capped_mhz) if capped_mhz else None)
+
+
+def clock_table(file="gpu_clocks.csv"):
+    c = clock_log(file)
+    if c is None:
+        return md(f"*No clock log recorded yet (`results/h200/{file}`).*")
+    lines = ["| busy samples | power cap active | peak board power | SM clock | lowest SM clock under the cap |",
+             "|--:|--:|--:|--:|--:|",
+             f"| {c['busy_samples']} | {c['capped_samples']} samples | {c['peak_watts']:.0f} W | "
+             f"up to {c['max_mhz']} MHz | {c['min_capped_mhz'] or '—'} MHz |"]
+    return md("\n".join(lines))
+
+
+def _primary_rows(dtype="float32", causal=False, head_dim=64, file="bench.json"):
+    return [r for r in bench_rows(RESULTS / file) if r["dtype"] == dtype and bool(r["causal"]) == causal
+            and r["head_dim"] == head_dim and r["batch_size"] == PRIMARY["B"] and r["num_heads"] == PRIMARY["H"]
+            and r["status"] == "ok"]
+
+
+def results_table(seq_len: int = PRIMARY["L"], file="bench.json", dtype="float32", causal=False, head_dim=64):
+    """The README's table (flashattn.table) for one sequence length of the recorded benchmark."""
+    path = RESULTS / file
+    if not path.exists():
+        return md(f"*No recorded benchmark yet (`results/h200/{file}`).*")
+    from .table import results_table as table
+    return md(table(path, seq_len=seq_len, dtype=dtype, causal=causal, head_dim=head_dim))
+
+
+def latency_grid(file="bench.json", dtype="float32"):
+    """Median latency in µs, one row per version, one column per recorded sequence length."""
+    rows = _primary_rows(dtype=dtype, file=file)
+    if not rows:
+        return md(f"*No recorded benchmark yet (`results/h200/{file}`).*")
+    lens = sorted({r["seq_len_q"] for r in rows})
+    got = {(r["version"], r["seq_len_q"]): r for r in rows}
+    lines = ["| version | " + " | ".join(f"{L}" for L in lens) + " |", "|---|" + "--:|" * len(lens)]
+    for v in VERSIONS:
+        if any((v, L) in got for L in lens):
+            cells = [f"{got[(v, L)]['median_us']:,.1f}" if (v, L) in got else "—" for L in lens]
+            lines.append(f"| {label(v)} | " + " | ".join(cells) + " |")
+    return md("\n".join(lines) + "\n\nMedian µs at B=4, H=12, D=64, " + dtype + ". " + _recorded_note(rows))
+
+
+def sweep_table(version: str, file: str | None = None):
+    """A recorded variant sweep (`python -m flashattn.sweep VERSION`; default results/h200/VERSION_sweep.json):
+    one row per variant with its geometry, compiler report, correctness and latency beside the references
+    timed in the same run."""
+    file = file or f"{version}_sweep.json"
+    doc = _json(RESULTS / file)
+    if doc is None:
+        return md(f"*No recorded sweep yet (`results/h200/{file}`).*")
+    refs = list(dict.fromkeys(r["name"] for r in doc["references"]))
+    lines = ["| variant | D | tile B_r × B_c (TM × TN) | B, H, M=N | threads | registers | spills | shared memory | "
+             "blocks/SM | correct | median µs | TFLOP/s | " + " | ".join(f"vs. {label(r)}" for r in refs) + " |",
+             "|---|--:|---|---|--:|--:|--:|--:|--:|---|--:|--:|" + "--:|" * len(refs)]
+
+    def cell(x, fmt="{}"):
+        return "—" if x is None else fmt.format(x)
+
+    for r in doc["variants"]:
+        geo, px, occ, t = (r.get(k) or {} for k in ("geometry", "ptxas", "occupancy", "timing"))
+        B, H, M, _, _ = r["shape"]
+        correct = {True: "yes", False: "NO", None: "—"}[r.get("correct")]
+        vs = [cell((r.get("vs") or {}).get(ref), "{:.2f}×") for ref in refs]
+        tile = f"{geo['B_r']} × {geo['B_c']}" if geo else "—"
+        tile += f" ({geo['TM']} × {geo['TN']})" if "TM" in geo else ""
+        lines.append(f"| {r['name']} | {r['D']} | {tile} | {B}, {H}, {M} | {cell(geo.get('threads'))} | "
+                     f"{cell(px.get('registers'))} | {cell(px.get('spill_store_bytes'), '{} B')} | "
+                     f"{cell(geo.get('smem'), '{:,} B')} | {cell(occ.get('blocks_per_sm'))} | {correct} | "
+                     f"{cell(t.get('median_us'), '{:,.1f}')} | {cell(t.get('tflops'), '{:.1f}')} | "
+                     + " | ".join(vs) + " |")
+    device = ((doc.get("meta") or {}).get("device") or {}).get("name", "the H200")
+    note = (f"{doc['dtype']}, non-causal, on {device}; {doc['settings']['timing']}. Correct: "
+            f"{doc['settings']['correct_if']}. Ratios above 1 mean the variant is faster.")
+    best = {}
+    for r in doc["variants"]:
+        t = (r.get("timing") or {}).get("median_us")
+        if r.get("correct") is not False and t and (r["D"] not in best or t < best[r["D"]][1]):
+            best[r["D"]] = (r["name"], t)
+    note += " Fastest " + ("correct " if all(r.get("correct") is not None for r in doc["variants"]) else "") + \
+        "variant per head dim: " + ", ".join(f"D={D}: {n}" for D, (n, _) in sorted(best.items())) + "."
+    if doc.get("converted_from"):
+        note += f" Recorded in an earlier format ({doc['converted_from']['format']}), same measurements."
+    return md("\n".join(lines) + "\n\n" + note)

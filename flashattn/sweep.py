@@ -1,0 +1,278 @@
+"""Variant sweep of one kernel: `python -m flashattn.sweep VERSION [--only NAME ...] [--out DIR]`.
+
+A variant is the kernel file built with a few -D macros (tile shape, pipeline depth, code switches). For
+every variant of VERSION listed in VARIANTS this
+
+1. builds it with flashattn.loader.build under its own module name (builds run in parallel threads: each
+   is an nvcc and a host-compiler process) and asks ptxas for its registers, stack and spills
+   (flashattn.resources.compile_report, same macros);
+2. works out threads, shared memory and blocks per SM (flashattn.geometry, flashattn.resources.occupancy);
+   v5 also reports what the CUDA runtime says (its binding's kernel_info);
+3. checks the output against the float64 reference on odd shapes (M, N not multiples of any tile, M != N
+   both ways, N below B_c, large logits; both masks where the version has causal) and calls it correct
+   when its largest relative error is at most twice SDPA's on the same inputs (floor: FLOOR per dtype);
+4. times every variant of one head dim beside SDPA (and SDPA's flash backend for 16-bit dtypes) with
+   flashattn.timing.time_interleaved: CUDA events, L2 flushed before each call, interleaved rounds, median.
+
+Writes DIR/<version>_sweep.json in the one format flashattn.records.sweep_table reads, and prints a table.
+A new version needs only its entry in VARIANTS (and, for its geometry columns, a case in `geometry_of`).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import geometry, loader, resources
+from .versions import INFO
+
+SCHEMA = "flashattn.sweep/1"
+
+
+@dataclass(frozen=True)
+class Variant:
+    D: int                                            # the head dim the macros affect (and that is timed)
+    macros: dict = field(default_factory=dict)        # -D NAME=VALUE; {} builds the file as committed
+
+
+def _v5(D, B_r, B_c, TM, TN, **extra) -> Variant:
+    tile = {f"V5_D{D}_BR": B_r, f"V5_D{D}_BC": B_c, f"V5_D{D}_TM": TM, f"V5_D{D}_TN": TN}
+    return Variant(D, {"V5_ONLY_D": D, **tile, **extra})
+
+
+# The variants of each version, by name. Why each one is there: docs/v5_notes.md and docs/v6_notes.md.
+VARIANTS: dict[str, dict[str, Variant]] = {
+    "v5": {
+        "d64_64x64_4x8": _v5(64, 64, 64, 4, 8),                       # 3 blocks/SM by the arithmetic
+        "d64_64x64_8x4": _v5(64, 64, 64, 8, 4),                       # same tile, transposed thread grid
+        "d64_64x64_4x8_u2": _v5(64, 64, 64, 4, 8, V5_UNROLL=2),       # shorter loop bodies
+        "d64_64x64_4x8_u8": _v5(64, 64, 64, 4, 8, V5_UNROLL=8),       # longer loop bodies
+        "d64_64x64_4x8_flat": _v5(64, 64, 64, 4, 8, V5_BLOCKED_PV=0),  # P V summed straight into O_i
+        "d64_128x64_8x8": _v5(64, 128, 64, 8, 8),                     # SGEMM's 8x8 tile, 2 blocks/SM
+        "d64_96x64_6x8": _v5(64, 96, 64, 6, 8),
+        "d64_64x32_4x4": _v5(64, 64, 32, 4, 4),                       # small tiles, 4 blocks/SM
+        "d64_128x32_4x4": _v5(64, 128, 32, 4, 4, V5_MIN_BLOCKS=2),    # 256 threads, 16 warps/SM
+        "d128_64x32_4x4": _v5(128, 64, 32, 4, 4),
+        "d128_96x32_6x4_flat": _v5(128, 96, 32, 6, 4, V5_BLOCKED_PV=0),
+        "d128_128x64_8x4": _v5(128, 128, 64, 8, 4),                   # one 256-thread block per SM
+    },
+    "v6": {
+        "d64 (default)": Variant(64),
+        "d64-stages3": Variant(64, {"V6_D64_STAGES": 3}),
+        "d128 (default)": Variant(128),
+        "d128-bc32": Variant(128, {"V6_D128_BC": 32}),
+        "d128-bc48": Variant(128, {"V6_D128_BC": 48}),
+    },
+}
+SHAPES = {"v6": {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)}}   # (B, H, M, N) per head dim
+DEFAULT_SHAPE = (4, 12, 2048, 2048)
+ODD_SHAPES = [(2, 3, 203, 113, 1.0), (2, 3, 113, 203, 1.0), (1, 2, 7, 5, 1.0), (1, 1, 1, 1, 1.0),
+              (2, 3, 203, 113, 20.0)]              # (B, H, M, N, logit scale); 20: exp overflows without the max
+FLOOR = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-3}
+
+
+def flags(variant: Variant) -> list[str]:
+    return [f"-D{k}={v}" for k, v in variant.macros.items()]
+
+
+def geometry_of(version: str, variant: Variant) -> dict | None:
+    """Threads and shared memory of the variant's kernel at its head dim, from flashattn.geometry."""
+    if version == "v5":
+        return geometry.v5_default_tiles(variant.macros)[variant.D]
+    if version == "v6":
+        get = lambda k: variant.macros.get(f"V6_D{variant.D}_{k}") or geometry.constant("v6", f"V6_D{variant.D}_{k}")
+        B_r, smem = geometry.v6_smem(2, variant.D, get("WM"), get("BC"), get("STAGES"))
+        return dict(D=variant.D, B_r=B_r, B_c=get("BC"), threads=32 * geometry.constant("v6", "kWarps"), smem=smem)
+    return None
+
+
+def own_head_dim(kernel: str, D: int) -> bool:
+    """Whether a templated kernel (v6::flash_fwd_mma<T, D, ...>) is the head-dim-D instance."""
+    args = geometry.template_args(kernel) if "<" in kernel else []
+    return len(args) > 1 and args[1] == str(D)
+
+
+def _ptxas(version: str, variant: Variant, dtype: str) -> dict:
+    """The largest register count, stack and spills over the variant's kernels of the timed dtype."""
+    arch = loader.arch_list()[0].removesuffix("+PTX").replace(".", "")
+    kernels = resources.compile_report(version, arch, flags(variant))
+    tag = {"bfloat16": "bfloat16", "float16": "half"}.get(dtype)
+    kernels = [k for k in kernels if tag is None or tag in k["name"]] or kernels
+    kernels = [k for k in kernels if own_head_dim(k["name"], variant.D)] or kernels
+    return {"registers": max(k.get("registers", 0) for k in kernels),
+            "stack_bytes": max(k.get("stack_bytes", 0) for k in kernels),
+            "spill_store_bytes": max(k.get("spill_store_bytes", 0) for k in kernels),
+            "kernels": kernels}
+
+
+def _build(version: str, name: str, variant: Variant):
+    tag = "".join(ch if ch.isalnum() else "_" for ch in name)
+    functions = ("forward", "kernel_info") if version == "v5" else ("forward",)
+    return loader.build(version, flags(variant), module_name=f"flashattn_{version}_sweep_{tag}",
+                        functions=functions)
+
+
+def _errors(module, version: str, D: int, dtype):
+    """Largest relative error over the odd shapes (both masks where the version has causal), and SDPA's
+    largest on the same non-causal inputs (the yardstick of the correctness bound)."""
+    import torch
+
+    from .reference import attention_reference, relative_error, sdpa
+    worst, worst_sdpa, rows = 0.0, 0.0, []
+    for seed, (B, H, M, N, scale) in enumerate(ODD_SHAPES):
+        g = torch.Generator(device="cuda").manual_seed(100 + seed)
+        q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for L in (M, N, N))
+        q, k, v = (q * scale).to(dtype), k.to(dtype), v.to(dtype)
+        for causal in (False, True) if INFO[version].causal else (False,):
+            ref = attention_reference(q, k, v, causal)
+            out = module.forward(q, k, v, causal)
+            err = relative_error(out, ref) if torch.isfinite(out).all() else float("inf")
+            rows.append(dict(B=B, H=H, M=M, N=N, logit_scale=scale, causal=causal, rel_error=err))
+            worst = max(worst, err)
+        worst_sdpa = max(worst_sdpa, relative_error(sdpa(q, k, v), attention_reference(q, k, v)))
+    return worst, worst_sdpa, rows
+
+
+def _time_head_dim(version, names, modules, D, shape, dtype, args) -> tuple[dict, list[dict]]:
+    """Interleaved timing of every variant of head dim D and the SDPA references on one set of inputs."""
+    import torch
+
+    from .bench import attention_flops, make_call
+    from .timing import time_interleaved
+    B, H, M, N = shape
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
+    refs = ["sdpa"] + (["sdpa_flash"] if dtype != torch.float32 else [])
+    calls = {r: make_call(r, q, k, v, False)[:2] for r in refs}
+    for n in names:
+        calls[n] = ((lambda m: lambda: m.forward(q, k, v, False))(modules[n]), _nullcontext)
+    timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                               max_seconds=None)
+    flops = attention_flops(B, H, M, N, D)
+    summary = {}
+    for n, t in timings.items():
+        summary[n] = {"error": str(t)} if isinstance(t, Exception) else \
+            dict(t.summary(), tflops=flops / (t.median_ms * 1e-3) / 1e12)
+    references = [dict(name=r, D=D, shape=[B, H, M, N, D], timing=summary[r]) for r in refs]
+    return summary, references
+
+
+def _nullcontext():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def run(version: str, only=(), jobs: int = 4, args=None) -> dict:
+    import torch
+
+    from .bench import DTYPES, environment
+    variants = {n: v for n, v in VARIANTS[version].items() if not only or n in only}
+    dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
+    dtype = DTYPES[dtype_name]
+    start = time.perf_counter()
+    rows = {n: dict(name=n, D=v.D, macros=v.macros, flags=flags(v), geometry=geometry_of(version, v))
+            for n, v in variants.items()}
+    modules = {}
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        builds = {pool.submit(_build, version, n, v): n for n, v in variants.items()}
+        reports = {pool.submit(_ptxas, version, v, dtype_name): n for n, v in variants.items()}
+        for f in cf.as_completed(list(builds) + list(reports)):
+            n = builds.get(f) or reports[f]
+            try:
+                if f in builds:
+                    modules[n] = f.result()
+                else:
+                    rows[n]["ptxas"] = f.result()
+            except Exception as err:                  # a failed build is a result too; keep going
+                rows[n].setdefault("errors", []).append(f"{type(err).__name__}: {str(err)[-1500:]}")
+    for n, r in rows.items():
+        geo, px = r["geometry"], r.get("ptxas")
+        if geo and px:
+            occ = resources.occupancy(px["registers"], geo["smem"], geo["threads"])
+            r["occupancy"] = dict(blocks_per_sm=occ["blocks"], warps_per_sm=occ["warps"],
+                                  limited_by=occ["limited_by"])
+        if n in modules and version == "v5":
+            keys = ["B_r", "B_c", "TM", "TN", "threads", "smem_bytes", "registers", "local_bytes", "blocks_per_sm"]
+            r["runtime"] = dict(zip(keys, modules[n].kernel_info(r["D"])))
+    references = []
+    for D in sorted({v.D for v in variants.values()}):
+        names = [n for n in variants if variants[n].D == D and n in modules]
+        for n in names:
+            worst, worst_sdpa, shapes = _errors(modules[n], version, D, dtype)
+            bound = max(FLOOR[dtype_name], 2 * worst_sdpa)
+            rows[n].update(max_rel_error=worst, error_bound=bound, correct=worst <= bound, odd_shapes=shapes)
+        shape = SHAPES.get(version, {}).get(D, DEFAULT_SHAPE)
+        summary, refs = _time_head_dim(version, names, modules, D, shape, dtype, args)
+        references += refs
+        for n in names:
+            t = summary[n]
+            rows[n].update(shape=[*shape, D], timing=t)
+            if "median_us" in t:
+                rows[n]["vs"] = {r["name"]: r["timing"]["median_us"] / t["median_us"] for r in refs
+                                 if "median_us" in r["timing"]}
+        torch.cuda.empty_cache()
+    return {"schema": SCHEMA, "version": version, "dtype": dtype_name, "meta": environment(),
+            "settings": dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                             timing="flashattn.timing.time_interleaved: CUDA events, L2 flushed before each "
+                                    "call, interleaved rounds, median",
+                             correct_if="max relative error over the odd shapes <= max(floor, 2 x SDPA's)"),
+            "variants": list(rows.values()), "references": references,
+            "total_seconds": round(time.perf_counter() - start, 1)}
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"{'variant':24} {'D':>3} {'thr':>4} {'regs':>4} {'spill':>5} {'smem KB':>7} {'blk/SM':>6} "
+             f"{'max err':>8} {'ok':>3} {'median us':>10} {'TFLOP/s':>8}  vs"]
+    for r in doc["variants"]:
+        geo, px, t = r.get("geometry") or {}, r.get("ptxas") or {}, r.get("timing") or {}
+        vs = " ".join(f"{k} {x:.2f}x" for k, x in (r.get("vs") or {}).items())
+        lines.append(f"{r['name']:24} {r['D']:>3} {geo.get('threads', '?'):>4} {px.get('registers', '?'):>4} "
+                     f"{px.get('spill_store_bytes', '?'):>5} {geo.get('smem', 0) / 1024:>7.1f} "
+                     f"{(r.get('occupancy') or {}).get('blocks_per_sm', '?'):>6} "
+                     f"{r.get('max_rel_error', float('nan')):>8.1e} {'yes' if r.get('correct') else 'NO':>3} "
+                     f"{t.get('median_us', float('nan')):>10.1f} {t.get('tflops', float('nan')):>8.1f}  {vs}")
+        lines += [f"    {e[:300]}" for e in r.get("errors", [])]
+    for ref in doc["references"]:
+        t = ref["timing"]
+        lines.append(f"{ref['name']:24} {ref['D']:>3} {'':>48} {t.get('median_us', float('nan')):>10.1f} "
+                     f"{t.get('tflops', float('nan')):>8.1f}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashattn.sweep", description=__doc__.split("\n\n")[0],
+                                epilog="versions with variants: " + ", ".join(VARIANTS))
+    p.add_argument("version", metavar="VERSION", choices=tuple(VARIANTS), help="one of " + ", ".join(VARIANTS))
+    p.add_argument("--only", nargs="+", default=(), metavar="NAME", help="these variants only (default: all)")
+    p.add_argument("--out", type=Path, default=Path("."), help="folder for VERSION_sweep.json (default: .)")
+    p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 2),
+                   help="parallel builds (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up calls per variant (default: %(default)s)")
+    p.add_argument("--repetitions", type=int, default=60, help="timed calls per variant (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    unknown = set(args.only) - set(VARIANTS[args.version])
+    if unknown:
+        raise SystemExit(f"unknown variant(s) of {args.version}: {', '.join(sorted(unknown))}")
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("flashattn.sweep needs a CUDA GPU: torch.cuda.is_available() is False")
+    doc = run(args.version, args.only, args.jobs, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.version}_sweep.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(format_table(doc) + f"\n\nwrote {path} ({doc['total_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""flashattn.loader without a GPU: which architectures a version is built for, what a GPU it cannot run on
+is told, one binding signature for every kernel file, and torch's no-GPU notice kept out of the output."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+import flashattn
+from flashattn import loader, versions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def binding(version: str) -> str:
+    """The host-compiler half of kernels/<version>.cu (after `#else  // ---- PyTorch binding`)."""
+    text = (ROOT / "kernels" / f"{version}.cu").read_text()
+    return text[text.index("#else  // ---- PyTorch binding"):]
+
+
+def test_fp32_bindings_share_one_text():
+    """v0 ... v4 differ only in their kernels: `diff kernels/v3.cu kernels/v4.cu` shows kernel changes."""
+    assert len({binding(v) for v in ("v0", "v1", "v2", "v3", "v4")}) == 1
+    forward = re.search(r"at::Tensor forward\(.*?\n}\n", binding("v0"), re.S).group(0)
+    assert forward in binding("v5")
+
+
+@pytest.mark.parametrize("version", flashattn.KERNEL_VERSIONS)
+def test_every_binding_takes_causal(version):
+    assert re.search(r"at::Tensor forward\(at::Tensor q, at::Tensor k, at::Tensor v, bool causal", binding(version))
+
+
+@pytest.fixture
+def hopper_only(monkeypatch):
+    """A version built for sm_90a only, in INFO for the length of one test."""
+    v = dataclasses.replace(versions.INFO["v6"], name="vh", archs=("9.0a",), backward="vh_backward")
+    monkeypatch.setitem(versions.INFO, "vh", v)
+    return v
+
+
+def test_exact_architectures_ignore_the_arch_list(hopper_only, monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    assert loader.version_archs("vh") == ["9.0a"] and loader.version_archs("vh_backward") == ["9.0a"]
+    assert loader.gencode_flags(loader.version_archs("vh")) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert loader.version_archs("v4") is None
+
+
+def test_build_passes_exact_gencode_and_linker_flags(hopper_only, monkeypatch):
+    seen = {}
+    ext = loader.cpp_extension()
+    monkeypatch.setattr(ext, "load_inline", lambda **kw: seen.update(kw) or "module")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert loader.build("vh", src="// empty", extra_ldflags=["-lcuda"]) == "module"
+    assert "-gencode=arch=compute_90a,code=sm_90a" in seen["extra_cuda_cflags"]
+    assert not any("compute_80" in f for f in seen["extra_cuda_cflags"])
+    assert seen["extra_ldflags"] == ["-lcuda"]
+
+
+@pytest.mark.parametrize("have,refused", [((8, 0), True), ((9, 0), False), ((10, 0), True)])
+def test_exact_architecture_is_required(hopper_only, monkeypatch, have, refused):
+    monkeypatch.setattr(loader.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loader.torch.cuda, "get_device_capability", lambda *a: have)
+    monkeypatch.setattr(loader.torch.cuda, "get_device_name", lambda *a: "Some GPU")
+    if refused:
+        with pytest.raises(RuntimeError, match=r"vh needs Hopper \(compute capability 9\.0: wgmma, TMA\)"):
+            loader.check_device("vh")
+    else:
+        loader.check_device("vh")
+
+
+def test_older_gpu_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(loader.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(loader.torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(loader.torch.cuda, "get_device_name", lambda *a: "Some GPU")
+    with pytest.raises(RuntimeError, match=r"v6 needs a GPU of compute capability 8\.0 or newer"):
+        loader.check_device("v6")
+    loader.check_device("v4")
+
+
+def test_no_cuda_runtime_notice_is_dropped_and_nothing_else(caplog):
+    loader.cpp_extension()
+    log = logging.getLogger("torch.utils.cpp_extension")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        log.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'")
+        log.warning("another warning")
+    assert "No CUDA runtime" not in caplog.text and "another warning" in caplog.text

@@ -1,0 +1,117 @@
+"""flashattn.records and flashattn.table: the book's tables of what was recorded on the H200, from the
+committed files or from small files written here; a missing record says so instead of failing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_bench_file
+
+from flashattn import records, table
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("IPython")
+
+
+def text(obj) -> str:
+    return obj.data if hasattr(obj, "data") else str(obj)
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """An empty results folder in place of results/h200 (with the committed ceilings)."""
+    (tmp_path / "ceilings.json").write_text((records.RESULTS / "ceilings.json").read_text())
+    monkeypatch.setattr(records, "RESULTS", tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("old_keys", [False, True], ids=["today", "recorded-before-the-rename"])
+def test_recorded_table_from_a_bench_file(results, old_keys):
+    write_bench_file(results, old_keys)
+    t = text(records.recorded(["baseline", "sdpa", "v4"]))
+    assert "| V4 | 2048 | 1,200.0 |" in t and f"{1500 / 1200:.2f}× faster" in t
+    assert f"{(1200 / 2000 - 1) * 100:+.1f}%" in t
+    assert "NVIDIA H200" in t and "abcdef1234" in t
+    assert "| V4 | 1,200.0 |" in text(records.latency_grid())
+    assert "| V4 | Optimized V3 | 1,200.00 |" in text(records.results_table())
+
+
+def test_missing_records_say_so(results):
+    assert "No recorded benchmark yet" in text(records.recorded(["v4"]))
+    assert "No Nsight Compute report recorded yet" in text(records.profile_table("v4"))
+    assert "flash_v6_s8192_profile" in text(records.stall_table("v6", seq_len=8192))
+    assert "No recorded benchmark yet" in text(records.results_table())
+    assert "No recorded sweep yet" in text(records.sweep_table("v5"))
+
+
+def test_ceilings_come_from_the_record_and_give_the_ridge_points():
+    doc = json.loads((records.RESULTS / "ceilings.json").read_text())
+    value = {k: c["value"] for k, c in doc["ceilings"].items()}
+    c = records.ceilings()
+    assert c["fp32"] == value["fp32_cuda_core_tflops"] * 1e12 and c["dram"] == value["dram_copy_tbps"] * 1e12
+    assert c["sm_count"] == doc["sm_count"] and c["source"]
+    ridge = value["fp32_cuda_core_tflops"] / value["dram_copy_tbps"]
+    assert f"| {ridge:,.0f} FLOP/byte |" in text(records.ceilings_table())
+
+
+def test_clock_log_counts_power_capped_samples(results):
+    assert records.clock_log() is None and "No clock log" in text(records.clock_table())
+    (results / "gpu_clocks.csv").write_text(
+        "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, "
+        "clocks_event_reasons.active\n"
+        "2026/11/29 15:30:55.505, 345 MHz, 3201 MHz, 78.2 W, 35, 0x0000000000000001\n"
+        "2026/11/29 15:30:55.705, 1980 MHz, 3201 MHz, 655.0 W, 41, 0x0000000000000000\n"
+        "2026/11/29 15:30:55.905, 1755 MHz, 3201 MHz, 691.7 W, 42, 0x0000000000000004\n")
+    c = records.clock_log()
+    assert c == dict(busy_samples=2, capped_samples=1, peak_watts=691.7, max_mhz=1980, min_capped_mhz=1755)
+    assert "| 2 | 1 samples | 692 W | up to 1980 MHz | 1755 MHz |" in text(records.clock_table())
+
+
+def test_repeat_table_groups_runs_by_shape(results):
+    assert "No repeated runs" in text(records.repeat_table())
+
+    def row(version, L, us):
+        return dict(version=version, batch_size=1, num_heads=1, seq_len_q=L, seq_len_kv=L, head_dim=64,
+                    dtype="bfloat16", causal=False, status="ok", median_us=us)
+    runs = [{"rows": [row("v6", L, 100.0 + i), row("sdpa_flash", L, 110.0), row("sdpa", L, 80.0)]}
+            for i in range(2) for L in (64, 128)]
+    (results / "bench_v6_repeat.json").write_text(json.dumps({"schema": 1, "runs": runs}))
+    lines = [l for l in text(records.repeat_table()).splitlines() if l.startswith("| 1, 1,")]
+    assert [l.split("|")[1].strip() for l in lines] == ["1, 1, 64, 64"] * 2 + ["1, 1, 128, 64"] * 2
+    assert f"| 100.0 | 110.0 | {110 / 100:.2f}× |" in lines[0] and f"| 101.0 | 110.0 | {110 / 101:.2f}× |" in lines[1]
+
+
+@pytest.mark.parametrize("version", ["v5", "v6"])
+def test_sweep_table_has_a_row_per_recorded_variant(version):
+    doc = json.loads((records.RESULTS / f"{version}_sweep.json").read_text())
+    assert doc["schema"] == "flashattn.sweep/1" and doc["version"] == version
+    t = text(records.sweep_table(version))
+    for r in doc["variants"]:
+        assert f"| {r['name']} | {r['D']} |" in t
+        assert f"| {r['timing']['median_us']:,.1f} |" in t
+    fastest = min((r for r in doc["variants"] if r["D"] == 64 and r.get("correct") is not False),
+                  key=lambda r: r["timing"]["median_us"])
+    assert f"D=64: {fastest['name']}" in t
+
+
+def test_gpu_tests_sentence_counts_the_junit_record(tmp_path):
+    missing = table.gpu_tests_sentence(tmp_path / "pytest_junit.xml")
+    assert missing.startswith("No GPU test run is recorded yet")
+    xml = tmp_path / "pytest_junit.xml"
+    xml.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="flashattn at 0123456789abc" '
+                   'errors="1" failures="2" skipped="3" tests="40" time="1.0" timestamp="2026-11-30T10:00:00">'
+                   '</testsuite></testsuites>')
+    s = table.gpu_tests_sentence(xml)
+    assert "34 passed, 3 skipped, 3 failed" in s and "`0123456789`" in s and "2026-11-30" in s
+    xml.write_text(xml.read_text().replace("flashattn at 0123456789abc", "pytest"))
+    (tmp_path / "git_commit.txt").write_text("fedcba9876543 (FLASHATTN_GIT_COMMIT)\n")
+    assert "`fedcba9876`" in table.gpu_tests_sentence(xml, tmp_path / "git_commit.txt")
+
+
+def test_readme_block_is_replaced_between_its_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- gpu-tests:start -->\nold\n<!-- gpu-tests:end -->\nb\n")
+    table.main(["--gpu-tests", str(tmp_path / "none.xml"), "--update-readme", str(readme)])
+    body = readme.read_text()
+    assert "old" not in body and "No GPU test run is recorded yet" in body and body.endswith("b\n")
