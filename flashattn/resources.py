@@ -2,8 +2,9 @@
 
 Runs nvcc on the kernel half of a file (nvcc alone, no PyTorch headers) with `-Xptxas -v` and parses
 ptxas's report, so it needs no GPU; `occupancy` turns registers and shared memory into blocks per SM.
-`python -m flashattn.resources --json PATH` records the report for every kernel and architecture;
-tests/test_compile.py checks that the record matches the current sources.
+`python -m flashattn.resources --json PATH` records the report for every kernel and architecture, with the
+nvcc version that produced it; tests/test_compile.py compares a fresh report with the record exactly under
+the same nvcc, and checks the properties that matter (no spills, no stack, occupancy) under any other.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home
+from .loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home, version_archs
 from .versions import KERNEL_VERSIONS
 
 ARCHS = ("80", "89", "90")
@@ -89,8 +90,28 @@ def compile_report(name: str, arch: str = "90", extra_flags=(), src: Path | None
     return parse_ptxas(res.stderr)
 
 
+def nvcc_version() -> str | None:
+    """'13.0.88' from `nvcc --version` ("Cuda compilation tools, release 13.0, V13.0.88"), None without nvcc."""
+    try:
+        out = subprocess.run([nvcc(), "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"\bV(\d+\.\d+\.\d+)", out)
+    return m.group(1) if m else None
+
+
+def load_record(path: Path) -> tuple[str | None, dict]:
+    """(nvcc version, {version: {"sm_90": [kernel, ...]}}) of a recorded report; records written before
+    the nvcc version was kept are the bare report, with version None."""
+    doc = json.loads(Path(path).read_text())
+    return (doc.get("nvcc"), doc["kernels"]) if "kernels" in doc else (None, doc)
+
+
 def report_all(names=KERNEL_VERSIONS, archs=ARCHS, jobs: int = 2) -> dict:
-    pairs = [(n, a) for n in names for a in archs if (KERNELS_DIR / f"{n}.cu").exists()]
+    def archs_of(n):     # a version built for exact architectures ("9.0a") is reported for those only
+        exact = version_archs(n)
+        return [x.replace(".", "") for x in exact] if exact else archs
+    pairs = [(n, a) for n in names for a in archs_of(n) if (KERNELS_DIR / f"{n}.cu").exists()]
     with ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda p: compile_report(*p), pairs))
     report: dict = {}
@@ -114,7 +135,8 @@ def main(argv=None) -> int:
                       f"spills {k.get('spill_store_bytes', 0)}/{k.get('spill_load_bytes', 0)} B")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        record = {"nvcc": nvcc_version(), "flags": NVCC_FLAGS, "kernels": report}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
