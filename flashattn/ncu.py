@@ -325,7 +325,7 @@ def _si(x, unit, digits=2):
 
 
 def table_rows(s: dict) -> list[tuple[str, str, str]]:
-    """(metric, value, interpretation) rows in the seed's layout."""
+    """(metric, value, interpretation) rows of the book's profile tables."""
     rows = [("Profiled duration", f"{s['duration_s'] * 1e3:,.3f} ms" if s["duration_s"] else "—",
              "under Nsight Compute; distinct from the benchmark's timing")]
     rows.append(("FP32 throughput", _si(s["fp32_flops_per_s"], "FLOP/s"),

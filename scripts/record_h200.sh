@@ -4,7 +4,7 @@
 #
 #   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v5, v6, repeat, profile, figures (default: all)
 #
-#   bench    every version, seed suite + 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
+#   bench    every version at M=N 512, 1024, 2048 and 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
 #              -> OUTDIR/bench.json, bench.txt
 #   v5       v4, v5 and SDPA (fp32) at M=N 512 ... 8192, D=64 and D=128 -> OUTDIR/bench_v5.json, bench_v5.txt
 #   v6       v6 against SDPA and its forced backends, bf16, causal and not, at B=4,H=12,2048,D=64 and

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import flashattn
-
 from conftest import needs_gpu
 from sanitizer_target import head_dims
+
+import flashattn
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = needs_gpu
@@ -25,23 +24,29 @@ def sanitizer():
 
 @pytest.fixture(scope="module")
 def built():
-    for name in flashattn.KERNEL_VERSIONS:  # build outside the sanitizer: nvcc under it is slow
-        flashattn.load(name)
+    for version in flashattn.KERNEL_VERSIONS:  # build outside the sanitizer: nvcc under it is slow
+        flashattn.load(version)
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_sanitizer_clean(built, tool):
-    """One sanitized process per tool runs every kernel (starting CUDA under the sanitizer is the slow
-    part); the target prints a line per kernel and shape, so a failure names the kernel before it."""
-    cmd = [sanitizer(), f"--tool={tool}", "--error-exitcode=99", sys.executable,
-           str(ROOT / "tests" / "sanitizer_target.py")]
+def run_sanitized(tool: str, target: str) -> tuple[str, list[str]]:
+    """Run tests/<target> under compute-sanitizer's `tool` in one process, check that it is clean, and
+    return its output and the "ran ..." lines the target prints per case (so a failure names the case
+    before it)."""
+    cmd = [sanitizer(), f"--tool={tool}", "--error-exitcode=99", sys.executable, str(ROOT / "tests" / target)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
-    ran = [line for line in out.splitlines() if line.startswith("ran ")]
-    for name in flashattn.KERNEL_VERSIONS:
-        for D in head_dims(flashattn.INFO[name]):   # every head dim the kernel has its own code for
-            assert any(line.startswith(f"ran {name} ") and line.endswith(f" D={D}") for line in ran), \
-                f"{name} at D={D} did not run under {tool}"
+    return out, [line for line in out.splitlines() if line.startswith("ran ")]
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_clean(built, tool):
+    """One sanitized process per tool runs every kernel (starting CUDA under the sanitizer is the slow
+    part)."""
+    out, ran = run_sanitized(tool, "sanitizer_target.py")
+    for version in flashattn.KERNEL_VERSIONS:
+        for D in head_dims(flashattn.INFO[version]):   # every head dim the kernel has its own code for
+            assert any(line.startswith(f"ran {version} ") and line.endswith(f" D={D}") for line in ran), \
+                f"{version} at D={D} did not run under {tool}"

@@ -50,6 +50,18 @@ def c_frag(l, i):   # accumulator (16x8) of both shapes: element i of 4 -> (row,
     return g + 8 * (i // 2), 2 * q + i % 2
 
 
+def from_fragments(acc: np.ndarray, WM: int, tiles: int) -> np.ndarray:
+    """The [16 WM, 8 tiles] matrix held as accumulator fragments acc[slice, n8 tile, lane, element]."""
+    out = np.zeros((16 * WM, 8 * tiles))
+    for s in range(WM):
+        for t in range(tiles):
+            for l in range(32):
+                for i in range(4):
+                    r, c = c_frag(l, i)
+                    out[16 * s + r, 8 * t + c] = acc[s, t, l, i]
+    return out
+
+
 def swizzled_tile(tile: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """Store tile [R, D] the way load_tile does (thread idx -> row idx // CPR, chunk idx % CPR, stored at
     chunk (c ^ (r % 8))). Returns the shared memory as uint16 units and the byte address written by
@@ -173,13 +185,7 @@ def _emulate_buffer(D, BC, WM, tf32, seed, stages, j):
             for s in range(WM):
                 s_acc[s, 2 * np_] = mma(qa[s], b[:, 0:2], s_acc[s, 2 * np_], tf32)
                 s_acc[s, 2 * np_ + 1] = mma(qa[s], b[:, 2:4], s_acc[s, 2 * np_ + 1], tf32)
-    S = np.zeros((16 * WM, BC))
-    for s in range(WM):
-        for t in range(NT):
-            for l in lanes:
-                for i in range(4):
-                    r, c = c_frag(l, i)
-                    S[16 * s + r, 8 * t + c] = s_acc[s, t, l, i]
+    S = from_fragments(s_acc, WM, NT)
     S_ref = Q.astype(np.float64) @ K.astype(np.float64).T
     np.testing.assert_array_equal(S, S_ref)
 
@@ -226,13 +232,7 @@ def _emulate_buffer(D, BC, WM, tf32, seed, stages, j):
                     assert len({(a[j] // 4) % 32 for a in addrs}) == 32, "TF32 V load has a bank conflict"
                 for s in range(WM):
                     o[s, t] = mma(p[s], bv, o[s, t], tf32)
-    O = np.zeros((16 * WM, D))
-    for s in range(WM):
-        for t in range(DT):
-            for l in lanes:
-                for i in range(4):
-                    r, c = c_frag(l, i)
-                    O[16 * s + r, 8 * t + c] = o[s, t, l, i]
+    O = from_fragments(o, WM, DT)
     np.testing.assert_array_equal(O, S_ref @ V.astype(np.float64))
 
 
