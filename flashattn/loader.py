@@ -82,23 +82,23 @@ def gencode_flags(archs: list[str]) -> list[str]:
     return flags
 
 
-def source(name: str) -> str:
-    path = KERNELS_DIR / f"{name}.cu"
+def source(kernel: str) -> str:
+    path = KERNELS_DIR / f"{kernel}.cu"
     if not path.exists():
-        raise ValueError(f"no kernel file for version {name!r} (looked for {path})")
+        raise ValueError(f"no kernel file {kernel!r} (looked for {path})")
     return path.read_text()
 
 
-def _owner(name: str):
+def _owner(kernel: str):
     """The Version a kernel file belongs to: itself, or the version whose backward it is."""
-    if name in INFO:
-        return INFO[name]
-    return next((v for v in INFO.values() if v.backward == name), None)
+    if kernel in INFO:
+        return INFO[kernel]
+    return next((v for v in INFO.values() if v.backward == kernel), None)
 
 
-def version_archs(name: str) -> list[str] | None:
-    """The exact architectures kernel file `name` must be built for, or None for arch_list()."""
-    owner = _owner(name)
+def version_archs(kernel: str) -> list[str] | None:
+    """The exact architectures kernel file `kernel` must be built for, or None for arch_list()."""
+    owner = _owner(kernel)
     return list(owner.archs) if owner is not None and owner.archs else None
 
 
@@ -107,15 +107,15 @@ def _capability(arch: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def check_device(name: str) -> None:
+def check_device(kernel: str) -> None:
     """Refuse, with the reason, a GPU the kernel cannot run on: older than the instructions it uses, or,
     for an architecture-specific build ("9.0a"), any other architecture."""
     if not torch.cuda.is_available():
         return
     have = torch.cuda.get_device_capability()
-    owner = _owner(name)
-    label = owner.name if owner is not None else name
-    exact = version_archs(name)
+    owner = _owner(kernel)
+    label = owner.name if owner is not None else kernel
+    exact = version_archs(kernel)
     if exact:
         if have not in {_capability(a) for a in exact}:
             needs = "; ".join(
@@ -131,7 +131,7 @@ def check_device(name: str) -> None:
                            f"{have[0]}.{have[1]}")
 
 
-def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
+def build(kernel: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
           module_name: str | None = None, src: str | None = None, functions=("forward",),
           archs: list[str] | None = None, extra_ldflags: list[str] | None = None):
     """Compile (or fetch from torch's extension cache) one kernel file; returns the extension module.
@@ -149,24 +149,24 @@ def build(name: str, extra_cuda_cflags: list[str] | None = None, verbose: bool =
     ext = cpp_extension()
     if cuda_home:
         ext.CUDA_HOME = cuda_home
-    src = source(name) if src is None else src
+    src = source(kernel) if src is None else src
     # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
     # kernel with other tile macros without editing the files.
     env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
-    archs = archs or version_archs(name) or arch_list()
+    archs = archs or version_archs(kernel) or arch_list()
     flags = NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or [])
     start = time.perf_counter()
     module = ext.load_inline(
-        name=module_name or f"flashattn_{name}", cpp_sources=src, cuda_sources=src,
+        name=module_name or f"flashattn_{kernel}", cpp_sources=src, cuda_sources=src,
         functions=list(functions), extra_cflags=["-O2"], extra_cuda_cflags=flags,
         extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True, verbose=verbose)
-    BUILD_SECONDS[module_name or name] = time.perf_counter() - start
+    BUILD_SECONDS[module_name or kernel] = time.perf_counter() - start
     return module
 
 
 @functools.cache
-def _cached(name: str):
-    return build(name)
+def _cached(kernel: str):
+    return build(kernel)
 
 
 def load(version: str):

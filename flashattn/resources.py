@@ -77,16 +77,16 @@ def parse_ptxas(text: str) -> list[dict]:
     return kernels
 
 
-def compile_report(name: str, arch: str = "90", extra_flags=(), src: Path | None = None) -> list[dict]:
-    """Compile kernels/<name>.cu (or `src`) for sm_<arch>, with `extra_flags` such as a sweep's -D tile
+def compile_report(kernel: str, arch: str = "90", extra_flags=(), src: Path | None = None) -> list[dict]:
+    """Compile kernels/<kernel>.cu (or `src`) for sm_<arch>, with `extra_flags` such as a sweep's -D tile
     macros, and return ptxas's per-kernel report."""
-    src = src or KERNELS_DIR / f"{name}.cu"
+    src = src or KERNELS_DIR / f"{kernel}.cu"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [nvcc(), *NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", *extra_flags, "-Xptxas",
-               "-v", "-c", str(src), "-o", str(Path(tmp) / f"{name}.o")]
+               "-v", "-c", str(src), "-o", str(Path(tmp) / f"{kernel}.o")]
         res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {name} (sm_{arch}):\n{res.stderr}")
+        raise RuntimeError(f"nvcc failed for {kernel} (sm_{arch}):\n{res.stderr}")
     return parse_ptxas(res.stderr)
 
 

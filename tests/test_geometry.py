@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import needs_gpu
 
-from flashattn import geometry, sweep, tiles
+import flashattn
+from flashattn import geometry, loader, sweep, tiles
 from flashattn.resources import load_record, occupancy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,3 +139,13 @@ def test_mma_accumulator_layout():
     assert set(counts.values()) == {4}                    # 16 x 8 floats over 32 lanes: 4 each (c0..c3)
     assert own[0, 0] == own[0, 1] == own[8, 0] == own[8, 1] == 0
     assert own[7, 7] == 31
+
+
+@needs_gpu
+def test_v5_formula_matches_the_compiled_binding():
+    """The truth: the v5 binding's kernel_info asks the CUDA runtime about the kernel it compiled."""
+    flashattn.load("v5")                      # refuses a GPU older than sm_80 with the reason
+    module = loader.build("v5", functions=("forward", "kernel_info"), module_name="flashattn_v5_info")
+    for D, g in geometry.v5_default_tiles().items():
+        B_r, B_c, TM, TN, threads, smem, *_ = module.kernel_info(D)
+        assert (B_r, B_c, TM, TN, threads, smem) == (g["B_r"], g["B_c"], g["TM"], g["TN"], g["threads"], g["smem"])
