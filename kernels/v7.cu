@@ -56,7 +56,7 @@
 #define V7_D64_MINB 1
 #endif
 #ifndef V7_D128_WG
-#define V7_D128_WG 2
+#define V7_D128_WG 3
 #endif
 #ifndef V7_D128_BC
 #define V7_D128_BC 128
@@ -66,6 +66,11 @@
 #endif
 #ifndef V7_STAGES
 #define V7_STAGES 2
+#endif
+// V7_TMA 1: tiles arrive by TMA (one thread issues them). 0: the chapter's first step, wgmma fed by plain
+// cp.async copies that every thread issues into the same swizzled layout (v6's loads).
+#ifndef V7_TMA
+#define V7_TMA 1
 #endif
 
 namespace v7 {
@@ -107,6 +112,34 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "[%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+
+// 16-byte global->shared copy; src_bytes = 0 writes zeros instead (rows past the end of Q, K or V).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async, st.shared) and read next by wgmma (the async
+// proxy) needs this fence in each writing thread before the barrier that publishes it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Rows [row0, row0 + ROWS) of a [rows, D] matrix into a panel-split, 128-byte-swizzled tile -- the
+// layout TMA writes -- by NTHREADS threads, 16 bytes per copy; rows past `rows` become zeros.
+template <int ROWS, int D, int NTHREADS, typename T>
+__device__ __forceinline__ void copy_tile(uint32_t dst, const T* __restrict__ src, int row0, int rows, int tid) {
+  constexpr int CPR = D / 8;   // 16-byte chunks per row
+#pragma unroll
+  for (int idx = tid; idx < ROWS * CPR; idx += NTHREADS) {
+    const int r = idx / CPR, c = idx % CPR;
+    const uint32_t off = (c / 8) * ROWS * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+    const bool valid = row0 + r < rows;
+    cp_async_16(dst + off, src + (size_t)(valid ? row0 + r : 0) * D + c * 8, valid);
+  }
 }
 
 // wgmma's ordering instructions. fence: registers written by ordinary instructions (the accumulators,
@@ -250,11 +283,12 @@ struct Layout {
   static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
 };
 
-template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB>
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA>
 __global__ void __launch_bounds__(128 * NWG, MINB)
     flash_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                    const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N,
-                    int m_blocks, float scale_log2) {
+                    const __grid_constant__ CUtensorMap tmV, const T* __restrict__ Q, const T* __restrict__ K,
+                    const T* __restrict__ V, T* __restrict__ O, int BH, int M, int N, int m_blocks,
+                    float scale_log2) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr int BR = L::BR, PANELS = D / 64;
   constexpr int NT = BC / 8;   // n8 column groups of S_ij per thread row
@@ -299,8 +333,16 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     return;
   }
 
-  auto load_kv = [&](int t) {   // issued by thread 0 only
+  auto load_kv = [&](int t) {   // TMA: thread 0 only; plain loads: every thread, one commit group per tile
     const int s = t % STAGES;
+    if constexpr (!TMA) {
+      if (t < n_tiles) {
+        copy_tile<BC, D, 128 * NWG>(sK + s * L::KV_BYTES, K + (size_t)bh * N * D, t * BC, N, tid);
+        copy_tile<BC, D, 128 * NWG>(sV + s * L::KV_BYTES, V + (size_t)bh * N * D, t * BC, N, tid);
+      }
+      cp_async_commit();   // an empty group past the last tile keeps the wait_group count uniform
+      return;
+    }
     mbar_arrive_expect_tx(bar_k(s), L::KV_BYTES);
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh, bar_k(s));
@@ -312,7 +354,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
   if (tid == 0) {
     mbar_init(bar_q, 1);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bar_k(s), 1);
+      mbar_init(bar_k(s), TMA ? 1 : 128 * NWG);   // plain loads: every thread arrives
       mbar_init(bar_v(s), 1);
       mbar_init(bar_empty(s), 4 * NWG);   // lane 0 of every consumer warp
     }
@@ -320,11 +362,17 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (tid == 0) {
-    mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
+  if constexpr (TMA) {
+    if (tid == 0) {
+      mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, m0, bh, bar_q);
-    for (int t = 0; t < STAGES && t < n_tiles; ++t) load_kv(t);
+      for (int p = 0; p < PANELS; ++p) tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, m0, bh, bar_q);
+      for (int t = 0; t < STAGES && t < n_tiles; ++t) load_kv(t);
+    }
+  } else {
+    // Q_i's copies join tile 0's group, which the first wait below covers
+    copy_tile<BR, D, 128 * NWG>(sQ, Q + (size_t)bh * M * D, m0, M, tid);
+    for (int t = 0; t < STAGES; ++t) load_kv(t);
   }
 
   float o[D / 2];
@@ -334,7 +382,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
 
   // This warpgroup's 64 rows of Q_i start 64 * 128 bytes into each panel.
   const uint32_t q_base = sQ + wg * 64 * 128;
-  mbar_wait(bar_q, 0);
+  if constexpr (TMA) mbar_wait(bar_q, 0);
 
   for (int jt = 0; jt < n_tiles; ++jt) {
     const int s = jt % STAGES;
@@ -345,8 +393,13 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     // With two or more stages this runs while this warpgroup's S_ij product is on the tensor cores; with
     // one stage the refill is tile j itself and must come first.
     auto refill = [&] {
-      if (tid == 0 && jt >= 1 && jt - 1 + STAGES < n_tiles) {
-        mbar_wait(bar_empty((jt - 1) % STAGES), ((jt - 1) / STAGES) & 1);
+      if constexpr (TMA) {
+        if (tid == 0 && jt >= 1 && jt - 1 + STAGES < n_tiles) {
+          mbar_wait(bar_empty((jt - 1) % STAGES), ((jt - 1) / STAGES) & 1);
+          load_kv(jt - 1 + STAGES);
+        }
+      } else if (jt >= 1) {   // every thread copies its share, so every thread waits for the stage
+        if (jt - 1 + STAGES < n_tiles) mbar_wait(bar_empty((jt - 1) % STAGES), ((jt - 1) / STAGES) & 1);
         load_kv(jt - 1 + STAGES);
       }
     };
@@ -354,6 +407,13 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
 
     // ---- S_ij = Q_i K_j^T: D / 16 k steps, all from shared memory ----
     float s_acc[BC / 2];
+    if constexpr (!TMA) {
+      // This thread's copies of tile j have landed (the groups of later tiles may still be in flight);
+      // fence them for the async proxy, then arrive, so the wait below publishes every thread's share.
+      cp_async_wait<(STAGES >= 2 ? STAGES - 2 : 0)>();
+      fence_proxy_async();
+      mbar_arrive(bar_k(s));
+    }
     mbar_wait(bar_k(s), parity);
     wgmma_fence();
 #pragma unroll
@@ -417,7 +477,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     }
 
     // ---- O_i += P_ij V_j: P from registers, V_j MN-major from shared memory ----
-    mbar_wait(bar_v(s), parity);
+    if constexpr (TMA) mbar_wait(bar_v(s), parity);   // plain loads: V_j came with K_j
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
@@ -483,12 +543,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB>
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                    cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr size_t smem = L::DYNAMIC;
-  auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB>;
+  auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -507,8 +567,9 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
       !make_map<T>(&tmV, v, (int)BH, N, D, BC))
     return "v7: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
-  kernel<<<(unsigned)blocks, 128 * NWG, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N,
-                                                         m_blocks, scale_log2);
+  kernel<<<(unsigned)blocks, 128 * NWG, smem, stream>>>(tmQ, tmK, tmV, static_cast<const T*>(q),
+                                                         static_cast<const T*>(k), static_cast<const T*>(v),
+                                                         static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -517,9 +578,9 @@ template <typename T, bool CAUSAL>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
                        int D, cudaStream_t stream) {
   if (D == 64)
-    return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB, (V7_TMA != 0)>(q, k, v, o, B, H, M, N, stream);
   if (D == 128)
-    return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB, (V7_TMA != 0)>(q, k, v, o, B, H, M, N, stream);
   return "v7 supports head_dim 64 and 128 only";
 }
 

@@ -36,10 +36,12 @@ GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 # Tile variants: the default build and the steps the chapter times (macros of kernels/v7.cu).
 VARIANTS = {
     "default": [],
+    "tma0": ["-DV7_TMA=0", "-DV7_D128_WG=2"],                # wgmma fed by plain cp.async loads
+    "tma0_stages1": ["-DV7_TMA=0", "-DV7_STAGES=1", "-DV7_D128_WG=2"],
     "stages1": ["-DV7_STAGES=1"],
-    "stages3": ["-DV7_STAGES=3"],
-    "bc64": ["-DV7_D64_BC=64", "-DV7_D128_BC=64", "-DV7_D64_MINB=2", "-DV7_D128_MINB=2"],
-    "wg3": ["-DV7_D64_WG=3", "-DV7_D128_WG=3"],
+    "stages3": ["-DV7_STAGES=3", "-DV7_D128_WG=2"],          # 3 x 64 KB of K/V at D=128 leaves room for 2 WG
+    "wg": ["-DV7_D64_WG=3", "-DV7_D128_WG=2"],              # the other warpgroup count per block
+    "bc64": ["-DV7_D64_BC=64", "-DV7_D128_BC=64", "-DV7_D128_WG=2", "-DV7_D64_MINB=2", "-DV7_D128_MINB=2"],
 }
 
 
@@ -96,7 +98,10 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
         # the P V product takes P from registers: an HGMMA whose A operand is a register, not gdesc
         assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA"
         assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA"
-        assert "UTMALDG" in text, f"{name}: no TMA load"
+        if "-DV7_TMA=0" in VARIANTS[variant]:
+            assert "LDGSTS" in text and "UTMALDG" not in text, f"{name}: expected cp.async, not TMA"
+        else:
+            assert "UTMALDG" in text, f"{name}: no TMA load"
         assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} still has mma.sync"
 
@@ -110,9 +115,9 @@ needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v7 needs a GPU of com
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_v7():
+def build_v7(variant: str = "default"):
     from flashattn.loader import build
-    return build("v7", archs=["9.0a"], module_name="flashattn_v7_test")
+    return build("v7", archs=["9.0a"], module_name=f"flashattn_v7_{variant}", extra_cuda_cflags=VARIANTS[variant])
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +186,20 @@ def test_large_logits(v7, dtype, D, causal):
 
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "default"])
+def test_variants_match_float64(variant):
+    """Every tile variant the chapter times computes the same thing (fewer shapes than the default build)."""
+    mod = build_v7(variant)
+    for M, N in [(113, 203), (1025, 1023), (17, 1), (300, 1100)]:
+        for D in (64, 128):
+            for causal in (False, True):
+                for dtype in DTYPES.values():
+                    seed = zlib.crc32(repr((variant, M, N, D, causal, dtype)).encode())
+                    check(mod, 2, 3, M, N, D, dtype, causal, seed)
+
+
+@needs_gpu
+@needs_hopper
 def test_many_heads_tail_tiles_stay_in_their_head(v7):
     """N = 129 leaves a one-key tail tile in every head; the 3-D tensor map must zero-fill it rather than
     read the next head's first keys (which here are huge, so a leak would show)."""
@@ -224,13 +243,15 @@ def test_bad_inputs_refused_then_good_call_works(v7):
 SANITIZE_SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67), (1, 1, 200, 333)]   # B, H, M, N
 
 
-def sanitize_target() -> None:
+def sanitize_target(variant: str) -> None:
     """What the sanitizer runs: every dtype, head dim and mask on small and odd shapes (tail tiles, M > N,
-    fully masked rows); one line per call so a report names the call before it."""
-    v7 = build_v7()
+    fully masked rows); one line per call so a report names the call before it. The default build runs
+    both dtypes, the other variants bf16 (the dtype changes no address or barrier)."""
+    v7 = build_v7(variant)
+    dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
     for B, H, M, N in SANITIZE_SHAPES:
         for D in (64, 128):
-            for dtype in DTYPES.values():
+            for dtype in dtypes:
                 for causal in (False, True):
                     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for L in (M, N, N))
                     out = v7.forward(q, k, v, causal)
@@ -241,18 +262,20 @@ def sanitize_target() -> None:
 
 @needs_gpu
 @needs_hopper
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_sanitizer_clean(v7, tool):
+def test_sanitizer_clean(tool, variant):
+    build_v7(variant)   # outside the sanitizer: nvcc under it is slow
     cmd = [cuda_tool("compute-sanitizer"), f"--tool={tool}", "--error-exitcode=99", sys.executable,
-           str(Path(__file__).resolve()), "--sanitize"]
+           str(Path(__file__).resolve()), "--sanitize", variant]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
     ran = [line for line in out.splitlines() if line.startswith("ran v7 ")]
-    assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * 2, out[-4000:]
+    assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
 
 
 if __name__ == "__main__" and "--sanitize" in sys.argv:
-    sanitize_target()
+    sanitize_target(sys.argv[sys.argv.index("--sanitize") + 1])
