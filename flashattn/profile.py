@@ -217,12 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="input dtype (default: float32; bfloat16 for v6)")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("-B", "--batch-size", type=int, default=PRIMARY["batch_size"])
-    p.add_argument("-H", "--num-heads", type=int, default=PRIMARY["num_heads"])
+    p.add_argument("--causal", action="store_true", help="causal masking (v6 only; default: off)")
+    p.add_argument("-B", "--batch-size", type=int, default=PRIMARY["batch_size"],
+                   help="batch size B (default: %(default)s)")
+    p.add_argument("-H", "--num-heads", type=int, default=PRIMARY["num_heads"],
+                   help="attention heads H (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=PRIMARY["seq_len"], help="M = N (default: %(default)s)")
-    p.add_argument("-D", "--head-dim", type=int, default=PRIMARY["head_dim"])
-    p.add_argument("--warmup", type=int, default=1, help="unprofiled calls before the profiled one")
+    p.add_argument("-D", "--head-dim", type=int, default=PRIMARY["head_dim"],
+                   help="head dimension D (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="unprofiled calls before the profiled one (default: %(default)s)")
     p.add_argument("--ncu", help="path to ncu (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
     p.add_argument("--kernel-regex", help="ncu --kernel-name filter (default: regex of kernels/<version>.cu names)")
     p.add_argument("--target", metavar="VERSION", help=argparse.SUPPRESS)   # internal: the profiled program

@@ -1,0 +1,54 @@
+"""python -m flashattn.sweep: variants as -D macros of one kernel file, one JSON format for every version."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import needs_gpu
+
+from flashattn import sweep
+from flashattn.versions import INFO
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_variant_names_macros_its_kernel_file_defines():
+    for version, variants in sweep.VARIANTS.items():
+        assert INFO[version].kernel
+        text = (ROOT / "kernels" / f"{version}.cu").read_text()
+        for name, variant in variants.items():
+            for macro in variant.macros:
+                assert f"#ifndef {macro}" in text or f"defined({macro})" in text, (version, name, macro)
+            assert sweep.flags(variant) == [f"-D{k}={v}" for k, v in variant.macros.items()]
+
+
+def test_unknown_variant_and_missing_gpu_are_refused(monkeypatch):
+    with pytest.raises(SystemExit, match="unknown variant"):
+        sweep.main(["v5", "--only", "no_such_variant"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        sweep.main(["v5"])
+
+
+@pytest.mark.parametrize("version", ["v5", "v6"])
+def test_printed_table_of_a_recorded_sweep(version):
+    doc = json.loads((ROOT / "results" / "h200" / f"{version}_sweep.json").read_text())
+    printed = sweep.format_table(doc)
+    for r in doc["variants"]:
+        assert r["name"] in printed
+    assert printed.count("\n") == len(doc["variants"]) + len(doc["references"])
+
+
+@needs_gpu
+def test_one_variant_end_to_end(tmp_path):
+    name = next(iter(sweep.VARIANTS["v5"]))
+    assert sweep.main(["v5", "--only", name, "--out", str(tmp_path), "--warmup", "1", "--repetitions", "3",
+                       "--rounds", "1"]) == 0
+    doc = json.loads((tmp_path / "v5_sweep.json").read_text())
+    assert doc["schema"] == sweep.SCHEMA and [r["name"] for r in doc["variants"]] == [name]
+    r = doc["variants"][0]
+    assert r["correct"] is True and r["max_rel_error"] <= r["error_bound"]
+    assert (r["runtime"]["threads"], r["runtime"]["smem_bytes"]) == (r["geometry"]["threads"], r["geometry"]["smem"])
+    assert r["timing"]["median_us"] > 0 and r["vs"]["sdpa"] > 0
