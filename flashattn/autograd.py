@@ -199,3 +199,33 @@ def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("
             row["error"] = f"{type(t).__name__}: {t}"
         rows.append(row)
     return rows
+
+
+def main(argv=None) -> int:
+    """The backward at the issue's two bf16 shapes, causal and not, v6 (atomic and deterministic dQ)
+    against SDPA's FlashAttention-2 and cuDNN backends. Run it as
+    python -c "from flashattn.autograd import main; main(['--json', 'PATH'])"
+    (not with -m: running this file as __main__ would register the ops a second time)."""
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="flashattn.autograd.main", description=main.__doc__)
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    rows = []
+    for B, H, S, D in ((4, 12, 2048, 64), (2, 16, 8192, 128)):
+        for causal in (False, True):
+            shape_rows = time_backward(B, H, S, S, D, causal)
+            rows += shape_rows
+            ref = {r["version"]: r.get("median_us") for r in shape_rows}
+            for r in shape_rows:
+                if "error" in r:
+                    print(f"B={B} H={H} M=N={S} D={D} causal={causal} {r['version']}: {r['error']}")
+                    continue
+                ratios = "  ".join(f"{other}/this {ref[other] / r['median_us']:.2f}x"
+                                   for other in ("sdpa_flash", "sdpa_cudnn") if ref.get(other))
+                print(f"B={B} H={H} M=N={S} D={D} causal={causal!s:5} {r['version']:17} {r['median_us']:10.1f} us "
+                      f"{r['tflops']:6.1f} TFLOP/s  {ratios}  calls={r['calls_timed']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+    return 0

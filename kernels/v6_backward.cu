@@ -60,11 +60,18 @@
 #include <cstdint>
 #include <cmath>
 
+// Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8). More keys per block halve the dQ
+// atomics and the Q_i / dO_i reloads per key; see the header for what each choice measured.
+#ifndef V6B_D64_WARPS
+#define V6B_D64_WARPS 8
+#endif
+#ifndef V6B_D128_WARPS
+#define V6B_D128_WARPS 8
+#endif
+
 namespace v6b {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kBc = 16 * kWarps;   // keys per block in bwd_dkdv, 16 per warp
+constexpr int kThreads = 128;      // bwd_prep, bwd_convert, bwd_dq: 4 warps
 constexpr int kBr = 64;            // query rows per tile (both kernels)
 
 // ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
@@ -164,19 +171,19 @@ __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
 // ---------------------------------------------------------------- shared-memory tiles -----------------
 //
 // Rows of D 16-bit elements, CPR = D/8 chunks of 16 bytes; chunk c of row r is stored at chunk c ^ (r % 8).
-// Thread tid copies chunk tid % CPR of rows tid / CPR, + kThreads / CPR, ...; rows >= `rows` are zeros.
-template <int ROWS, int CPR, typename T>
+// Thread tid copies chunk tid % CPR of rows tid / CPR, + THREADS / CPR, ...; rows >= `rows` are zeros.
+template <int ROWS, int CPR, int THREADS = kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gmem, int row0, int rows,
                                           int tid) {
   constexpr int kD = CPR * 8;
-  constexpr int kRowStep = kThreads / CPR;
-  static_assert((ROWS * CPR) % kThreads == 0 && kThreads % CPR == 0, "tile must split evenly over the block");
+  constexpr int kRowStep = THREADS / CPR;
+  static_assert((ROWS * CPR) % THREADS == 0 && THREADS % CPR == 0, "tile must split evenly over the block");
   const int r0 = tid / CPR, c = tid % CPR;
   const uint32_t base = smem_addr(smem_tile);
   const T* src = gmem + (size_t)(row0 + r0) * kD + c * 8;
   const bool whole = row0 + ROWS <= rows;   // block-uniform
 #pragma unroll
-  for (int it = 0; it < ROWS * CPR / kThreads; ++it) {
+  for (int it = 0; it < ROWS * CPR / THREADS; ++it) {
     const int r = r0 + it * kRowStep;
     const bool valid = whole || row0 + r < rows;
     // an out-of-range row still needs a legal address: row 0 of this (batch, head)
@@ -186,11 +193,12 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 }
 
 // lse2 and D_i of query rows [row0, row0 + kBr) into shared memory: threads 0..63 copy lse2, 64..127
-// copy D_i, one float each; rows past M become 0, which with their zero Q and dO rows gives P * (dP - D)
+// copy D_i, one float each (threads past 127 have nothing to copy); rows past M become 0, which with their zero Q and dO rows gives P * (dP - D)
 // = 1 * (0 - 0) = 0: padded rows add nothing.
 __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const float* __restrict__ lse2,
                                                const float* __restrict__ Dvec, int row0, int M, int tid) {
-  static_assert(2 * kBr == kThreads, "one float per thread");
+  static_assert(2 * kBr == 128, "one float per thread of the first four warps");
+  if (tid >= 2 * kBr) return;
   const int r = tid % kBr, row = row0 + r;
   const bool valid = row < M;
   const float* src = tid < kBr ? lse2 : Dvec;
@@ -235,13 +243,13 @@ __global__ void __launch_bounds__(kThreads)
 //
 // Warp w owns keys [16w, 16w + 16) of the block's tile. Accumulator element e of n8 tile t sits at key
 // row 16w + g + 8*(e/2) and column 8t + 2q + e%2 (a query for S^T/dP^T, a head-dim column for dK/dV).
-template <typename T, int D, bool CAUSAL, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename T, int D, int WARPS, bool CAUSAL, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
     bwd_dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
              T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
              int n_blocks, float scale_log2, float scale) {
-  constexpr int BC = kBc, BR = kBr;
+  constexpr int THREADS = 32 * WARPS, BC = 16 * WARPS, BR = kBr;
   constexpr int CPR = D / 8;            // 16-byte chunks per row of Q, K, V, dO
   constexpr int ROWB = CPR * 16;        // bytes per row
   constexpr int KSTEPS = D / 16;        // k16 steps over the head dim
@@ -250,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int SROWB = BR * 2;         // bytes per row of dS^T
   static_assert(SROWB == 128, "the dS^T swizzle assumes 8 chunks per row");
   // dQ phase: BR/16 query slices; the warps left over split the head dim
-  constexpr int QS = BR / 16, WN = kWarps / QS, DQT = DT / WN;
-  static_assert(QS * WN == kWarps && DQT % 2 == 0, "dQ work must split evenly over the warps");
+  constexpr int QS = BR / 16, WN = WARPS / QS, DQT = DT / WN;
+  static_assert(QS * WN == WARPS && DQT % 2 == 0, "dQ work must split evenly over the warps");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);   // [B_c][D]
@@ -305,10 +313,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t sK_a = smem_addr(sK) + (uint32_t)((warp * 16 + a_row) * ROWB);
     const uint32_t sV_a = smem_addr(sV) + (uint32_t)((warp * 16 + a_row) * ROWB);
 
-    load_tile<BC, CPR>(sK, Kh, n0, N, tid);
-    load_tile<BC, CPR>(sV, Vh, n0, N, tid);
-    load_tile<BR, CPR>(sQ, Qh, it_begin * BR, M, tid);
-    load_tile<BR, CPR>(sdO, dOh, it_begin * BR, M, tid);
+    load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
+    load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
+    load_tile<BR, CPR, THREADS>(sQ, Qh, it_begin * BR, M, tid);
+    load_tile<BR, CPR, THREADS>(sdO, dOh, it_begin * BR, M, tid);
     load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
     cp_async_commit();
 
@@ -354,8 +362,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();
       if (it + 1 < m_tiles) {
         const int nb = buf ^ 1;
-        load_tile<BR, CPR>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
-        load_tile<BR, CPR>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
+        load_tile<BR, CPR, THREADS>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
+        load_tile<BR, CPR, THREADS>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
         load_row_terms(sL + nb * BR, sDv + nb * BR, lse2h, Dh, (it + 1) * BR, M, tid);
       }
       cp_async_commit();
@@ -654,7 +662,7 @@ struct Args {
   cudaStream_t stream;
 };
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, int WARPS, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
   const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
@@ -670,13 +678,14 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  const int n_blocks = (a.N + kBc - 1) / kBc;
-  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / 64) must be below 2^31";
-  constexpr size_t smem_dkdv = (size_t)(2 * kBc + 4 * kBr) * D * sizeof(T) + kBc * kBr * sizeof(T) +
+  constexpr int BC = 16 * WARPS;
+  const int n_blocks = (a.N + BC - 1) / BC;
+  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
+  constexpr size_t smem_dkdv = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + BC * kBr * sizeof(T) +
                                4 * kBr * sizeof(float);
-  auto dkdv = atomic ? bwd_dkdv<T, D, CAUSAL, true> : bwd_dkdv<T, D, CAUSAL, false>;
+  auto dkdv = atomic ? bwd_dkdv<T, D, WARPS, CAUSAL, true> : bwd_dkdv<T, D, WARPS, CAUSAL, false>;
   if (const char* err = set_smem(dkdv, smem_dkdv)) return err;
-  dkdv<<<(unsigned)(n_blocks * BH), kThreads, smem_dkdv, a.stream>>>(
+  dkdv<<<(unsigned)(n_blocks * BH), 32 * WARPS, smem_dkdv, a.stream>>>(
       q, k, v, dout, a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, (int)BH, a.M,
       a.N, n_blocks, scale_log2, scale);
 
@@ -700,8 +709,8 @@ const char* run(const Args& a) {
 
 template <typename T>
 const char* dispatch(const Args& a, int D, bool causal) {
-  if (D == 64) return causal ? run<T, 64, true>(a) : run<T, 64, false>(a);
-  if (D == 128) return causal ? run<T, 128, true>(a) : run<T, 128, false>(a);
+  if (D == 64) return causal ? run<T, 64, V6B_D64_WARPS, true>(a) : run<T, 64, V6B_D64_WARPS, false>(a);
+  if (D == 128) return causal ? run<T, 128, V6B_D128_WARPS, true>(a) : run<T, 128, V6B_D128_WARPS, false>(a);
   return "v6 backward supports head_dim 64 and 128 only";
 }
 

@@ -125,7 +125,11 @@ def check_grads(fwd, bwd, B, H, M, N, D, dtype, causal, deterministic, seed, q_s
         assert torch.isfinite(g).all(), f"{name}: non-finite element (unwritten or NaN)"
         assert torch.isfinite(r).all()
         e_ours, e_torch = rel_err(g, r, floor), rel_err(t, r, floor)
-        assert e_ours <= 2 * e_torch + 1e-5, f"{name}: relative error {e_ours:.3e} > 2 x PyTorch's {e_torch:.3e}"
+        # Slack of half a unit of the dtype at the floor's scale: it matters only where the reference is
+        # (near) zero -- N = 1 gives dQ = 0 exactly, and a kernel whose dP and D_i sum in different orders
+        # leaves fp32 rounding noise there that PyTorch's kernel happens not to.
+        slack = 0.5 * torch.finfo(dtype).eps * floor / max(torch.linalg.vector_norm(r).item(), floor)
+        assert e_ours <= 2 * e_torch + slack, f"{name}: relative error {e_ours:.3e} > 2 x PyTorch's {e_torch:.3e}"
     if causal and M > N:   # rows with no visible key: zero gradient
         assert (got[0][:, :, :M - N] == 0).all()
     return got
