@@ -60,8 +60,8 @@ def test_every_chapter_is_built(built):
     for page in toc_pages():
         assert (built / f"{page}.html").exists(), f"{page} was not built"
     # nothing outside the table of contents became a page
-    stray = [p for p in built.rglob("*.html") if p.parent.name in ("kernels", "scripts", "results", "tests")]
-    assert not stray and not (built / "README.html").exists()
+    stray = [p for p in built.rglob("*.html") if p.parent.name in ("kernels", "scripts", "results", "tests", "docs")]
+    assert not stray and not (built / "README.html").exists() and not (built / "CONTRIBUTING.html").exists()
 
 
 def test_nbval_options_are_cell_tags(built):
