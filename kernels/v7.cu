@@ -31,6 +31,39 @@
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
 //
+// Tiles (per template instance; override with -D at build time, see the V7_* macros below):
+//   D=64 : 2 warpgroups (B_r = 128, 256 threads), B_c = 128, 2 stages. smem 16 KB Q_i + 2 x (16 KB K_j +
+//          16 KB V_j) = 80 KB (+1 KB to align the base to 1024 bytes): 2 blocks per SM.
+//   D=128: 3 warpgroups (B_r = 192, 384 threads), B_c = 128, 2 stages. smem 48 KB Q_i + 2 x (32 + 32 KB)
+//          = 176 KB: 1 block per SM, 12 warps.
+//   Registers per thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed. ptxas (nvcc 13.0, sm_90a), no
+//   spills, no stack frame: D=64 127 registers (so two 256-thread blocks fit the 64K register file),
+//   D=128 161 (159 causal), under the 168 that 384 threads allow.
+//
+// What the steps measured (H200, bf16, one interleaved run of all variants: flashattn.timing.
+// time_interleaved, 10 warm-ups, 60 timed calls in 10 rounds, L2 flushed, median; H4's session script
+// /tmp/handoff/h4_v7_run.py, to be replaced by `python -m flashattn.bench` once v7 is registered):
+//   variant (macros)                       D=64, 4x12x2048 D=128, 2x16x8192   (non-causal, us)
+//   plain cp.async loads, 1 stage          251.1               3,724.7   (V7_TMA=0 V7_STAGES=1, D=128 2 WG)
+//   plain cp.async loads, 2 stages         212.7               3,455.7   (V7_TMA=0, D=128 2 WG)
+//   TMA, 1 stage                           130.1               2,500.2   (V7_STAGES=1)
+//   TMA, 2 stages, 2 WG at D=128           113.0 (this build)  1,827.8   (V7_D128_WG=2)
+//   TMA, 2 stages, 3 WG at D=128           --                  1,668.3   (this build)
+//   TMA, 3 stages (2 WG at D=128)          136.5               1,829.5   (V7_STAGES=3)
+//   3 WG at D=64                           122.1               --        (V7_D64_WG=3)
+//   B_c = 64, 2 blocks/SM (2 WG)           127.7               1,767.2   (V7_D*_BC=64)
+//   same run: v6 167.0 / 3,225.1; SDPA cuDNN 117.9 / 1,722.1; SDPA FlashAttention-2 182.5 / 3,434.9.
+//   Our reading, not yet profiled: with plain loads every thread both copies and computes, so every
+//   thread waits for the stage to be empty and the warpgroups run in lockstep (one's softmax cannot hide
+//   another's wgmma), and the copy addresses cost registers (D=64: 154-157 instead of 127, so one block
+//   per SM instead of two; D=128 with 2 WG: 190-194). With TMA one thread issues a whole tile and the
+//   warpgroups drift apart. A third stage lost at both sizes: at D=64 its 112 KB leave room for a
+//   second block only just, if at all (not checked); at D=128 it forces 2 warpgroups.
+//
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 113.0 us median, 456 TFLOP/s, 1.48x v6, 1.04x SDPA-cuDNN's speed, 1.62x SDPA-flash's, same run [session script above]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 66.1 us median, 1.47x v6, 1.21x SDPA-cuDNN's speed, same run [session script above]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,668.3 us median, 659 TFLOP/s, 1.93x v6, 1.03x SDPA-cuDNN's speed, 2.06x SDPA-flash's, same run [session script above]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 920.2 us median, 1.81x v6, 1.11x SDPA-cuDNN's speed, same run [session script above]
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
