@@ -293,7 +293,11 @@ def train(cfg: Config, data: CharData, attns=("sdpa",), device="cpu", log=None) 
     return out, models, opts
 
 
-def time_steps(models: dict, opts: dict, data: CharData, cfg: Config, warmup=10, repetitions=60, rounds=6) -> dict:
+STEP_TIMING = dict(warmup=10, repetitions=60, rounds=6)
+
+
+def time_steps(models: dict, opts: dict, data: CharData, cfg: Config, warmup=STEP_TIMING["warmup"],
+               repetitions=STEP_TIMING["repetitions"], rounds=STEP_TIMING["rounds"]) -> dict:
     """Median time of one training step per attention (CUDA only), with flashattn.timing's interleaved rounds."""
     from .timing import time_interleaved
     device = next(iter(models.values())).tok.weight.device
@@ -322,8 +326,9 @@ def run(cfg: Config, attns=ATTENTIONS, device=None, log=print, argv=None) -> dic
                                        final_val_loss=curves[a]["val_loss"][-1][1],
                                        step_time=None if timing is None else timing[a])
     record["timing"] = ("one full training step (forward, backward, AdamW) of the trained model on one fixed "
-                        "batch, flashattn.timing.time_interleaved: 10 warm-ups, 60 calls in 6 interleaved "
-                        "rounds, L2 flushed before each" if timing is not None else "not timed (no CUDA device)")
+                        "batch, flashattn.timing.time_interleaved: {warmup} warm-ups, {repetitions} calls in "
+                        "{rounds} interleaved rounds, L2 flushed before each".format(**STEP_TIMING)
+                        if timing is not None else "not timed (no CUDA device)")
     return record
 
 
@@ -409,14 +414,16 @@ def summary_table(record: dict) -> str:
         ms = t.get("median_us", 0) / 1e3 if "median_us" in t else None
         ratio = base["median_us"] / t["median_us"] if ms and "median_us" in base and name != "sdpa" else None
         lines.append(f"| {LABELS.get(name, name)} | {r['final_train_loss']:.4f} | {r['final_val_loss']:.4f} | "
-                     f"{'—' if ms is None else f'{ms:.2f}'} | {'—' if ratio is None else f'{ratio:.2f}×'} |")
+                     f"{'failed' if 'error' in t else '—' if ms is None else f'{ms:.2f}'} | "
+                     f"{'—' if ratio is None else f'{ratio:.2f}×'} |")
     c, m, d = record["config"], record["meta"], record["data"]
     dev = (m.get("device") or {}).get("name", c.get("device", "?"))
     commit = ((m.get("git") or {}).get("commit") or "uncommitted")[:10]
     return ("\n".join(lines) + f"\n\n{c['n_layer']} layers, {c['n_head']} heads of D={c['head_dim']}, context "
             f"{c['block_size']}, batch {c['batch_size']}, {c['parameters']:,} parameters, {c['steps']} steps; "
             f"{d['chars']:,} characters of the book ({d['vocab_size']} distinct). Ratios above 1: faster than "
-            f"SDPA. Recorded on {dev} (torch {m.get('torch', '?')}, commit {commit}).")
+            f"SDPA. Time per step: {record.get('timing', 'not recorded')}. Recorded on {dev} (torch "
+            f"{m.get('torch', '?')}, commit {commit}).")
 
 
 # ------------------------------------------------------------------------------------------------ cli
