@@ -15,7 +15,7 @@ from .geometry import (
     swizzle,
     v5_default_tiles,
 )
-from .records import _primary_rows, ceilings, profile_summary, report_path
+from .records import ceilings, primary_rows, profile_summary, report_path
 from .table import label
 from .versions import VERSIONS
 
@@ -67,7 +67,7 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
 def fig_scaling(versions=VERSIONS, file="bench.json", dtype="float32"):
     """Latency and TFLOP/s against sequence length for every version, from the recorded benchmark."""
     import matplotlib.pyplot as plt
-    rows = _primary_rows(dtype=dtype, file=file)
+    rows = primary_rows(dtype=dtype, file=file)
     if not rows:
         print(f"No recorded benchmark yet (results/h200/{file}): the H200 run fills these plots in.")
         return

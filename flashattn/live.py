@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from .notebook import LIVE_ONLY, NO_GPU, PRIMARY, gpu, md
-from .records import RESULTS, _bench_table, bench_rows, recorded
+from .records import RESULTS, bench_rows, bench_table, recorded
 from .table import label
 from .versions import INFO
 
@@ -130,7 +130,7 @@ def timing(versions, seq_lens=(PRIMARY["L"],), B=PRIMARY["B"], H=PRIMARY["H"], D
         torch.cuda.empty_cache()
     add_comparisons(rows)
     name = torch.cuda.get_device_name()
-    return md(_bench_table(rows, f"Measured now on {name}: median of up to {repetitions} calls in {rounds} "
+    return md(bench_table(rows, f"Measured now on {name}: median of up to {repetitions} calls in {rounds} "
                                   f"interleaved rounds after {warmup} warm-ups, L2 flushed before each "
                                   f"(B={B}, H={H}, D={D}, {dtype})."))
 

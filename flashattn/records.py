@@ -135,7 +135,7 @@ def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
     return md(table(s, top))
 
 
-def _bench_table(rows: list[dict], note: str) -> str:
+def bench_table(rows: list[dict], note: str) -> str:
     lines = ["| version | M = N | median µs | min – max µs | calls | TFLOP/s | vs. baseline | vs. SDPA |",
              "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
@@ -170,7 +170,7 @@ def recorded(versions, seq_lens=(PRIMARY["L"],), dtype="float32", causal=False, 
         return md(f"*No recorded benchmark yet (`results/h200/{file}`); the H200 run fills it in.*")
     order = {v: i for i, v in enumerate(versions)}
     rows.sort(key=lambda r: (r["seq_len_q"], order[r["version"]]))
-    return md(_bench_table(rows, _recorded_note(rows)))
+    return md(bench_table(rows, _recorded_note(rows)))
 
 
 def pytorch_attention_table(dtype: str | None = None):
@@ -240,7 +240,7 @@ def clock_table(file="gpu_clocks.csv"):
     return md("\n".join(lines))
 
 
-def _primary_rows(dtype="float32", causal=False, head_dim=64, file="bench.json"):
+def primary_rows(dtype="float32", causal=False, head_dim=64, file="bench.json"):
     return [r for r in bench_rows(RESULTS / file) if r["dtype"] == dtype and bool(r["causal"]) == causal
             and r["head_dim"] == head_dim and r["batch_size"] == PRIMARY["B"] and r["num_heads"] == PRIMARY["H"]
             and r["status"] == "ok"]
@@ -257,7 +257,7 @@ def results_table(seq_len: int = PRIMARY["L"], file="bench.json", dtype="float32
 
 def latency_grid(file="bench.json", dtype="float32"):
     """Median latency in µs, one row per version, one column per recorded sequence length."""
-    rows = _primary_rows(dtype=dtype, file=file)
+    rows = primary_rows(dtype=dtype, file=file)
     if not rows:
         return md(f"*No recorded benchmark yet (`results/h200/{file}`).*")
     lens = sorted({r["seq_len_q"] for r in rows})
