@@ -37,7 +37,7 @@ BACKWARD_DTYPES = (torch.bfloat16, torch.float16)
 
 
 # ------------------------------------------------------------------------------------------ kernels
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_module(version: str):
     """The version's kernel file built with its training binding `forward_lse` next to `forward`."""
     from .loader import build, check_device
@@ -45,7 +45,7 @@ def forward_module(version: str):
     return build(version, functions=("forward", "forward_lse"), module_name=f"flashattn_{version}_train")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backward_module(version: str):
     """The extension built from the version's backward kernel file (`backward(...)` binding)."""
     from .loader import build, check_device

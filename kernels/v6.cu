@@ -70,6 +70,13 @@
 //     "Measured on H200" line at the end of this header. At that shape the H200 hits its power cap and lowers its clock, and what a kernel loses
 //     depends on what ran before it (results/h200/gpu_clocks.csv; README, "V6 ... SDPA's backends").
 //
+// Training: forward_lse(q, k, v, causal) returns (o, lse) with lse float32 [B, H, M], the natural log of
+// row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf for a
+// row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template instance
+// (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the two
+// (tests/test_backward.py). The WITH_LSE instances use the same register counts as those above (ptxas,
+// nvcc 13.0, sm_90, no spills); their forward speed was not timed separately.
+//
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
 // of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->

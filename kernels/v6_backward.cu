@@ -13,10 +13,10 @@
 //   1. bwd_prep: D_i = rowsum(dO_i o O_i) in fp32; lse_i converted to base-2 units (lse_i * log2(e), a row
 //      with no visible key (-inf) becomes +inf so that its P is exp2(-inf) = 0 and its gradients 0); in
 //      atomic mode it also zeroes the fp32 dQ accumulator.
-//   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 64 keys, 16 per warp) of one (batch, head); it loops
-//      over the query tiles Q_i, dO_i (B_r rows) that see any of its keys (causal: it starts at the first
-//      such tile). Per tile and warp (its 16 keys x B_r queries), everything in the transposed form, so
-//      that the key dimension is the m dimension of the mma:
+//   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 16 keys per warp) of one (batch, head); it loops
+//      over the query tiles Q_i, dO_i (B_r = 64 rows) that see any of its keys (causal: it starts at the
+//      first such tile). Per tile and warp (its 16 keys x B_r queries), everything in the transposed form,
+//      so that the key dimension is the m dimension of the mma:
 //        S^T = K_j Q_i^T and dP^T = V_j dO_i^T      (A: K_j / V_j rows, ldmatrix; B: Q_i / dO_i, ldmatrix)
 //        P^T = exp2(S^T * scale_log2 - lse2_i), dS^T = P^T o (dP^T - D_i), both packed to 16 bits
 //        dV_j += P^T dO_i and dK_j += dS^T Q_i      (A: P^T / dS^T straight from the accumulator
@@ -38,20 +38,44 @@
 //   Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer; the vector reduction
 //   red.global.add.v2.f32 is used on sm_90, two scalar atomics elsewhere.
 //
-// Tiles (bf16/fp16, 128 threads = 4 warps per block, all instances):
-//   bwd_dkdv: B_c = 64 (16 keys per warp), B_r = 64. shared memory: K_j, V_j (2 x 64 x D), Q_i and dO_i
-//             double-buffered with cp.async (4 x 64 x D), dS^T (64 x 64), lse2 and D_i (2 x 2 x 64 floats):
-//             D=64: 57 KB, D=128: 105 KB, so two blocks fit on an sm_90 SM.
-//             registers per thread: dV_j and dK_j accumulators D/2 each, S^T and dP^T B_r/2 each.
-//   bwd_dq:   B_r = 64, B_c = 64, Q_i and dO_i resident, K_j, V_j double-buffered: D=64: 48 KB, D=128: 96 KB.
+// Tiles (bf16/fp16):
+//   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode: 4 warps, B_c = 64, B_r = 64
+//             (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
+//             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
+//             8 warps: D=64 81 KB, D=128 145 KB (one block per SM); 4 warps: D=64 57 KB, D=128 105 KB (two).
+//             Registers per thread: dV_j and dK_j accumulators D/2 each, S^T and dP^T B_r/2 each -- 192 at
+//             D=128 before addresses and fragments, which is why a warp keeps 16 keys, not 32.
+//   bwd_dq:   4 warps, B_r = 64 (16 rows per warp), B_c = 64; Q_i and dO_i resident, K_j, V_j
+//             double-buffered: D=64 48 KB, D=128 96 KB.
 //   Every tile row is stored with v6's XOR swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so
 //   each ldmatrix and ldmatrix.trans phase reads 8 distinct bank groups; the dS^T stores are 4-byte
-//   writes that hit 32 distinct banks.
-//   ptxas (nvcc 13.0, sm_90): see the numbers below, recorded with
-//     nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu kernels/v6_backward.cu
-//   bwd_dkdv D=64: PTXAS_DKDV64; D=128: PTXAS_DKDV128. bwd_dq D=64: PTXAS_DQ64; D=128: PTXAS_DQ128.
+//   writes that hit 32 distinct banks (both checked by the numpy emulation in tests/test_backward.py).
+//   ptxas (nvcc 13.0, sm_90; nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu
+//   kernels/v6_backward.cu), registers per thread, bf16 and fp16 alike:
+//     bwd_dkdv atomic (8 warps):        D=64 239 (causal 242), D=128 255 (non-causal spills 4 bytes)
+//     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
+//     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
 //
-// Measured on H200: see the "Measured" lines at the end of this header (written from GPU runs only).
+// Measured on H200 (bf16, one interleaved run per shape and causal flag, backward given dO, FLOPs =
+// 2.5 x 4*B*H*M*N*D, half for causal; TORCH_EXTENSIONS_DIR=/tmp/ext python3 -c "from flashattn.autograd
+// import main; main([])"). Run A built the atomic mode with 8 warps, run B (FLASHATTN_CUDA_FLAGS=
+// "-DV6B_D64_WARPS=4 -DV6B_D128_WARPS=4") both modes with 4 warps; each run times v6 beside SDPA's
+// FlashAttention-2 and cuDNN backward, so the ratios are within one run:
+//   shape (bf16)             causal  atomic, 8 warps (A)   deterministic (B)   SDPA flash   cuDNN (A)
+//   B=4 H=12 M=N=2048 D=64   no         618.6 us  208 TF        642.1 us        654.1 us     438.8 us
+//   B=4 H=12 M=N=2048 D=64   yes        347.2 us  186 TF        343.9 us        483.0 us     328.8 us
+//   B=2 H=16 M=N=8192 D=128  no      10,912.4 us  252 TF     11,459.4 us      9,607.5 us   5,026.5 us
+//   B=2 H=16 M=N=8192 D=128  yes      5,436.8 us  253 TF      5,781.0 us      5,244.5 us   2,868.1 us
+//   Atomic mode against FlashAttention-2 (SDPA flash) / cuDNN in run A: 1.06x / 0.71x, 1.39x / 0.95x,
+//   0.88x / 0.46x, 0.96x / 0.53x of their speed (rows in order); deterministic mode against run B's own
+//   FlashAttention-2: 1.03x, 1.33x, 0.83x, 0.91x.
+//   The default is the atomic mode: determinism costs 4-6% at three of the four points (run B against run
+//   A; the causal D=64 point is a tie). 8 warps against 4 in the atomic mode: 647.2 -> 618.6 us, 346.6 ->
+//   347.2, 12,090.5 -> 10,912.4, 6,047.5 -> 5,436.8 us (runs B, A): the dQ atomics per key halve. The
+//   deterministic mode with 8 warps was slower than with 4 (670.5, 369.5, 12,104.0, 6,034.6 us, run A).
+//   Below FlashAttention-2 at D=128: each warp re-reads all of Q_i and dO_i from shared memory for its
+//   16 keys (one ldmatrix per two mma), and 16 keys is what 255 registers allow; FA2 splits dK/dV over
+//   the head dim between warps and stages P and dS through shared memory instead.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -60,13 +84,21 @@
 #include <cstdint>
 #include <cmath>
 
-// Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8). More keys per block halve the dQ
-// atomics and the Q_i / dO_i reloads per key; see the header for what each choice measured.
+// Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8); *_WARPS for the atomic mode,
+// *_DET_WARPS for the deterministic one. 8 warps halve the dQ atomics per key, which is what the atomic
+// mode pays for; without the dQ step, 2 blocks of 4 warps per SM measured faster than 1 block of 8 (see
+// the header).
 #ifndef V6B_D64_WARPS
 #define V6B_D64_WARPS 8
 #endif
 #ifndef V6B_D128_WARPS
 #define V6B_D128_WARPS 8
+#endif
+#ifndef V6B_D64_DET_WARPS
+#define V6B_D64_DET_WARPS 4
+#endif
+#ifndef V6B_D128_DET_WARPS
+#define V6B_D128_DET_WARPS 4
 #endif
 
 namespace v6b {
@@ -193,8 +225,8 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 }
 
 // lse2 and D_i of query rows [row0, row0 + kBr) into shared memory: threads 0..63 copy lse2, 64..127
-// copy D_i, one float each (threads past 127 have nothing to copy); rows past M become 0, which with their zero Q and dO rows gives P * (dP - D)
-// = 1 * (0 - 0) = 0: padded rows add nothing.
+// copy D_i, one float each (threads past 127 have nothing to copy). Rows past M become 0, which with
+// their zero Q and dO rows gives P * (dP - D) = 1 * (0 - 0) = 0: padded rows add nothing.
 __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const float* __restrict__ lse2,
                                                const float* __restrict__ Dvec, int row0, int M, int tid) {
   static_assert(2 * kBr == 128, "one float per thread of the first four warps");
@@ -662,7 +694,24 @@ struct Args {
   cudaStream_t stream;
 };
 
-template <typename T, int D, int WARPS, bool CAUSAL>
+template <typename T, int D, int WARPS, bool CAUSAL, bool ATOMIC_DQ>
+const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
+  constexpr int BC = 16 * WARPS;
+  const long long BH = (long long)a.B * a.H;
+  const int n_blocks = (a.N + BC - 1) / BC;
+  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
+  constexpr size_t smem = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + BC * kBr * sizeof(T) +
+                          4 * kBr * sizeof(float);
+  auto kernel = bwd_dkdv<T, D, WARPS, CAUSAL, ATOMIC_DQ>;
+  if (const char* err = set_smem(kernel, smem)) return err;
+  kernel<<<(unsigned)(n_blocks * BH), 32 * WARPS, smem, a.stream>>>(
+      static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+      static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
+      (int)BH, a.M, a.N, n_blocks, scale_log2, scale);
+  return nullptr;
+}
+
+template <typename T, int D, int WARPS, int DET_WARPS, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
   const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
@@ -678,16 +727,9 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  constexpr int BC = 16 * WARPS;
-  const int n_blocks = (a.N + BC - 1) / BC;
-  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
-  constexpr size_t smem_dkdv = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + BC * kBr * sizeof(T) +
-                               4 * kBr * sizeof(float);
-  auto dkdv = atomic ? bwd_dkdv<T, D, WARPS, CAUSAL, true> : bwd_dkdv<T, D, WARPS, CAUSAL, false>;
-  if (const char* err = set_smem(dkdv, smem_dkdv)) return err;
-  dkdv<<<(unsigned)(n_blocks * BH), 32 * WARPS, smem_dkdv, a.stream>>>(
-      q, k, v, dout, a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, (int)BH, a.M,
-      a.N, n_blocks, scale_log2, scale);
+  const char* err_dkdv = atomic ? launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale)
+                                : launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
+  if (err_dkdv != nullptr) return err_dkdv;
 
   if (atomic) {
     const long long n4 = rows * D / 4;
@@ -709,8 +751,12 @@ const char* run(const Args& a) {
 
 template <typename T>
 const char* dispatch(const Args& a, int D, bool causal) {
-  if (D == 64) return causal ? run<T, 64, V6B_D64_WARPS, true>(a) : run<T, 64, V6B_D64_WARPS, false>(a);
-  if (D == 128) return causal ? run<T, 128, V6B_D128_WARPS, true>(a) : run<T, 128, V6B_D128_WARPS, false>(a);
+  if (D == 64)
+    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, true>(a)
+                  : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, false>(a);
+  if (D == 128)
+    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, true>(a)
+                  : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, false>(a);
   return "v6 backward supports head_dim 64 and 128 only";
 }
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_gpu
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashattn.autograd as fa
-from conftest import needs_gpu
 from flashattn.bench import attention_flops
 from flashattn.reference import relative_error
 

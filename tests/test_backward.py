@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import needs_gpu, poison_allocator
-from flashattn.reference import attention_reference, sdpa
 from test_v6 import a16, halves, ldmatrix_x4
+
+from flashattn.reference import attention_reference, sdpa
 
 ROOT = Path(__file__).resolve().parent.parent
 
