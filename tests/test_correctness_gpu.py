@@ -4,11 +4,10 @@ import itertools
 
 import pytest
 import torch
+from conftest import needs_gpu, poison_allocator, randn
 
 import flashattn
 from flashattn.reference import attention_reference, relative_error
-
-from conftest import needs_gpu, poison_allocator, randn
 
 pytestmark = needs_gpu
 

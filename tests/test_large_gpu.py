@@ -2,11 +2,10 @@
 index can address, so a kernel that computes offsets in int writes to the wrong place."""
 import pytest
 import torch
+from conftest import needs_gpu, randn
 
 import flashattn
 from flashattn.reference import attention_reference, relative_error
-
-from conftest import needs_gpu, randn
 
 pytestmark = needs_gpu
 

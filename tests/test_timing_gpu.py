@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-
 from conftest import needs_gpu
+
 from flashattn.timing import time_interleaved
 
 pytestmark = needs_gpu
