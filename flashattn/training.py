@@ -271,6 +271,8 @@ def evaluate(model, x, y, cfg: Config, chunk: int = 16) -> float:
 def train(cfg: Config, data: CharData, attns=("sdpa",), device="cpu", log=None) -> dict:
     """Train one model per attention in lockstep: step s hands the same batch to every model.
     Returns ({attn: {"train_loss": [per step], "val_loss": [[step, loss], ...]}}, models, optimizers)."""
+    if "flashattn" in attns and torch.device(device).type != "cuda":
+        raise ValueError(f"attns: 'flashattn' runs on CUDA only; device is {device!r} (train with 'sdpa' there)")
     cfg.vocab_size = data.vocab_size
     models = {a: build_model(cfg, a, device) for a in attns}
     opts = {a: make_optimizer(m, cfg) for a, m in models.items()}

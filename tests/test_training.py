@@ -87,6 +87,8 @@ def test_flashattn_path_refuses_cpu_tensors(data):
     x, y = data.batch(torch.Generator().manual_seed(0), 2, 32)
     with pytest.raises(ValueError, match="attn='flashattn' needs CUDA"):
         model(x, y)
+    with pytest.raises(ValueError, match="attns: 'flashattn' runs on CUDA only"):
+        tr.train(tiny(), data, ("sdpa", "flashattn"), "cpu")
 
 
 def test_float32_yardstick_stays_float32_under_bf16_autocast():
