@@ -1,0 +1,767 @@
+// v8: v7 plus FlashAttention-3's scheduling -- warp specialization, a register split between the roles,
+// ping-pong between consumer warpgroups and the softmax of one tile overlapped with the products of the
+// next. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128. Needs an sm_90a build
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200).
+//
+// What changed from v7 (same products, same TMA tiles and swizzle, same online softmax):
+//   * warp specialization (V8_SPECIALIZE): the block gets one extra warpgroup, the producer, whose
+//     first thread only issues TMA copies -- Q_i once, then K_j and V_j into a ring of STAGES slots,
+//     each slot waiting on its "empty" mbarrier before it is refilled. K and V now have separate full
+//     and empty barriers, and the producer issues K_{j+1} before V_j, the order in which the consumers
+//     need them. The consumer warpgroups never copy and never wait for each other to refill a slot;
+//   * setmaxnreg (V8_SETMAXNREG): the producer needs a handful of registers, so it gives most of its
+//     share back (setmaxnreg.dec) and the consumers take it (setmaxnreg.inc). The register file is the
+//     budget: 128 x (producer + NWG x consumer) <= 65,536. It only works with a register cap at entry
+//     (__launch_bounds__(threads, 1)) and with each role in one branch of a single if/else;
+//   * ping-pong (V8_PINGPONG): consumer warpgroups take turns issuing their products, ordered by named
+//     barriers (bar.sync on its own id, bar.arrive on the next warpgroup's), so while one warpgroup's
+//     products run on the tensor cores the other does its softmax on the FMA and SFU units;
+//   * intra-warpgroup overlap (V8_OVERLAP): the loop issues S_{i,j+1} = Q_i K_{j+1}^T and then
+//     O_i += P_ij V_j, waits only for the first (wgmma.wait_group 1), and runs the softmax of tile
+//     j + 1 while P_ij V_j is still on the tensor cores; O_i's rescale and P's packing to 16 bits wait
+//     for the second. P is kept as fp32 in the S accumulators meanwhile (the 16-bit P registers are
+//     being read by the product in flight).
+//   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
+//   the block's last visible key, as in v7) and only the tiles that cross it are masked; the row blocks
+//   with the most key tiles are launched first.
+//   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
+//   computes and thread 0 also copies.
+//
+// Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
+//   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
+//     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
+//   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
+//     key at all (the first M - N rows when M > N) are 0, not NaN.
+//   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
+//
+// Tiles (per template instance; override with -D at build time, see the V8_* macros below):
+//   D=64 : 3 consumer warpgroups + 1 producer (B_r = 192, 512 threads), B_c = 128, 2 stages. smem 24 KB
+//          Q_i + 2 x (16 KB K_j + 16 KB V_j) = 88 KB (+1 KB to align the base): 1 block per SM.
+//          Registers: 128 at entry (65,536 / 512); producer 32, consumers 160 (32 + 3 x 160 = 512).
+//   D=128: 2 consumer warpgroups + 1 producer (B_r = 128, 384 threads), B_c = 128, 2 stages. smem 32 KB
+//          Q_i + 2 x (32 + 32 KB) = 160 KB: 1 block per SM. Registers: 168 at entry (65,536 / 384,
+//          down to a multiple of 8); producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168).
+//   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
+//   overlap. The register counts ptxas reports are checked by tests/test_v8.py.
+//
+// What the steps measured: filled in from the lead's GPU run (/tmp/handoff/h7_gpu.sh); no numbers yet.
+#ifdef __CUDACC__
+#include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <type_traits>
+
+// Steps of the chapter (each 0 or 1; -D at build time). V8_SPECIALIZE=0 turns the others off by default.
+#ifndef V8_SPECIALIZE
+#define V8_SPECIALIZE 1
+#endif
+#ifndef V8_SETMAXNREG
+#define V8_SETMAXNREG V8_SPECIALIZE
+#endif
+#ifndef V8_PINGPONG
+#define V8_PINGPONG V8_SPECIALIZE
+#endif
+#ifndef V8_OVERLAP
+#define V8_OVERLAP V8_SPECIALIZE
+#endif
+// Tile choices (override with -D for a sweep):
+//   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts);
+//   V8_D*_BC      keys per tile, B_c (64 or 128: one wgmma's N for S_ij);
+//   V8_STAGES     K/V slots in shared memory (at least 2).
+#ifndef V8_D64_WG
+#define V8_D64_WG (V8_SPECIALIZE ? 3 : 2)
+#endif
+#ifndef V8_D64_BC
+#define V8_D64_BC 128
+#endif
+#ifndef V8_D128_WG
+#define V8_D128_WG (V8_SPECIALIZE ? 2 : 3)
+#endif
+#ifndef V8_D128_BC
+#define V8_D128_BC 128
+#endif
+#ifndef V8_STAGES
+#define V8_STAGES 2
+#endif
+
+namespace v8 {
+
+// ---------------------------------------------------------------- PTX wrappers (sm_90a) ---------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// mbarrier: a 64-bit shared-memory word counting arrivals and (for TMA) expected bytes; its phase bit
+// flips when both reach zero. Waiters poll for the phase they expect ("parity").
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// One box of a 3-D tensor map (coordinates innermost first: column, row, head) into shared memory;
+// completes on `bar` by the box's byte count, zero-filling whatever lies outside the tensor.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// Named barriers 1..15 (0 is __syncthreads): bar.sync waits until `count` threads have reached the barrier
+// either way; bar.arrive counts this warp in without waiting. The ping-pong hands a turn over with them.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// setmaxnreg: a whole warpgroup changes its per-thread register allotment (a multiple of 8, 24 to 256).
+// dec returns registers to the SM's pool; inc blocks until the pool has them.
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+// wgmma's ordering instructions. fence: registers written by ordinary instructions (the accumulators,
+// P) are ready for the next wgmma; commit: close the group of wgmma issued so far; wait<n>: at most n
+// groups still in flight.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// The compiler sees a wgmma's accumulators as written when the asm statement issues, not when the
+// tensor core finishes. Passing them through an empty asm after the wait pins every later read behind it.
+template <int R>
+__device__ __forceinline__ void pin(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63). Addresses and offsets are
+// encoded in 16-byte units. The tile bases are 1024-byte aligned, so the "base offset" field stays 0
+// and a k step inside an atom is just a start address 32, 64 or 96 bytes further on.
+//   K-major (Q, K: a row's 64 elements are 128 contiguous bytes): SBO = 1024, the distance between
+//     8-row atoms; LBO is not used by swizzled K-major layouts (set to 1).
+//   MN-major (V for P V: the N index d is contiguous): LBO = distance between 64-column panels, SBO =
+//     1024, the distance between groups of 8 k rows (keys).
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+#define V8_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// One warpgroup-wide product D (64 x N, fp32, N / 2 registers per thread) += A (64 x 16) B (16 x N).
+// Accumulator register 4t + i of lane (g = lane / 4, q = lane % 4) of warp w holds row 16w + g + 8(i / 2),
+// column 8t + 2q + (i % 2). Written out per N and type because the asm text must be a literal.
+template <int N, typename T> struct Wgmma;
+#define V8_ACC64(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24)
+#define V8_ACC128(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32), V8_ACC8(d, 40), V8_ACC8(d, 48), V8_ACC8(d, 56)
+template <> struct Wgmma<64, __nv_bfloat16> {
+  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC64(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : V8_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <> struct Wgmma<64, __half> {
+  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC64(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : V8_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <> struct Wgmma<128, __nv_bfloat16> {
+  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC128(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : V8_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <> struct Wgmma<128, __half> {
+  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC128(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : V8_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats -> one register of two 16-bit values, lower column in the low half (the A fragment order).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---------------------------------------------------------------- the kernel ---------------------------
+//
+// Shared memory, every tile 1024-byte aligned: Q_i, then STAGES x K_j, then STAGES x V_j, then the
+// mbarriers (Q; full K, full V, empty K, empty V per stage). A tile of R rows and D columns is D / 64
+// panels of [R rows][64 columns] = R x 128 bytes (one TMA box each: the 128-byte swizzle allows at most
+// 128 bytes per box row).
+
+template <int D, int NWG, int BC, int STAGES, bool SPECIALIZE>
+struct Layout {
+  static constexpr int BR = 64 * NWG;
+  static constexpr int THREADS = 128 * (NWG + (SPECIALIZE ? 1 : 0));
+  static constexpr int PANELS = D / 64;
+  static constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
+  static constexpr uint32_t K_OFF = Q_BYTES, V_OFF = K_OFF + STAGES * KV_BYTES;
+  static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
+  static constexpr uint32_t BYTES = BAR_OFF + 8 * (1 + 4 * STAGES);
+  static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
+};
+
+// The register split: every warpgroup starts with the cap that 128 x (1 + NWG) threads get from the 65,536
+// registers (a multiple of 8); the producer keeps what one TMA-issuing thread needs and the consumers
+// share what it gives back, so that the block never holds more than it was launched with.
+template <int NWG>
+struct Registers {
+  static constexpr int ENTRY = 65536 / (128 * (NWG + 1)) / 8 * 8;
+  static constexpr int PRODUCER = NWG == 2 ? 24 : 32;
+  static constexpr int SHARE = ((NWG + 1) * ENTRY - PRODUCER) / NWG / 8 * 8;
+  static constexpr int CONSUMER = SHARE > 256 ? 256 : SHARE;
+  static_assert(PRODUCER + NWG * CONSUMER <= (NWG + 1) * ENTRY, "the split must fit the launch allotment");
+};
+
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
+          bool PINGPONG, bool OVERLAP>
+__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS, 1)
+    flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                 const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
+                 float scale_log2) {
+  static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
+                "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
+  static_assert(!PINGPONG || NWG >= 2, "ping-pong needs two consumer warpgroups or more");
+  static_assert(STAGES >= 2, "v8 keeps K_{j+1} and V_j in flight together: at least 2 stages");
+  using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
+  constexpr int BR = L::BR, PANELS = D / 64, THREADS = L::THREADS;
+  constexpr int NT = BC / 8;   // n8 column groups of S_ij per thread row
+  constexpr int DT = D / 8;    // n8 column groups of O_i
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sK = base + L::K_OFF, sV = base + L::V_OFF;
+  const uint32_t bar_q = base + L::BAR_OFF;
+  auto full_k = [&](int s) { return bar_q + 8u * (1 + s); };
+  auto full_v = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
+  auto empty_k = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
+  auto empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
+
+  // Causal: the blocks with the most key tiles (last row blocks) go first, as in v6.
+  int m_block, bh;
+  if (CAUSAL) {
+    bh = blockIdx.x % BH;
+    m_block = m_blocks - 1 - (int)(blockIdx.x / BH);
+  } else {
+    m_block = blockIdx.x % m_blocks;
+    bh = blockIdx.x / m_blocks;
+  }
+  const int m0 = m_block * BR;
+  T* Oh = O + (size_t)bh * M * D;
+
+  int n_tiles = (N + BC - 1) / BC;
+  if (CAUSAL) {
+    // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M: later tiles are skipped
+    const long long last_key = (long long)min(m0 + BR, M) - 1 + N - M;
+    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+  }
+  if (n_tiles == 0) {   // block-uniform: no row of this block sees a key, its output is 0
+    for (int idx = tid; idx < BR * D / 8; idx += THREADS) {
+      const int row = m0 + idx / (D / 8);
+      if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * D + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  // Tile t of K (or V) into slot t % STAGES, once the consumers have let go of tile t - STAGES there.
+  auto load_k = [&](int t) {
+    const int s = t % STAGES;
+    if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) - 1) & 1);
+    mbar_arrive_expect_tx(full_k(s), L::KV_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh, full_k(s));
+  };
+  auto load_v = [&](int t) {
+    const int s = t % STAGES;
+    if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) - 1) & 1);
+    mbar_arrive_expect_tx(full_v(s), L::KV_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh, full_v(s));
+  };
+  auto load_q = [&] {
+    mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
+#pragma unroll
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, m0, bh, bar_q);
+  };
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), 4 * NWG);   // lane 0 of every consumer warp
+      mbar_init(empty_v(s), 4 * NWG);
+    }
+    // make the initialised barriers visible to the copy engine (the async proxy)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // ---------------- the consumer: one warpgroup, 64 rows of Q_i, every key tile ----------------
+  auto consume = [&](const int cwg) {
+    const int g = lane >> 2, q = lane & 3;
+    const int warp_row0 = m0 + cwg * 64 + wq * 16;   // first of this warp's 16 rows
+    const uint32_t q_base = sQ + cwg * 64 * 128;      // this warpgroup's rows start 64 x 128 bytes in
+    // Ping-pong: warpgroup c waits on barrier 1 + c and hands the turn to the next one, cyclically.
+    // Each barrier completes when 128 threads wait and 128 arrive.
+    auto turn_wait = [&] {
+      if constexpr (PINGPONG) named_bar_sync(1 + cwg, 256);
+    };
+    auto turn_pass = [&](bool last) {
+      // the last warpgroup's last pass would be to nobody: skip it so that every barrier ends balanced
+      if constexpr (PINGPONG)
+        if (!(last && cwg == NWG - 1)) named_bar_arrive(1 + (cwg + 1) % NWG, 256);
+    };
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    float s_acc[BC / 2];
+    uint32_t p_pack[NT][2];
+    float alpha[2];
+
+    auto issue_s = [&](int t) {   // S_it = Q_i K_t^T: D / 16 k steps, both operands from shared memory
+      const uint32_t k_base = sK + (t % STAGES) * L::KV_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+        Wgmma<BC, T>::ss(s_acc, make_desc(q_base + panel * BR * 128 + within, 16, 1024),
+                         make_desc(k_base + panel * BC * 128 + within, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int t) {   // O_i += P_it V_t: P from registers, V_t MN-major from shared memory
+      const uint32_t v_base = sV + (t % STAGES) * L::KV_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        // A fragment of keys [16kk, 16kk + 16): rows g / g + 8, keys 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)
+        const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
+        Wgmma<D, T>::rs(o, a, make_desc(v_base + kk * 16 * 128, BC * 128, 1024));
+      }
+      wgmma_commit();
+    };
+    auto release_k = [&](int t) { if (lane == 0) mbar_arrive(empty_k(t % STAGES)); };
+    auto release_v = [&](int t) { if (lane == 0) mbar_arrive(empty_v(t % STAGES)); };
+    auto wait_k = [&](int t) { mbar_wait(full_k(t % STAGES), (t / STAGES) & 1); };
+    auto wait_v = [&](int t) { mbar_wait(full_v(t % STAGES), (t / STAGES) & 1); };
+
+    // Mask tile t (keys past N; causal: keys past the diagonal; only tiles that need it), then the online
+    // softmax, one row half (g or g + 8) at a time. PACK: P goes to 16 bits at once (nothing reads
+    // p_pack now); otherwise P stays fp32 in s_acc until the product reading p_pack has finished.
+    auto softmax = [&](int t, auto pack_now) {
+      const int j0 = t * BC;
+      const bool tail = j0 + BC > N;
+      const bool diag = CAUSAL && (j0 + BC - 1) - N > warp_row0 - M;
+      if (tail || diag) {
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = warp_row0 + g + 8 * (e >> 1);
+            const int col = j0 + c * 8 + 2 * q + (e & 1);
+            // j <= i + N - M written as j - N <= i - M so that nothing can overflow
+            if (col >= N || (CAUSAL && col - N > row - M)) s_acc[4 * c + e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m_i[h];
+#pragma unroll
+        for (int c = 0; c < NT; ++c) mx = fmaxf(mx, fmaxf(s_acc[4 * c + 2 * h], s_acc[4 * c + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a quad share a row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // a row that has seen only masked keys keeps max -inf: subtract 0 so that p = 0, not NaN
+        const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
+        alpha[h] = mx == m_i[h] ? 1.f : ex2(m_i[h] * scale_log2 - m_base);
+        m_i[h] = mx;
+        float row_sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < NT; ++c) {
+          const float p0 = ex2(fmaf(s_acc[4 * c + 2 * h], scale_log2, -m_base));
+          const float p1 = ex2(fmaf(s_acc[4 * c + 2 * h + 1], scale_log2, -m_base));
+          row_sum += p0 + p1;
+          if constexpr (decltype(pack_now)::value) {
+            p_pack[c][h] = pack2<T>(p0, p1);
+          } else {
+            s_acc[4 * c + 2 * h] = p0;
+            s_acc[4 * c + 2 * h + 1] = p1;
+          }
+        }
+        l_i[h] = l_i[h] * alpha[h] + row_sum;   // a per-lane partial sum; the quad adds up at the end
+      }
+    };
+    auto pack = [&] {
+#pragma unroll
+      for (int c = 0; c < NT; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) p_pack[c][h] = pack2<T>(s_acc[4 * c + 2 * h], s_acc[4 * c + 2 * h + 1]);
+    };
+    auto rescale = [&] {
+#pragma unroll
+      for (int t = 0; t < DT; ++t) {
+        o[4 * t + 0] *= alpha[0];
+        o[4 * t + 1] *= alpha[0];
+        o[4 * t + 2] *= alpha[1];
+        o[4 * t + 3] *= alpha[1];
+      }
+    };
+    using Now = std::true_type;
+    using Later = std::false_type;
+
+    if constexpr (PINGPONG)
+      if (cwg == 0) named_bar_arrive(1, 256);   // the first warpgroup takes the first turn
+    mbar_wait(bar_q, 0);
+
+    // Tile 0's S and softmax (O_i is still 0: nothing to rescale).
+    wait_k(0);
+    turn_wait();
+    wgmma_fence();
+    issue_s(0);
+    turn_pass(false);
+    wgmma_wait<0>();
+    pin(s_acc);
+    release_k(0);
+    softmax(0, Now{});
+
+    // Each iteration: O_i += P_ij V_j and S_{i,j+1}, then the softmax of tile j + 1.
+    for (int j = 0; j + 1 < n_tiles; ++j) {
+      if constexpr (OVERLAP) {
+        // S_{i,j+1} first, so that wait_group 1 is "S done, P V may still run".
+        wait_k(j + 1);
+        wait_v(j);
+        turn_wait();
+        wgmma_fence();
+        issue_s(j + 1);
+        issue_pv(j);
+        turn_pass(false);
+        wgmma_wait<1>();
+        pin(s_acc);
+        release_k(j + 1);
+        softmax(j + 1, Later{});   // runs while P_ij V_j is on the tensor cores
+        wgmma_wait<0>();
+        pin(o);
+        release_v(j);
+        rescale();
+        pack();
+      } else {
+        // v7's order: P V, wait, S, wait, softmax. The turn covers both products.
+        wait_v(j);
+        turn_wait();
+        wgmma_fence();
+        issue_pv(j);
+        wgmma_wait<0>();
+        pin(o);
+        release_v(j);
+        wait_k(j + 1);
+        wgmma_fence();
+        issue_s(j + 1);
+        turn_pass(false);
+        if constexpr (!SPECIALIZE) {
+          // thread 0 refills the slot tile j just left with tile j + STAGES while S runs
+          if (tid == 0 && j + STAGES < n_tiles) {
+            load_k(j + STAGES);
+            load_v(j + STAGES);
+          }
+        }
+        wgmma_wait<0>();
+        pin(s_acc);
+        release_k(j + 1);
+        softmax(j + 1, Now{});
+        rescale();
+      }
+    }
+
+    // The last tile's P V.
+    const int last = n_tiles - 1;
+    wait_v(last);
+    turn_wait();
+    wgmma_fence();
+    issue_pv(last);
+    turn_pass(true);
+    wgmma_wait<0>();
+    pin(o);
+    release_v(last);
+
+    // ---- O_i / l_i, straight from registers ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_i[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;   // l = 0 only for rows with no allowed key -> 0
+      const int row = warp_row0 + g + 8 * h;
+      if (row < M) {
+        T* dst = Oh + (size_t)row * D + 2 * q;
+#pragma unroll
+        for (int t = 0; t < DT; ++t)
+          *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
+      }
+    }
+  };
+
+  if constexpr (SPECIALIZE) {
+    if (wg == 0) {
+      // ---------------- the producer: warpgroup 0, one thread issues every copy ----------------
+      if constexpr (SETMAXNREG) setmaxnreg_dec<Registers<NWG>::PRODUCER>();
+      if (tid == 0) {
+        load_q();
+        load_k(0);
+        for (int t = 1; t < n_tiles; ++t) {   // K_t before V_{t-1}: the order the consumers use them
+          load_k(t);
+          load_v(t - 1);
+        }
+        load_v(n_tiles - 1);
+      }
+    } else {
+      if constexpr (SETMAXNREG) setmaxnreg_inc<Registers<NWG>::CONSUMER>();
+      consume(wg - 1);
+    }
+  } else {
+    if (tid == 0) {
+      load_q();
+      for (int t = 0; t < STAGES && t < n_tiles; ++t) {
+        load_k(t);
+        load_v(t);
+      }
+    }
+    consume(wg);
+  }
+}
+// ---------------------------------------------------------------- launcher ----------------------------
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled lives in the driver library; asking the runtime for it avoids linking -lcuda.
+inline EncodeTiled encoder() {
+  static EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// [BH][L][D] as a 3-D map (innermost first), boxes of 64 columns x `box_rows` rows x 1 head, 128-byte
+// swizzle, zero fill out of bounds.
+template <typename T>
+bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_rows) {
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH};
+  const cuuint64_t strides[2] = {(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)};
+  const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      sizeof(T) == 2 && std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encoder()(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
+          bool PINGPONG, bool OVERLAP>
+const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+                   cudaStream_t stream) {
+  using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
+  constexpr size_t smem = L::DYNAMIC;
+  auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP>;
+
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if ((size_t)optin < smem) return "v8: this GPU has too little shared memory per block for this tile";
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+
+  const int m_blocks = (M + L::BR - 1) / L::BR;
+  const long long BH = (long long)B * H;
+  const long long blocks = (long long)m_blocks * BH;
+  if (blocks > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
+  if (encoder() == nullptr) return "v8: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
+  CUtensorMap tmQ, tmK, tmV;
+  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, (int)BH, N, D, BC) ||
+      !make_map<T>(&tmV, v, (int)BH, N, D, BC))
+    return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
+  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
+  kernel<<<(unsigned)blocks, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks,
+                                                         scale_log2);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, bool CAUSAL>
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+                       int D, cudaStream_t stream) {
+  if (D == 64)
+    return launch<T, 64, V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, V8_SPECIALIZE != 0, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0>(q, k, v, o, B, H, M, N, stream);
+  if (D == 128)
+    return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, V8_SPECIALIZE != 0, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0>(q, k, v, o, B, H, M, N, stream);
+  return "v8 supports head_dim 64 and 128 only";
+}
+
+}  // namespace v8
+
+// dtype: 0 = bfloat16, 1 = float16. Returns nullptr or a message.
+const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+                       int M, int N, int D, bool causal, cudaStream_t stream) {
+  if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
+  if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  const bool bf16 = dtype == 0;
+  if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
+  if (bf16)
+    return causal ? v8::dispatch_d<__nv_bfloat16, true>(q, k, v, o, B, H, M, N, D, stream)
+                  : v8::dispatch_d<__nv_bfloat16, false>(q, k, v, o, B, H, M, N, D, stream);
+  return causal ? v8::dispatch_d<__half, true>(q, k, v, o, B, H, M, N, D, stream)
+                : v8::dispatch_d<__half, false>(q, k, v, o, B, H, M, N, D, stream);
+}
+
+#else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
+// Only the headers the binding uses: <torch/extension.h> would double this half's build time.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+
+const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+                       int M, int N, int D, bool causal, cudaStream_t stream);
+
+// q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
+// of compute capability 9.0; D in {64, 128}. Returns o like q. Messages carry no numbers (see v6.cu).
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == dtype, name, " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == 4, name, " must have rank 4 [B, H, L, D]");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
+    for (int d = 0; d < 4; ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v8 supports head_dim 64 and 128 only");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k must match q in batch, heads and head_dim");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
+  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = at::empty_like(q);
+  const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dtype == at::kBFloat16 ? 0 : 1,
+                               B, H, M, N, D, causal, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return o;
+}
+#endif
+
