@@ -268,7 +268,7 @@ def evaluate(model, x, y, cfg: Config, chunk: int = 16) -> float:
     return (total / len(x)).item()
 
 
-def train(cfg: Config, data: CharData, attns=("sdpa",), device="cpu", log=None) -> dict:
+def train(cfg: Config, data: CharData, attns=("sdpa",), device="cpu", log=None) -> tuple[dict, dict, dict]:
     """Train one model per attention in lockstep: step s hands the same batch to every model.
     Returns ({attn: {"train_loss": [per step], "val_loss": [[step, loss], ...]}}, models, optimizers)."""
     if "flashattn" in attns and torch.device(device).type != "cuda":
