@@ -42,9 +42,12 @@
 //          Q_i + 2 x (32 + 32 KB) = 160 KB: 1 block per SM. Registers: 168 at entry (65,536 / 384,
 //          down to a multiple of 8); producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168).
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
-//   overlap. The register counts ptxas reports are checked by tests/test_v8.py.
+//   overlap. ptxas (nvcc 13.0, sm_90a), no spills, no stack frame: the consumers' highest register is
+//   R183 of 240 at D=128 and R151 of 160 at D=64 (R219 with V8_D128_BC=176, FlashAttention-3's key
+//   tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB). tests/test_v8.py checks the split in the SASS.
 //
-// What the steps measured: filled in from the lead's GPU run (/tmp/handoff/h7_gpu.sh); no numbers yet.
+// What the steps measured: to be filled in from the lead's GPU run of every step variant (tests/test_v8.py
+// VARIANTS, timed together with v7 and SDPA); no GPU has run v8 yet, so there are no numbers here.
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
@@ -70,7 +73,8 @@
 #endif
 // Tile choices (override with -D for a sweep):
 //   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts);
-//   V8_D*_BC      keys per tile, B_c (64 or 128: one wgmma's N for S_ij);
+//   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses: one wgmma's N
+//                 for S_ij, and a multiple of 16 for P V's k steps);
 //   V8_STAGES     K/V slots in shared memory (at least 2).
 #ifndef V8_D64_WG
 #define V8_D64_WG (V8_SPECIALIZE ? 3 : 2)
@@ -251,6 +255,28 @@ template <> struct Wgmma<128, __half> {
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
         : V8_ACC128(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+
+#define V8_ACC176(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80)
+template <> struct Wgmma<176, __nv_bfloat16> {
+  // S only (B_c = 176, D = 128's wider key tile): A (64 x 16) and B (176 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC176(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct Wgmma<176, __half> {
+  // S only (B_c = 176, D = 128's wider key tile): A (64 x 16) and B (176 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC176(d)
+        : "l"(a), "l"(b), "r"(accumulate));
   }
 };
 

@@ -45,6 +45,8 @@ VARIANTS = {
     "default": [],                                                        # + intra-warpgroup overlap
     "overlap_nopp": ["-DV8_PINGPONG=0"],                                  # overlap without ping-pong
     "stages3": ["-DV8_STAGES=3"],                                         # a third K/V slot
+    "bc176": ["-DV8_D128_BC=176"],                                        # D=128: FlashAttention-3's B_c
+    "d64wg2": ["-DV8_D64_WG=2"],                                          # D=64: B_r = 128, 2 consumers
 }
 
 
@@ -61,8 +63,8 @@ def compile_v8(tmp_path: Path, flags: list[str]) -> tuple[str, str]:
         return test_v7.compile_v7(tmp_path, flags)
 
 
-# (producer, consumer) registers after setmaxnreg, as the header gives them for the default tiles
-REGISTER_SPLIT = {64: (32, 160), 128: (24, 240)}
+# (producer, consumer) registers after setmaxnreg per consumer-warpgroup count, as the header gives them
+REGISTER_SPLIT = {2: (24, 240), 3: (32, 160)}
 
 
 def head_dim(kernel: str) -> int:
@@ -70,13 +72,18 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_fwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
+def consumers(flags: list[str], d: int) -> int:
+    """Consumer (computing) warpgroups per block at head dim d under `flags` (the V8_D*_WG defaults)."""
+    values = dict(f[2:].split("=") for f in flags)
+    default = {64: 3, 128: 2} if macro(flags, "V8_SPECIALIZE") else {64: 2, 128: 3}
+    return int(values.get(f"V8_D{d}_WG", default[d]))
+
+
 def entry_cap(flags: list[str], d: int) -> int:
     """Registers per thread at launch: 65,536 shared by the block's threads (1 block per SM), a multiple
     of 8, at most 255 -- what __launch_bounds__(threads, 1) lets ptxas use before any setmaxnreg."""
-    values = dict(f[2:].split("=") for f in flags)
-    spec = macro(flags, "V8_SPECIALIZE")
-    consumers = int(values.get(f"V8_D{d}_WG", {64: 3, 128: 2}[d] if spec else {64: 2, 128: 3}[d]))
-    return min(255, 65536 // (128 * (consumers + spec)) // 8 * 8)
+    threads = 128 * (consumers(flags, d) + macro(flags, "V8_SPECIALIZE"))
+    return min(255, 65536 // threads // 8 * 8)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -108,7 +115,7 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
         claims = re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \S+, (0x[0-9a-f]+)", text)
         releases = re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", text)
         if setmaxnreg:
-            producer, consumer = REGISTER_SPLIT[head_dim(name)]
+            producer, consumer = REGISTER_SPLIT[consumers(flags, head_dim(name))]
             assert [int(r, 16) for r in releases] == [producer], f"{name}: producer release {releases}"
             assert [int(c, 16) for c in claims] == [consumer], f"{name}: consumer claim {claims}"
             # the consumers' code must fit what they claimed: no register index at or past the claim
