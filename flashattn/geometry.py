@@ -85,6 +85,25 @@ def v6_smem(dtype_bytes: int, D: int, WM: int, B_c: int, stages: int) -> tuple[i
     return B_r, dtype_bytes * D * (B_r + 2 * stages * B_c)
 
 
+# ----------------------------------------------------------------------------------------- v7
+def v7_smem(D: int, NWG: int, B_c: int, stages: int) -> tuple[int, int]:
+    """(B_r, dynamic shared memory) of kernels/v7.cu's struct Layout: Q_i, `stages` tiles of K_j and of V_j
+    (16-bit elements), one mbarrier for Q_i and three per stage (K full, V full, empty), plus 1 KB to
+    round the base up to the 1024-byte alignment of the 128-byte swizzle."""
+    B_r = 64 * NWG
+    return B_r, 2 * D * (B_r + 2 * stages * B_c) + 8 * (1 + 3 * stages) + 1024
+
+
+def v7_tiles(D: int, macros: dict | None = None) -> dict:
+    """Warpgroups, B_r, B_c, stages, threads and shared memory that kernels/v7.cu builds at head dim D
+    (its V7_D<D>_* and V7_STAGES macros; `macros` overrides them the way -D flags do)."""
+    macros = macros or {}
+    get = lambda name: macros.get(name) or constant("v7", name)
+    NWG, B_c, stages = get(f"V7_D{D}_WG"), get(f"V7_D{D}_BC"), get("V7_STAGES")
+    B_r, smem = v7_smem(D, NWG, B_c, stages)
+    return dict(D=D, warpgroups=NWG, B_r=B_r, B_c=B_c, stages=stages, threads=128 * NWG, smem=smem)
+
+
 # ---------------------------------------------------------------------------- kernels by name
 def template_args(name: str) -> list[str]:
     inner = name[name.index("<") + 1: name.rindex(">")]
@@ -101,7 +120,7 @@ def template_args(name: str) -> list[str]:
 
 def launch_of(version: str, kernel: str) -> tuple[int, int] | None:
     """(threads per block, dynamic shared memory bytes) of one compiled kernel (a name from ptxas's report)
-    at D = 64 for v0 ... v4 and at its own template arguments for v5 and v6; None for a kernel not known."""
+    at D = 64 for v0 ... v4 and at its own template arguments for v5, v6 and v7; None for a kernel not known."""
     if version == "v0" and any(k in kernel for k in ("scores_kernel", "softmax_kernel", "pv_kernel")):
         return 256, 0                                 # 16 x 16 output tiles; softmax: 8 warps of rows
     if version in ("v1", "v2") and f"flash_{version}_kernel" in kernel:
@@ -115,6 +134,10 @@ def launch_of(version: str, kernel: str) -> tuple[int, int] | None:
         args = template_args(kernel)
         T, D, WM, B_c, stages = args[0], int(args[1]), int(args[2]), int(args[3]), int(args[6])
         return 32 * constant("v6", "kWarps"), v6_smem(4 if T == "float" else 2, D, WM, B_c, stages)[1]
+    if version == "v7" and "flash_fwd_wgmma<" in kernel:   # <T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA>
+        args = template_args(kernel)
+        D, NWG, B_c, stages = int(args[1]), int(args[2]), int(args[3]), int(args[5])
+        return 128 * NWG, v7_smem(D, NWG, B_c, stages)[1]
     return None
 
 

@@ -185,14 +185,17 @@ def pytorch_attention_table(dtype: str | None = None):
 
 
 def kernel_resources(version: str) -> list[dict]:
-    """ptxas's registers and static shared memory per kernel for sm_90, from results/compile/resources.json
-    (or a fresh nvcc run when the record has no entry for this version yet)."""
+    """ptxas's registers and static shared memory per kernel for sm_90 (sm_90a for a version built for
+    that exact architecture), from results/compile/resources.json (or a fresh nvcc run when the record
+    has no entry for this version yet)."""
+    from .loader import version_archs
     from .resources import load_record
+    arch = (version_archs(version) or ["9.0"])[0].replace(".", "")
     rec = load_record(COMPILE_RECORD)[1] if COMPILE_RECORD.exists() else {}
-    kernels = rec.get(version, {}).get("sm_90")
+    kernels = rec.get(version, {}).get(f"sm_{arch}")
     if not kernels:
         from .resources import compile_report
-        kernels = compile_report(version, "90")
+        kernels = compile_report(version, arch)
     return kernels
 
 

@@ -68,8 +68,29 @@ VARIANTS: dict[str, dict[str, Variant]] = {
         "d128-bc32": Variant(128, {"V6_D128_BC": 32}),
         "d128-bc48": Variant(128, {"V6_D128_BC": 48}),
     },
+    # The steps of kernels/v7.cu's header table, one interleaved run per head dim. At D=128 the plain-load
+    # and extra-stage steps need 2 warpgroups (their registers or shared memory leave no room for 3).
+    "v7": {
+        "d64 plain loads, 1 stage": Variant(64, {"V7_TMA": 0, "V7_STAGES": 1}),
+        "d64 plain loads, 2 stages": Variant(64, {"V7_TMA": 0}),
+        "d64 TMA, 1 stage": Variant(64, {"V7_STAGES": 1}),
+        "d64 TMA, 2 stages (default)": Variant(64),
+        "d64 TMA, 3 stages": Variant(64, {"V7_STAGES": 3}),
+        "d64 3 WG": Variant(64, {"V7_D64_WG": 3}),
+        "d64 B_c=64": Variant(64, {"V7_D64_BC": 64, "V7_D64_MINB": 2}),
+        "d128 plain loads, 1 stage": Variant(128, {"V7_TMA": 0, "V7_STAGES": 1, "V7_D128_WG": 2}),
+        "d128 plain loads, 2 stages": Variant(128, {"V7_TMA": 0, "V7_D128_WG": 2}),
+        "d128 TMA, 1 stage": Variant(128, {"V7_STAGES": 1}),
+        "d128 TMA, 2 stages, 2 WG": Variant(128, {"V7_D128_WG": 2}),
+        "d128 TMA, 2 stages, 3 WG (default)": Variant(128),
+        "d128 TMA, 3 stages, 2 WG": Variant(128, {"V7_STAGES": 3, "V7_D128_WG": 2}),
+        "d128 B_c=64": Variant(128, {"V7_D128_BC": 64, "V7_D128_WG": 2, "V7_D128_MINB": 2}),
+    },
 }
-SHAPES = {"v6": {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)}}   # (B, H, M, N) per head dim
+SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7")}   # (B, H, M, N) per D
+# Timed beside the variants in the same interleaved run (16-bit dtypes; float32 runs time SDPA only).
+REFERENCES = {"v7": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v6")}
+DEFAULT_REFERENCES = ("sdpa", "sdpa_flash")
 DEFAULT_SHAPE = (4, 12, 2048, 2048)
 ODD_SHAPES = [(2, 3, 203, 113, 1.0), (2, 3, 113, 203, 1.0), (1, 2, 7, 5, 1.0), (1, 1, 1, 1, 1.0),
               (2, 3, 203, 113, 20.0)]              # (B, H, M, N, logit scale); 20: exp overflows without the max
@@ -88,6 +109,8 @@ def geometry_of(version: str, variant: Variant) -> dict | None:
         get = lambda k: variant.macros.get(f"V6_D{variant.D}_{k}") or geometry.constant("v6", f"V6_D{variant.D}_{k}")
         B_r, smem = geometry.v6_smem(2, variant.D, get("WM"), get("BC"), get("STAGES"))
         return dict(D=variant.D, B_r=B_r, B_c=get("BC"), threads=32 * geometry.constant("v6", "kWarps"), smem=smem)
+    if version == "v7":
+        return geometry.v7_tiles(variant.D, variant.macros)
     return None
 
 
@@ -99,7 +122,7 @@ def own_head_dim(kernel: str, D: int) -> bool:
 
 def _ptxas(version: str, variant: Variant, dtype: str) -> dict:
     """The largest register count, stack and spills over the variant's kernels of the timed dtype."""
-    arch = loader.arch_list()[0].removesuffix("+PTX").replace(".", "")
+    arch = (loader.version_archs(version) or loader.arch_list())[0].removesuffix("+PTX").replace(".", "")
     kernels = resources.compile_report(version, arch, flags(variant))
     tag = {"bfloat16": "bfloat16", "float16": "half"}.get(dtype)
     kernels = [k for k in kernels if tag is None or tag in k["name"]] or kernels
@@ -147,7 +170,7 @@ def _time_head_dim(version, names, modules, D, shape, dtype, args) -> tuple[dict
     B, H, M, N = shape
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
-    refs = ["sdpa"] + (["sdpa_flash"] if dtype != torch.float32 else [])
+    refs = list(REFERENCES.get(version, DEFAULT_REFERENCES)) if dtype != torch.float32 else ["sdpa"]
     calls = {r: make_call(r, q, k, v, False)[:2] for r in refs}
     for n in names:
         calls[n] = ((lambda m: lambda: m.forward(q, k, v, False))(modules[n]), _nullcontext)

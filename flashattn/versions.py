@@ -65,6 +65,11 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "bf16/fp16 FlashAttention-2 on mma.sync with ldmatrix, swizzled tiles, P in registers; "
             "causal; TF32 mode for fp32",
             dtypes=HALF + FP32, head_dims=(64, 128), causal=True, min_sm=(8, 0), backward="v6_backward"),
+    Version("v7", "Hopper: wgmma + TMA",
+            "Both products on wgmma (warpgroups, operands from swizzled shared memory), K and V tiles by "
+            "TMA in a multi-stage mbarrier pipeline; causal; needs an sm_90a build and a Hopper GPU",
+            dtypes=HALF, head_dims=(64, 128), causal=True, min_sm=(9, 0), archs=("9.0a",),
+            extra={"tensor_cores": True}),
 )}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)

@@ -52,3 +52,15 @@ def test_one_variant_end_to_end(tmp_path):
     assert r["correct"] is True and r["max_rel_error"] <= r["error_bound"]
     assert (r["runtime"]["threads"], r["runtime"]["smem_bytes"]) == (r["geometry"]["threads"], r["geometry"]["smem"])
     assert r["timing"]["median_us"] > 0 and r["vs"]["sdpa"] > 0
+
+
+def test_v7_variants_fit_one_sm_and_name_their_geometry():
+    """Every v7 step the sweep times must launch: its shared memory (flashattn.geometry's copy of the
+    kernel's Layout) within the H200's per-block limit, threads a whole number of warpgroups."""
+    from flashattn.resources import SM90
+    for name, variant in sweep.VARIANTS["v7"].items():
+        geo = sweep.geometry_of("v7", variant)
+        assert geo["D"] == variant.D and geo["threads"] == 128 * geo["warpgroups"] == 2 * geo["B_r"], name
+        assert geo["smem"] <= SM90["smem_per_block_max"], name
+    defaults = [v for n, v in sweep.VARIANTS["v7"].items() if "(default)" in n]
+    assert sorted(v.D for v in defaults) == [64, 128] and all(not v.macros for v in defaults)
