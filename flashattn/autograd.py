@@ -135,7 +135,7 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
 
 
 # ------------------------------------------------------------------------------------------ benchmark
-BACKWARD_NAMES = ("v6", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 
 
 def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
@@ -147,13 +147,16 @@ def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False)
 
 def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: bool = False):
     """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
-    once, here. name: "v6" (its backward kernels; `deterministic` picks the dQ path) or "sdpa",
-    "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward of that SDPA backend, through
-    torch.autograd.grad with retain_graph=True, so only the backward kernels run per call)."""
+    once, here. name: "v6" (its backward kernels; `deterministic` picks the dQ path), "v6_deterministic"
+    (the same with deterministic=True) or "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's
+    backward of that SDPA backend, through torch.autograd.grad with retain_graph=True, so only the
+    backward kernels run per call)."""
     if name not in BACKWARD_NAMES:
         raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES)}; got {name!r}")
     if do.shape != q.shape:
         raise ValueError(f"do must have the shape of q {tuple(q.shape)}; got {tuple(do.shape)}")
+    if name.endswith("_deterministic"):
+        name, deterministic = name.removesuffix("_deterministic"), True
     if name in TRAINING_VERSIONS:
         check_inputs(q, k, v, name, causal)
         q, k, v, do = (_dense(t.detach()) for t in (q, k, v, do))
@@ -173,59 +176,16 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
 
 def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
                   "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
-                  max_seconds: float = 1.5) -> list[dict]:
-    """Backward times of `names` at one shape, interleaved (flashattn.timing.time_interleaved, L2 flushed):
-    one row per name with the median in microseconds and TFLOP/s by `backward_flops`. "v6_deterministic"
-    is v6 with its deterministic dQ kernel. A name that fails gives a row with its error."""
-    import contextlib
+                  rounds: int = 10, max_seconds: float = 1.5) -> list[dict]:
+    """Backward times of `names` at one shape on fresh random inputs, by the benchmark's own path
+    (`flashattn.bench.bench_shape` with dO: interleaved, L2 flushed, median): one row per name, in the
+    benchmark's format with "direction": "backward" and TFLOP/s by `backward_flops`. The command line for
+    the same is `python -m flashattn.bench --backward NAME ...`."""
+    from types import SimpleNamespace
 
-    from .timing import Timing, time_interleaved
+    from .bench import bench_shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
     k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
-    calls = {}
-    for name in names:
-        base, det = (name[:-len("_deterministic")], True) if name.endswith("_deterministic") else (name, False)
-        calls[name] = (backward_call(base, q, k, v, do, causal, deterministic=det), contextlib.nullcontext)
-    results = time_interleaved(calls, warmup=warmup, repetitions=repetitions, max_seconds=max_seconds)
-    flops = backward_flops(B, H, M, N, D, causal)
-    rows = []
-    for name, t in results.items():
-        row = dict(version=name, direction="backward", B=B, H=H, M=M, N=N, D=D, causal=causal,
-                   dtype=str(dtype).replace("torch.", ""))
-        if isinstance(t, Timing):
-            row.update(t.summary(), tflops=flops / (t.median_ms * 1e-3) / 1e12)
-        else:
-            row["error"] = f"{type(t).__name__}: {t}"
-        rows.append(row)
-    return rows
-
-
-def main(argv=None) -> int:
-    """The backward at the issue's two bf16 shapes, causal and not, v6 (atomic and deterministic dQ)
-    against SDPA's FlashAttention-2 and cuDNN backends. Run it as
-    python -c "from flashattn.autograd import main; main(['--json', 'PATH'])"
-    (not with -m: running this file as __main__ would register the ops a second time)."""
-    import argparse
-    import json
-    parser = argparse.ArgumentParser(prog="flashattn.autograd.main", description=main.__doc__)
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args(argv)
-    rows = []
-    for B, H, S, D in ((4, 12, 2048, 64), (2, 16, 8192, 128)):
-        for causal in (False, True):
-            shape_rows = time_backward(B, H, S, S, D, causal)
-            rows += shape_rows
-            ref = {r["version"]: r.get("median_us") for r in shape_rows}
-            for r in shape_rows:
-                if "error" in r:
-                    print(f"B={B} H={H} M=N={S} D={D} causal={causal} {r['version']}: {r['error']}")
-                    continue
-                ratios = "  ".join(f"{other}/this {ref[other] / r['median_us']:.2f}x"
-                                   for other in ("sdpa_flash", "sdpa_cudnn") if ref.get(other))
-                print(f"B={B} H={H} M=N={S} D={D} causal={causal!s:5} {r['version']:17} {r['median_us']:10.1f} us "
-                      f"{r['tflops']:6.1f} TFLOP/s  {ratios}  calls={r['calls_timed']}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
-    return 0
+    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
+    return bench_shape(list(names), q, k, v, causal, args, do=do)

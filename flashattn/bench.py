@@ -7,6 +7,12 @@ naive PyTorch baseline and the ratio to SDPA, as in the README's results table. 
 take a shape or dtype gets a row saying why instead of stopping the run. At the smallest shape of the
 run every version's output is also checked against the float64 reference.
 
+`--backward` times the gradient computation instead: given dO, the call that returns (dQ, dK, dV), with
+the forward run once beforehand (flashattn.autograd.backward_call), FLOPs 2.5 x the forward's. Its rows
+say "direction": "backward" and are checked against float64 gradients (flashattn.reference.
+attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ kernel), sdpa and the SDPA
+backends.
+
 `--json PATH` writes every figure with the device, driver, torch and CUDA versions, the git commit and
 the shapes; `flashattn.table` turns that file into the README table.
 """
@@ -78,10 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved rounds the timed calls are spread over (default: %(default)s)")
     p.add_argument("--max-seconds", type=float, default=DEFAULTS["max_seconds"], metavar="S",
                    help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=DEFAULTS["dtype"],
-                   help="input dtype; bfloat16/float16 only for sdpa, baseline, v6 (default: %(default)s)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                   help="input dtype; bfloat16/float16 for sdpa, baseline, v6, v7 (default: float32; "
+                        "bfloat16 with --backward)")
     p.add_argument("--causal", action="store_true",
-                   help="causal masking (v6, sdpa, baseline; default: off)")
+                   help="causal masking (v6, v7, sdpa, baseline; default: off)")
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward (dQ, dK, dV given dO) of v6, v6_deterministic, sdpa, sdpa_flash, "
+                        "sdpa_cudnn, sdpa_efficient instead of the forward (default: forward)")
     p.add_argument("--json", type=Path, metavar="PATH",
                    help="write all figures and the environment here (default: print only)")
     p.add_argument("--append", action="store_true",
@@ -96,14 +106,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    known, every = BENCH_NAMES, VERSIONS
+    if args.backward:
+        from .autograd import BACKWARD_DTYPES, BACKWARD_NAMES
+        known = every = BACKWARD_NAMES
+        args.dtype = args.dtype or "bfloat16"
+        if DTYPES[args.dtype] not in BACKWARD_DTYPES:
+            parser.error(f"--backward times bfloat16 and float16 only; got --dtype {args.dtype}")
+    args.dtype = args.dtype or DEFAULTS["dtype"]
     names = []
     for version in args.versions:
         if version == "all":
-            names.extend(VERSIONS)
-        elif version in BENCH_NAMES:
+            names.extend(every)
+        elif version in known:
             names.append(version)
         else:
-            parser.error(f"unknown VERSION {version!r}; choose all or one of {', '.join(BENCH_NAMES)}")
+            parser.error(f"unknown VERSION {version!r}{' for --backward' if args.backward else ''}; "
+                         f"choose all or one of {', '.join(known)}")
     args.versions = list(dict.fromkeys(names))          # keep order, drop repeats
     for opt in ("batch_size", "num_heads", "head_dim", "repetitions", "rounds"):
         if getattr(args, opt) < 1:
@@ -193,29 +212,44 @@ def _progress(total: int):
         return _Quiet()
 
 
-def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None) -> list[dict]:
+def make_backward_call(name: str, q, k, v, do, causal: bool):
+    """(fn, context, runs_as) like make_call, where `fn()` returns (dq, dk, dv) given `do` (the forward ran
+    once, here: flashattn.autograd.backward_call; "v6_deterministic" is v6 with its atomic-free dQ)."""
+    from .autograd import backward_call
+    fn = backward_call(name, q, k, v, do, causal)
+    return fn, contextlib.nullcontext, "sdpa" if name in SDPA_BACKENDS else name.removesuffix("_deterministic")
+
+
+def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do=None) -> list[dict]:
     """Time `versions` side by side on one set of inputs, one row each; never raises for a version that
     refuses the inputs. Each version is built and called once (errors surface here, before timing, and
     the output is checked against `ref` when given); then `flashattn.timing.time_interleaved` times all
-    of them in `args.rounds` interleaved rounds."""
+    of them in `args.rounds` interleaved rounds. With `do` (the output's gradient) the backward is timed
+    instead: rows say "direction": "backward", `ref` is (dq, dk, dv) and rel_error the largest of the three."""
     from .timing import time_interleaved
     B, H, M, D = q.shape
     N = k.shape[2]
+    backward = do is not None
+    if backward:
+        from .autograd import backward_flops
     rows, calls = {}, {}
     for version in versions:
         row = dict(version=version, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
                    dtype=str(q.dtype).replace("torch.", ""), causal=causal,
-                   flops=attention_flops(B, H, M, N, D, causal), status="ok", message=None, runs_as=None,
-                   rel_error=None)
+                   flops=(backward_flops if backward else attention_flops)(B, H, M, N, D, causal), status="ok",
+                   message=None, runs_as=None, rel_error=None)
+        if backward:
+            row["direction"] = "backward"
         rows[version] = row
         try:
-            fn, context, row["runs_as"] = make_call(version, q, k, v, causal)
+            fn, context, row["runs_as"] = (make_backward_call(version, q, k, v, do, causal) if backward
+                                           else make_call(version, q, k, v, causal))
             with context():
                 out = fn()
                 torch.cuda.synchronize()
                 if ref is not None:
                     from .reference import relative_error
-                    row["rel_error"] = relative_error(out, ref)
+                    row["rel_error"] = max(map(relative_error, out, ref)) if backward else relative_error(out, ref)
                 del out
             calls[version] = (fn, context)
         except (ValueError, TypeError) as err:
@@ -255,19 +289,25 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
 def run(args) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("flashattn.bench needs a CUDA GPU: torch.cuda.is_available() is False")
-    from .reference import attention_reference
+    from .reference import attention_gradients, attention_reference
     dtype = DTYPES[args.dtype]
+    backward = getattr(args, "backward", False)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     rows, bar = [], _progress(len(args.seq_lens) * len(args.versions))
     try:
         for L in args.seq_lens:
             shape = (args.batch_size, args.num_heads, L, args.head_dim)
             q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+            do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen) if backward else None
             check = not args.no_check and L == args.seq_lens[0]
-            ref = attention_reference(q, k, v, causal=args.causal) if check else None
+            ref = None
+            if check:
+                ref = attention_gradients(q, k, v, do, args.causal) if backward else \
+                    attention_reference(q, k, v, causal=args.causal)
             bar.set_postfix_str(f"L={L}")
-            rows += bench_shape(args.versions, q, k, v, args.causal, args, ref, on_row=lambda _: bar.update(1))
-            del q, k, v, ref
+            rows += bench_shape(args.versions, q, k, v, args.causal, args, ref, on_row=lambda _: bar.update(1),
+                                do=do)
+            del q, k, v, do, ref
             torch.cuda.empty_cache()
     finally:
         bar.close()
@@ -275,7 +315,9 @@ def run(args) -> dict:
                                               "warmup", "repetitions", "rounds", "max_seconds", "dtype",
                                               "causal", "seed")}
     settings["l2_flush"] = True
-    settings["flops_formula"] = "4*B*H*M*N*D" + (" / 2 (causal)" if args.causal else "")
+    settings["direction"] = "backward" if backward else "forward"
+    settings["flops_formula"] = ("2.5*4*B*H*M*N*D" if backward else "4*B*H*M*N*D") + \
+        (" / 2 (causal)" if args.causal else "")
     return {"meta": environment(getattr(args, "argv", None)), "settings": settings,
             "rows": add_comparisons(rows)}
 
@@ -293,7 +335,8 @@ def format_rows(rows: list[dict]) -> str:
                            r["dtype"], r["causal"]), []).append(r)
     head = ("version", "median us", "min - max us", "calls", "TFLOP/s", "vs baseline", "x SDPA time", "rel. error")
     for (B, H, M, N, D, dt, causal), group in groups.items():
-        out.append(f"\nB={B} H={H} M={M} N={N} D={D} {dt}{' causal' if causal else ''}")
+        direction = " backward" if group[0].get("direction") == "backward" else ""
+        out.append(f"\nB={B} H={H} M={M} N={N} D={D} {dt}{' causal' if causal else ''}{direction}")
         lines = [head]
         for r in group:
             if r["status"] != "ok":

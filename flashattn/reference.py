@@ -44,6 +44,34 @@ def attention_reference(q, k, v, causal: bool = False, dtype=torch.float64, max_
     return out.reshape(B, H, M, D)
 
 
+def attention_gradients(q, k, v, do, causal: bool = False, dtype=torch.float64, max_chunk_bytes=1 << 29):
+    """(dq, dk, dv) of softmax(q k^T / sqrt(D)) v given the output's gradient `do`, in `dtype`, written out
+    rather than through autograd so that it runs in the same (batch x head) chunks as `attention_reference`
+    (autograd would keep every chunk's scores alive at once):
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D).
+    Rows with no visible key have P = 0 and give nothing."""
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    qf, kf, vf, dof = (t.to(dtype).reshape(B * H, t.shape[2], D) for t in (q, k, v, do))
+    grads = [torch.empty(B * H, L, D, dtype=dtype, device=q.device) for L in (M, N, N)]
+    step = max(1, max_chunk_bytes // max(M * N * torch.finfo(dtype).bits // 8, 1))
+    mask = causal_mask(M, N, q.device) if causal else None
+    scale = 1 / math.sqrt(D)
+    for s in range(0, B * H, step):
+        c = slice(s, s + step)
+        scores = qf[c] @ kf[c].transpose(1, 2) * scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        p = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+        del scores
+        row_term = (dof[c] * (p @ vf[c])).sum(-1, keepdim=True)
+        ds = p * (dof[c] @ vf[c].transpose(1, 2) - row_term)
+        grads[0][c] = ds @ kf[c] * scale
+        grads[1][c] = ds.transpose(1, 2) @ qf[c] * scale
+        grads[2][c] = p.transpose(1, 2) @ dof[c]
+    return tuple(g.reshape(B, H, g.shape[1], D) for g in grads)
+
+
 def relative_error(out, ref) -> float:
     """||out - ref|| / ||ref|| in float64 (Frobenius norms); NaN anywhere gives NaN, never a pass."""
     diff = out.to(torch.float64) - ref.to(torch.float64)

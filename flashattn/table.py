@@ -51,10 +51,12 @@ def load(path) -> dict:
 
 
 def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None, causal: bool = False,
-                head_dim: int | None = None) -> tuple[list[dict], dict]:
+                head_dim: int | None = None, direction: str = "forward") -> tuple[list[dict], dict]:
     """The rows of one shape (default: M=N=2048 if present, else the largest; the first run's dtype)
-    and the run (its meta and settings) they came from."""
-    rows = [(r, run) for run in doc["runs"] for r in run["rows"] if bool(r["causal"]) == causal]
+    and the run (its meta and settings) they came from; forward rows, or the backward rows of
+    `python -m flashattn.bench --backward` (they say "direction": "backward")."""
+    rows = [(r, run) for run in doc["runs"] for r in run["rows"]
+            if bool(r["causal"]) == causal and r.get("direction", "forward") == direction]
     if dtype:
         rows = [(r, m) for r, m in rows if r["dtype"] == dtype]
     if head_dim:

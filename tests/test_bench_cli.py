@@ -36,6 +36,19 @@ def test_overrides_and_sdpa_variants():
     assert not set(bench.SDPA_BACKENDS) & set(VERSIONS)
 
 
+def test_backward_mode_names_and_dtype(capsys):
+    a = bench.parse_args(["--backward", "all"])
+    assert a.backward and a.dtype == "bfloat16"
+    assert a.versions == ["v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"]
+    assert bench.parse_args(["--backward", "v6", "--dtype", "float16"]).dtype == "float16"
+    assert bench.parse_args(["v6"]).dtype == "float32"
+    for bad, says in ((["--backward", "v7"], "unknown VERSION 'v7' for --backward"),
+                      (["--backward", "v6", "--dtype", "float32"], "bfloat16 and float16 only")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+        assert says in capsys.readouterr().err
+
+
 def test_unknown_version_is_an_error(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(["v99"])
@@ -183,8 +196,11 @@ def test_short_benchmark_of_every_version(tmp_path):
     assert run["meta"]["device"]["name"] and run["meta"]["torch"] == torch.__version__
     rows = {r["version"]: r for r in run["rows"]}
     assert set(rows) == set(names)
-    for name in VERSIONS:                           # every version takes fp32 at D=64
+    for name in VERSIONS:                           # every version with an fp32 mode takes it at D=64
         r = rows[name]
+        if torch.float32 not in INFO[name].dtypes:  # 16-bit only (v7): a row that says why, before any launch
+            assert r["status"] == "unsupported" and "dtype" in r["message"], (name, r["message"])
+            continue
         assert r["status"] == "ok", (name, r["message"])
         assert r["calls_timed"] == 3 and r["warmups"] == 2 and r["median_us"] > 0
         assert r["rel_error"] < (1e-2 if name == "v6" else 1e-4), name
@@ -222,3 +238,24 @@ def test_one_profile_run(tmp_path):
         s, ncu_parse.read_details_csv(tmp_path / "flash_v4_s256_profile.details.csv"),
         ncu_parse.read_raw_csv(tmp_path / "flash_v4_s256_profile.raw.csv"), ncu_parse.load_action(report))
     assert not problems, problems
+
+
+@needs_gpu
+def test_short_backward_benchmark(tmp_path):
+    """--backward: one row per name with "direction": "backward", gradients checked against float64, the
+    FLOPs 2.5x the forward's; the backward chapter's reader takes the file."""
+    out = tmp_path / "bench_backward.json"
+    names = ["v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn"]
+    assert bench.main(["--backward", *names, "-B", "1", "-H", "2", "--seq-lens", "203", "--causal",
+                       "--warmup", "1", "--repetitions", "3", "--rounds", "1", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["settings"]["direction"] == "backward"
+    rows = {r["version"]: r for r in run["rows"]}
+    assert set(rows) == set(names)
+    for name in ("v6", "v6_deterministic", "sdpa_flash"):
+        r = rows[name]
+        assert r["status"] == "ok" and r["direction"] == "backward", (name, r["message"])
+        assert r["flops"] == 2.5 * bench.attention_flops(1, 2, 203, 203, 64, True)
+        assert r["median_us"] > 0 and r["rel_error"] < 2e-2, name
+    from flashattn.table import load, select_rows
+    assert {r["version"] for r in select_rows(load(out), causal=True, direction="backward")[0]} == set(rows)

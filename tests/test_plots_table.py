@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from flashattn import plots, table
-from flashattn.versions import VERSIONS
+from flashattn.versions import INFO, VERSIONS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 REPORTS = sorted(RESULTS.glob("*.ncu-rep"))
@@ -112,4 +113,5 @@ def test_table_cli(tmp_path, capsys):
 def test_table_from_committed_bench():
     md = table.results_table(BENCH)
     names = [l.split("|")[1].strip() for l in md.splitlines()[2:] if l.startswith("| ")]
-    assert names[:2] == ["Baseline", "SDPA"] and len(names) >= len(VERSIONS)
+    fp32 = [v for v in VERSIONS if torch.float32 in INFO[v].dtypes]   # the recorded table is float32
+    assert names[:2] == ["Baseline", "SDPA"] and len(names) >= len(fp32)
