@@ -1,11 +1,14 @@
 """Nsight Compute profile of one fused kernel: `python -m flashattn.profile VERSION [options]`.
 
-VERSION is a fused version (one kernel launch per forward: v1 and later) or `all` for every one of them.
-baseline and v0 launch several kernels, so one roofline point or occupancy figure would be ambiguous,
-and sdpa is PyTorch's kernel rather than this project's: passing them is an error that says so.
+VERSION is a fused version (one kernel launch per forward: v1 and later), `all` for every one of them, or
+a backward kernel file (`v6_backward`: its main kernel, the one that accumulates dK and dV, profiled in a
+gradient call given dO, after the forward ran once). baseline and v0 launch several kernels, so one
+roofline point or occupancy figure would be ambiguous, and sdpa is PyTorch's kernel rather than this
+project's: passing them is an error that says so.
 
 ncu runs this same module in an internal `--target` mode, which builds the inputs at the primary shape
-(B=4, H=12, M=N=2048, D=64; float32, bfloat16 for v6), makes warm-up calls and then one more call. The
+(B=4, H=12, M=N=2048, D=64; float32, bfloat16 for the tensor-core versions), makes warm-up calls and then
+one more call. The
 kernel-name filter (the `__global__` names read from kernels/<version>.cu) together with `--launch-skip`
 (one skipped launch per warm-up; the count applies to filtered launches only) and `--launch-count 1`
 selects exactly the last call's kernel. Clocks are left alone (`--clock-control none`). Only the sections
@@ -40,21 +43,34 @@ BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "Lau
                  "ComputeWorkloadAnalysis", "WarpStateStats")
 TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
+# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects).
+BACKWARD = {v.backward: (n, "bwd_dkdv") for n, v in INFO.items() if v.backward}
+
+
+def owner(version: str) -> str:
+    """The version whose kernels these are: itself, or the version a backward kernel file belongs to."""
+    return BACKWARD[version][0] if version in BACKWARD else version
 
 
 def uses_tensor_cores(version: str) -> bool:
-    """v6 (mma.sync); versions.py may also flag others with extra={'tensor_cores': True}."""
+    """v6 (mma.sync) and the versions versions.py flags with extra={'tensor_cores': True} (v7)."""
+    version = owner(version)
     return bool(INFO[version].extra.get("tensor_cores", version == "v6"))
 
 
 def default_dtype(version: str) -> str:
-    return "bfloat16" if version == "v6" else "float32"
+    """bfloat16 for tensor-core kernels (and any version without float32), float32 otherwise."""
+    info = INFO[owner(version)]
+    fp32 = any(str(d) == "torch.float32" for d in info.dtypes)
+    return "float32" if fp32 and not uses_tensor_cores(version) else "bfloat16"
 
 
 def refusal(version: str) -> str | None:
     """Why `version` cannot be profiled here, or None when it can."""
+    if version in BACKWARD:
+        return None
     if version not in INFO:
-        return f"unknown VERSION {version!r}; choose all or one of {', '.join(PROFILED)}"
+        return f"unknown VERSION {version!r}; choose all or one of {', '.join(PROFILED + tuple(BACKWARD))}"
     if version == "sdpa" or not INFO[version].kernel and version != "baseline":
         return (f"{version} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
                 f"here; the fused versions are {', '.join(PROFILED)}")
@@ -85,7 +101,9 @@ def kernel_names_in(source: str) -> list[str]:
 
 def kernel_filter(version: str) -> str:
     """ncu --kernel-name value matching the version's kernels (and its fallback's: v3-v5 hand head dims
-    they are not written for to v2)."""
+    they are not written for to v2; a backward file: its dK/dV kernel only)."""
+    if version in BACKWARD:
+        return "regex:" + BACKWARD[version][1]
     names = kernel_names(version) + (kernel_names(INFO[version].fallback) if INFO[version].fallback else [])
     if not names:
         raise SystemExit(f"no __global__ kernel found in {KERNEL_DIR / (version + '.cu')}; pass --kernel-regex")
@@ -202,6 +220,14 @@ def run_target(args) -> int:
     shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    if args.target in BACKWARD:                    # one dK/dV launch per gradient call
+        from .autograd import backward_call
+        do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+        grads = backward_call(owner(args.target), q, k, v, do, args.causal)
+        for _ in range(args.warmup + 1):
+            out = grads()
+        torch.cuda.synchronize()
+        return 0 if all(torch.isfinite(g).all().item() for g in out) else 1
     flashattn.load(args.target)                    # build before anything is launched
     for _ in range(args.warmup + 1):               # ncu skips the warm-ups and profiles the last call
         out = flashattn.forward(q, k, v, version=args.target, causal=args.causal)
@@ -212,12 +238,17 @@ def run_target(args) -> int:
 # -------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashattn.profile", description=__doc__.split("\n\n")[0],
-                                epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them)")
-    p.add_argument("version", nargs="?", metavar="VERSION", help="all or one of " + ", ".join(PROFILED))
+                                epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them); "
+                                       f"backward kernel files: {', '.join(BACKWARD)}")
+    p.add_argument("version", nargs="?", metavar="VERSION",
+                   help="all or one of " + ", ".join(PROFILED + tuple(BACKWARD)))
     p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="input dtype (default: float32; bfloat16 for v6)")
-    p.add_argument("--causal", action="store_true", help="causal masking (v6 only; default: off)")
+                   help="input dtype (default: float32; bfloat16 for the tensor-core versions "
+                        f"{', '.join(n for n in PROFILED if uses_tensor_cores(n))} and {', '.join(BACKWARD)})")
+    p.add_argument("--causal", action="store_true",
+                   help="causal masking (versions that have it: "
+                        f"{', '.join(n for n in PROFILED if INFO[n].causal)}; default: off)")
     p.add_argument("-B", "--batch-size", type=int, default=PRIMARY["batch_size"],
                    help="batch size B (default: %(default)s)")
     p.add_argument("-H", "--num-heads", type=int, default=PRIMARY["num_heads"],

@@ -136,6 +136,22 @@ def test_profile_all_means_the_fused_versions():
     assert "v0" not in profile.PROFILED and "v1" in profile.PROFILED
     assert profile.report_stem("v4", 2048) == "flash_v4_s2048_profile"
     assert profile.default_dtype("v6") == "bfloat16" and profile.default_dtype("v4") == "float32"
+    for name in VERSIONS:                  # a version without float32 is never profiled in it
+        if torch.float32 not in INFO[name].dtypes and name in profile.PROFILED:
+            assert profile.default_dtype(name) == "bfloat16"
+
+
+def test_profile_of_a_backward_kernel_file(tmp_path):
+    """v6_backward: the dK/dV kernel only, in a bf16 gradient call, reports named like the forward's (so
+    flashattn.ncu.version_of and records.profile_table find them)."""
+    assert profile.refusal("v6_backward") is None and profile.owner("v6_backward") == "v6"
+    args = profile.build_parser().parse_args(["v6_backward"])
+    stem = profile.report_stem("v6_backward", args.seq_len)
+    cmd = " ".join(profile.ncu_command("/x/ncu", "v6_backward", args, tmp_path / stem, ["SpeedOfLight"]))
+    assert "--kernel-name regex:bwd_dkdv " in cmd and "--target v6_backward --dtype bfloat16" in cmd
+    assert "bwd_dkdv" in profile.kernel_names("v6_backward")
+    from flashattn.ncu import version_of
+    assert version_of(stem + ".ncu-rep") == "v6_backward"
 
 
 def test_profile_missing_ncu_message(monkeypatch, tmp_path, capsys):
