@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +136,29 @@ def _ptxas(version: str, variant: Variant, dtype: str) -> dict:
             "kernels": kernels}
 
 
+_CACHE_LOCK = threading.Lock()
+
+
+def _ptxas_cached(version: str, variant: Variant, dtype: str) -> dict:
+    """_ptxas, remembered in TORCH_EXTENSIONS_DIR (next to the builds) under a hash of the kernel text,
+    the flags and the architecture, so that `--build-only` on a machine's CPUs leaves the timed run only
+    the GPU work."""
+    arch = loader.version_archs(version) or loader.arch_list()
+    key = hashlib.sha256(f"{version}|{arch}|{flags(variant)}|{dtype}|{loader.source(version)}".encode()).hexdigest()
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or tempfile.gettempdir()) / "flashattn_sweep_ptxas.json"
+    with _CACHE_LOCK:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+    if key in cache:
+        return cache[key]
+    report = _ptxas(version, variant, dtype)
+    with _CACHE_LOCK:
+        cache = json.loads(path.read_text()) if path.exists() else {}
+        cache[key] = report
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache))
+    return report
+
+
 def _build(version: str, name: str, variant: Variant):
     tag = "".join(ch if ch.isalnum() else "_" for ch in name)
     functions = ("forward", "kernel_info") if version == "v5" else ("forward",)
@@ -190,6 +216,27 @@ def _nullcontext():
     return contextlib.nullcontext()
 
 
+def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
+    """Build every variant and ask ptxas about it, `jobs` compilers at a time: ({name: module},
+    {name: ptxas report or the errors})."""
+    variants = {n: v for n, v in VARIANTS[version].items() if not only or n in only}
+    dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
+    modules, reports = {}, {n: {} for n in variants}
+    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        builds = {pool.submit(_build, version, n, v): n for n, v in variants.items()}
+        ptxas = {pool.submit(_ptxas_cached, version, v, dtype_name): n for n, v in variants.items()}
+        for f in cf.as_completed(list(builds) + list(ptxas)):
+            n = builds.get(f) or ptxas[f]
+            try:
+                if f in builds:
+                    modules[n] = f.result()
+                else:
+                    reports[n]["ptxas"] = f.result()
+            except Exception as err:                  # a failed build is a result too; keep going
+                reports[n].setdefault("errors", []).append(f"{type(err).__name__}: {str(err)[-1500:]}")
+    return modules, reports
+
+
 def run(version: str, only=(), jobs: int = 4, args=None) -> dict:
     import torch
 
@@ -200,19 +247,9 @@ def run(version: str, only=(), jobs: int = 4, args=None) -> dict:
     start = time.perf_counter()
     rows = {n: dict(name=n, D=v.D, macros=v.macros, flags=flags(v), geometry=geometry_of(version, v))
             for n, v in variants.items()}
-    modules = {}
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        builds = {pool.submit(_build, version, n, v): n for n, v in variants.items()}
-        reports = {pool.submit(_ptxas, version, v, dtype_name): n for n, v in variants.items()}
-        for f in cf.as_completed(list(builds) + list(reports)):
-            n = builds.get(f) or reports[f]
-            try:
-                if f in builds:
-                    modules[n] = f.result()
-                else:
-                    rows[n]["ptxas"] = f.result()
-            except Exception as err:                  # a failed build is a result too; keep going
-                rows[n].setdefault("errors", []).append(f"{type(err).__name__}: {str(err)[-1500:]}")
+    modules, reports = build_all(version, only, jobs)
+    for n, report in reports.items():
+        rows[n].update(report)
     for n, r in rows.items():
         geo, px = r["geometry"], r.get("ptxas")
         if geo and px:
@@ -278,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=10, help="warm-up calls per variant (default: %(default)s)")
     p.add_argument("--repetitions", type=int, default=60, help="timed calls per variant (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    p.add_argument("--build-only", action="store_true",
+                   help="build the variants and record ptxas's reports (no GPU needed), so that a later "
+                        "run only times them (default: off)")
     return p
 
 
@@ -286,6 +326,16 @@ def main(argv=None) -> int:
     unknown = set(args.only) - set(VARIANTS[args.version])
     if unknown:
         raise SystemExit(f"unknown variant(s) of {args.version}: {', '.join(sorted(unknown))}")
+    if args.build_only:
+        start = time.perf_counter()
+        modules, reports = build_all(args.version, args.only, args.jobs)
+        for n, r in reports.items():
+            errors = "".join(f"\n    {e[:300]}" for e in r.get("errors", []))
+            print(f"{n:36} {'built' if n in modules else 'BUILD FAILED'}  registers "
+                  f"{(r.get('ptxas') or {}).get('registers', '?')}{errors}")
+        print(f"{len(modules)} of {len(reports)} variants of {args.version} built in "
+              f"{time.perf_counter() - start:.0f} s")
+        return 0 if len(modules) == len(reports) else 1
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("flashattn.sweep needs a CUDA GPU: torch.cuda.is_available() is False")

@@ -171,13 +171,21 @@ def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
             f"(`{xml.as_posix()}`).")
 
 
-def comparison_table(doc: dict, version: str, against: list[str], group_shapes: bool = False) -> str:
+def not_recorded(path) -> str:
+    """What a table says in place of its figures while its benchmark file does not exist."""
+    return (f"*Not recorded yet: `{Path(path).as_posix()}` does not exist; `scripts/record_h200.sh` writes it "
+            f"on a GPU machine, then `scripts/update_tables.sh` fills this table in.*")
+
+
+def comparison_table(doc: dict, version: str, against: list[str], group_shapes: bool = False,
+                     tflops: bool = False) -> str:
     """One line per shape in the file: `version`'s median and its speed relative to each of `against`
-    (>1: version is faster), every ratio taken within one run. For the README's v5 and v6 sections.
-    `group_shapes`: a file of repeated runs, one line per run, the runs of one shape together."""
-    lines = ["| B, H, M=N, D | dtype | causal | " + f"{version} (µs) | "
+    (>1: version is faster), every ratio taken within one run. For the README's v5, v6, v7 and backward
+    sections. `group_shapes`: a file of repeated runs, one line per run, the runs of one shape together.
+    `tflops`: a column with `version`'s TFLOP/s (the row's own FLOP count: forward or backward)."""
+    lines = ["| B, H, M=N, D | dtype | causal | " + f"{version} (µs) | " + ("TFLOP/s | " if tflops else "")
              + " | ".join(f"{a} (µs) | {version} vs {a}" for a in against) + " |",
-             "|---|---|---|--:|" + "--:|--:|" * len(against)]
+             "|---|---|---|--:|" + ("--:|" if tflops else "") + "--:|--:|" * len(against)]
     body = []
     for run in doc["runs"]:
         by_shape: dict = {}
@@ -195,8 +203,9 @@ def comparison_table(doc: dict, version: str, against: list[str], group_shapes: 
                     cells.append(f"{other['median_us']:,.1f} | {other['median_us'] / mine['median_us']:.2f}×")
                 else:
                     cells.append("n/a | —")
+            rate = f"{mine['tflops']:,.0f} | " if tflops else ""
             body.append(((B, H, L, D, dtype, causal), f"| {B}, {H}, {L}, {D} | {dtype} | {'yes' if causal else 'no'} | "
-                         f"{mine['median_us']:,.1f} | " + " | ".join(cells) + " |"))
+                         f"{mine['median_us']:,.1f} | {rate}" + " | ".join(cells) + " |"))
     if group_shapes:
         order = list(dict.fromkeys(key for key, _ in body))
         body.sort(key=lambda kv: order.index(kv[0]))      # stable: runs keep their order within a shape
@@ -215,14 +224,16 @@ def header_line(r: dict, command: str, flash: dict | None = None) -> str:
     return f"// Measured on H200 ({shape}): {r['median_us']:,.1f} us median{vs}, same run [{command}]"
 
 
-def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, append: bool = False) -> list[str]:
+def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, append: bool = False,
+                          only=None) -> list[str]:
     """Replace each kernel file's `// Measured on H200` line(s) with the figures of `rows`
-    (`append=True` adds a line under the existing ones, for a second dtype). Returns the files changed."""
+    (`append=True` adds a line under the existing ones, for a second dtype or shape; `only`: these
+    versions' files, not every version in the rows). Returns the files changed."""
     kernels_dir = Path(kernels_dir or Path(__file__).resolve().parent.parent / "kernels")
     changed = []
     for r in rows:
         path = kernels_dir / f"{r['version']}.cu"
-        if r["status"] != "ok" or not path.exists():
+        if r["status"] != "ok" or not path.exists() or (only and r["version"] not in only):
             continue
         lines = path.read_text().split("\n")
         idx = [i for i, line in enumerate(lines) if line.startswith("// Measured on H200")]
@@ -250,6 +261,8 @@ def main(argv=None) -> int:
     p.add_argument("--update-headers", metavar="COMMAND",
                    help="write the rows' medians into kernels/*.cu '// Measured on H200' lines, citing COMMAND")
     p.add_argument("--append", action="store_true", help="with --update-headers: add a line, keep the old ones")
+    p.add_argument("--only", nargs="+", metavar="VERSION",
+                   help="with --update-headers: only these versions' files (default: every version in the rows)")
     p.add_argument("--compare", nargs="+", metavar="NAME",
                    help="VERSION OTHER...: a table of VERSION against OTHER at every shape in the file")
     p.add_argument("--block", help="with --compare --update-readme: the README block to replace "
@@ -257,6 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-tests", type=Path, metavar="XML",
                    help="the sentence about a recorded GPU test run (pytest's JUnit XML); with --update-readme: "
                         "into the gpu-tests block")
+    p.add_argument("--tflops", action="store_true", help="with --compare: VERSION's TFLOP/s too (default: off)")
     p.add_argument("--group-shapes", action="store_true",
                    help="with --compare: repeated runs, one line each, grouped by shape")
     args = p.parse_args(argv)
@@ -270,8 +284,15 @@ def main(argv=None) -> int:
         return 0
     if args.json is None:
         p.error("a benchmark JSON is required (or --gpu-tests XML)")
+    if not args.json.exists():               # say so in the README rather than fail the whole update
+        note = not_recorded(args.json)
+        if args.update_readme and not args.update_headers:
+            block = (args.block or f"{args.compare[0]}-table") if args.compare else "results-table"
+            update_readme(args.update_readme, note, block=block)
+        print(note)
+        return 0
     if args.compare:
-        table = comparison_table(load(args.json), args.compare[0], args.compare[1:], args.group_shapes)
+        table = comparison_table(load(args.json), args.compare[0], args.compare[1:], args.group_shapes, args.tflops)
         if args.update_readme:
             update_readme(args.update_readme, table, block=args.block or f"{args.compare[0]}-table")
         else:
@@ -279,7 +300,7 @@ def main(argv=None) -> int:
         return 0
     if args.update_headers:
         rows, _ = select_rows(load(args.json), **select)
-        for path in update_kernel_headers(rows, args.update_headers, append=args.append):
+        for path in update_kernel_headers(rows, args.update_headers, append=args.append, only=args.only):
             print(f"updated {path}")
         return 0
     table = results_table(args.json, **select)

@@ -2,13 +2,29 @@
 # One call on a GPU machine that has CUDA PyTorch but no package index (the H200 host): install the
 # carried wheels, build every kernel, then run the requested steps, writing logs and results to OUTDIR.
 #   scripts/gpu_session.sh OUTDIR STEP...
-#   STEP[@SECONDS]: build | tests | sanitizer | sweep-VERSION (sweep-v5, sweep-v6) | record | profile | notebooks |
-#                   nbval | <python code>
-# Everything written under OUTDIR is packed into OUTDIR/session.tar.gz after each step. The copy of the
-# tree on such a machine has no .git, or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the
-# JSON records (it takes precedence over git).
-# Example (the H200 runs behind results/h200):
-#   scripts/gpu_session.sh $OUT build@120 record@300 profile@170 notebooks@220 tests@150 sanitizer@60 nbval@110
+#   STEP[@SECONDS]:
+#     build          every kernel version, the training modules (forward with lse, backward) and the variants
+#                    of the sweeps in $SWEEPS (default: v7; ptxas reports too), all compilers in parallel
+#     tests          the whole suite but the sanitizer tests, -n $XDIST (default 8) workers, JUnit XML
+#                    -> results/h200/pytest_junit.xml
+#     sanitizer      every sanitizer test (tests -k sanitizer), -n $XDIST workers
+#     nbval          the book's checked outputs, live, one notebook per worker (-n 6 --dist loadfile)
+#     record         scripts/record_h200.sh bench v5 v6 repeat -> OUTDIR/work/h200 (the forward records)
+#     profile        scripts/record_h200.sh profile -> OUTDIR/work/h200
+#     record-new     scripts/record_h200.sh new -> results/h200: bench_v7, bench_backward, train_demo,
+#                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
+#     sweep-VERSION  python -m flashattn.sweep VERSION -> OUTDIR/work/h200
+#     notebooks      execute every notebook of book/ in place (copies in OUTDIR/work/book)
+#     notebooks:A,B  execute book/A.ipynb, book/B.ipynb in place, in that order; notebooks-new = v7,backward,results
+#     <bash code>    anything else runs as a command
+# After each step, OUTDIR/session.tar.gz packs the logs (OUTDIR/work) and OUTDIR/records.tar.gz every file
+# under results/h200 and book/*.ipynb that this session wrote or changed (paths relative to the repository
+# root: unpack it there with `tar -xzf records.tar.gz`). The copy of the tree on such a machine has no .git,
+# or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the JSON records (it takes precedence
+# over git).
+# Examples (the H200 runs behind results/h200; /tmp/handoff/final_gpu_plan.md has the timings):
+#   scripts/gpu_session.sh $OUT build@240 record-new@330 notebooks-new@300
+#   scripts/gpu_session.sh $OUT build@240 tests@330 sanitizer@200 nbval@150
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_session.sh OUTDIR STEP...}; shift
 cd "$(dirname "$0")/.."
@@ -21,8 +37,20 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
 t0=$(date +%s)
+touch "$W/.start"
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-pack() { tar -C "$OUT" -czf "$OUT/session.tar.gz" work; }
+pack() {
+  tar -C "$OUT" -czf "$OUT/session.tar.gz" work
+  find results/h200 book -maxdepth 2 -type f -newer "$W/.start" \( -path 'results/h200/*' -o -name '*.ipynb' \) \
+    ! -path '*/.ipynb_checkpoints/*' | sort > "$W/records.list"
+  tar -czf "$OUT/records.tar.gz" -T "$W/records.list"
+}
+notebooks() {  # notebooks LOG NAME... : execute book/NAME.ipynb in place, one after another
+  local log=$1 paths=() n; shift
+  for n in "$@"; do paths+=("book/$n.ipynb"); done
+  $T python3 scripts/execute_notebooks.py "${paths[@]}" --copy "$W/book" > "$W/$log" 2>&1
+  echo "notebooks rc=$?"; tail -15 "$W/$log"
+}
 for arg in "$@"; do
   step=${arg%@*}; limit=${arg##*@}; [ "$limit" = "$arg" ] && limit=600
   T="timeout -k 10 $limit"
@@ -33,15 +61,24 @@ for arg in "$@"; do
     for v in $(python3 -c "import flashattn; print(*flashattn.KERNEL_VERSIONS)"); do
       ( python3 -c "import flashattn, time; t=time.time(); flashattn.load('$v'); print('$v built in %.1f s' % (time.time()-t))" \
           > "$W/build_$v.log" 2>&1 || echo "BUILD FAILED $v" >> "$W/build_$v.log" ) &
-    done; wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
-  tests)  # the JUnit XML lands with the record (work/h200 -> results/h200): flashattn.table reads it for the README
-    mkdir -p "$W/h200"; commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
-    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-4} tests -k "not sanitizer" \
-      --junitxml="$W/h200/pytest_junit.xml" -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
+    done
+    for v in $(python3 -c "from flashattn.autograd import TRAINING_VERSIONS; print(*TRAINING_VERSIONS)"); do
+      ( python3 -c "import time; from flashattn.autograd import forward_module as f, backward_module as b; t=time.time(); f('$v'); b('$v'); print('$v training modules built in %.1f s' % (time.time()-t))" \
+          > "$W/build_${v}_train.log" 2>&1 || echo "BUILD FAILED ${v} training modules" >> "$W/build_${v}_train.log" ) &
+    done
+    for v in ${SWEEPS-v7}; do
+      ( python3 -m flashattn.sweep "$v" --build-only --jobs "${JOBS:-16}" > "$W/build_sweep_$v.log" 2>&1 \
+          || echo "BUILD FAILED sweep $v" >> "$W/build_sweep_$v.log" ) &
+    done
+    wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
+  tests)  # the JUnit XML lands in results/h200: flashattn.table reads it for the README
+    commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k "not sanitizer" \
+      --junitxml=results/h200/pytest_junit.xml -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40 ;;
-  sanitizer)
-    $T python3 -m pytest -q -p no:cacheprovider tests/test_sanitizer_gpu.py > "$W/sanitizer.log" 2>&1
-    echo "sanitizer rc=$?"; tail -3 "$W/sanitizer.log" ;;
+  sanitizer)  # tests/test_sanitizer_gpu.py (every kernel), and the v7, v8 and backward sanitizer tests
+    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k sanitizer > "$W/sanitizer.log" 2>&1
+    echo "sanitizer rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/sanitizer.log" | tail -20 ;;
   sweep-*)  # python -m flashattn.sweep VERSION: VERSION_sweep.json next to the other records
     v=${step#sweep-}; mkdir -p "$W/h200"
     $T python3 -m flashattn.sweep "$v" --out "$W/h200" > "$W/h200/${v}_sweep.txt" 2>&1; echo "$v sweep rc=$?"
@@ -52,12 +89,21 @@ for arg in "$@"; do
     grep -E "^B=|^  v6 |^  sdpa_flash " "$W/h200/bench_v6_repeat.txt" ;;
   profile)
     $T bash scripts/record_h200.sh "$W/h200" profile > "$W/profile.log" 2>&1; echo "profile rc=$?"; tail -15 "$W/profile.log" ;;
+  record-new)  # straight into the tree's results/h200 (records.tar.gz brings them back)
+    $T bash scripts/record_h200.sh results/h200 new > "$W/record_new.log" 2>&1; echo "record-new rc=$?"
+    grep -E "^!!" "$W/record_new.log"
+    grep -E "^B=|^  (v7|v6|v6_deterministic|sdpa|sdpa_flash|sdpa_cudnn) " results/h200/bench_v7.txt results/h200/bench_backward.txt
+    tail -12 results/h200/train_demo.txt; tail -22 results/h200/v7_sweep.txt; grep -E "wrote|error" results/h200/profile_new.txt ;;
   notebooks)
-    $T python3 scripts/execute_notebooks.py book "$W/book" > "$W/notebooks.log" 2>&1; echo "notebooks rc=$?"; tail -15 "$W/notebooks.log" ;;
+    notebooks notebooks.log $(cd book && ls *.ipynb | sed 's/\.ipynb$//') ;;
+  notebooks-new)
+    notebooks notebooks_new.log v7 backward results ;;
+  notebooks:*)
+    names=${step#notebooks:}; notebooks "notebooks_${names//,/_}.log" ${names//,/ } ;;
   nbval)
     # one notebook per worker (--dist loadfile): nbval's cells share their notebook's kernel
-    $T python3 -m pytest -q -p no:cacheprovider -n 5 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1
-    echo "nbval rc=$?"; tail -5 "$W/nbval.log" ;;
+    $T python3 -m pytest -q -p no:cacheprovider -n 6 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1
+    echo "nbval rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/nbval.log" | tail -20 ;;
   *) $T bash -c "$step" ;;
   esac
   pack

@@ -2,7 +2,9 @@
 # Regenerate the recorded GPU results in one command, on a machine with a CUDA GPU (and ncu for the
 # profiles):
 #
-#   scripts/record_h200.sh OUTDIR [STEP ...]      STEP: bench, v5, v6, repeat, profile, figures (default: all)
+#   scripts/record_h200.sh OUTDIR [STEP ...]
+#     STEP: bench, v5, v6, repeat, profile, figures (the default: all six), and
+#           v7, backward, train, sweep-v7, profile-new (the Hopper and training records; `new` = all five)
 #
 #   bench    every version at M=N 512, 1024, 2048 and 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
 #              -> OUTDIR/bench.json, bench.txt
@@ -18,13 +20,28 @@
 #            -> OUTDIR/flash_<v>_s<M>_profile.{ncu-rep,details.csv,details.txt,raw.csv}
 #   figures  roofline.png and results_table.md (needs matplotlib and ncu_report; skipped if absent,
 #            they can be made later on any machine from the files above)
+#   v7       v7 against v6, SDPA (cuDNN by default on Hopper), FlashAttention-2 and cuDNN forced, bf16, causal
+#            and not, at B=4,H=12,2048,D=64 and B=2,H=16,8192,D=128 -> OUTDIR/bench_v7.json, bench_v7.txt
+#            (about 40 s on the H200 once built)
+#   backward the gradient call given dO (python -m flashattn.bench --backward) of v6 (atomic and
+#            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
+#            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
+#   train    the training demonstration, 300 steps of each attention from one seed
+#            -> OUTDIR/train_demo.json, train_demo.txt (about 60 s)
+#   sweep-v7 python -m flashattn.sweep v7: every step variant of the chapter at both shapes, one interleaved
+#            run per head dim -> OUTDIR/v7_sweep.json, v7_sweep.txt (about 40 s when the variants are
+#            built already, by gpu_session.sh's build step; 2-3 min more otherwise)
+#   profile-new Nsight Compute reports of v7 (bf16) at both shapes and of v6's backward (its dK/dV kernel,
+#            bf16, primary shape) -> OUTDIR/flash_v7_s2048_profile.*, flash_v7_s8192_profile.*,
+#            flash_v6_backward_s2048_profile.* (about 60 s)
 #
 # Also writes the git commit, nvidia-smi and ncu versions. Steps may be run in separate calls (each one
 # stays within a few minutes once the kernels are built). PYTHON picks the interpreter (default python3).
 set -uo pipefail
-OUT=${1:?usage: scripts/record_h200.sh OUTDIR [bench|v6|profile|figures ...]}
+OUT=${1:?usage: scripts/record_h200.sh OUTDIR [STEP ...] (see the comment at the top)}
 shift
 STEPS=${*:-bench v5 v6 repeat profile figures}
+STEPS=$(for s in $STEPS; do [ "$s" = new ] && echo v7 backward train sweep-v7 profile-new || echo "$s"; done)
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$OUT"
@@ -93,6 +110,40 @@ for step in $STEPS; do
         run profile.txt $PY -m flashattn.profile all --out "$OUT"
         run profile.txt $PY -m flashattn.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
+    v7)
+        rm -f "$OUT/bench_v7.json" "$OUT/bench_v7.txt"
+        for causal in "" "--causal"; do
+            run bench_v7.txt $PY -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v7.json" --append
+            run bench_v7.txt $PY -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v7.json" --append
+        done
+        ;;
+    backward)
+        rm -f "$OUT/bench_backward.json" "$OUT/bench_backward.txt"
+        for causal in "" "--causal"; do
+            run bench_backward.txt $PY -m flashattn.bench --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_backward.json" --append
+            run bench_backward.txt $PY -m flashattn.bench --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_backward.json" --append
+        done
+        ;;
+    train)
+        rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
+        run train_demo.txt $PY -m flashattn.training --steps 300 --json "$OUT/train_demo.json"
+        ;;
+    sweep-*)
+        v=${step#sweep-}
+        rm -f "$OUT/${v}_sweep.json" "$OUT/${v}_sweep.txt"
+        run "${v}_sweep.txt" $PY -m flashattn.sweep "$v" --out "$OUT" --jobs "${JOBS:-16}"
+        ;;
+    profile-new)
+        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
+        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        run profile_new.txt $PY -m flashattn.profile v7 --out "$OUT"
+        run profile_new.txt $PY -m flashattn.profile v7 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
+        run profile_new.txt $PY -m flashattn.profile v6_backward --out "$OUT"
+        ;;
     figures)
         if $PY -c "import matplotlib, ncu_report" 2>/dev/null && ls "$OUT"/*.ncu-rep >/dev/null 2>&1; then
             run figures.txt $PY -m flashattn.plots "$OUT"/*.ncu-rep -o "$OUT/roofline.png"
@@ -107,7 +158,8 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v5, v6, profile, figures)" >&2; status=2
+        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, train, sweep-VERSION," \
+             "profile-new, new)" >&2; status=2
         ;;
     esac
 done

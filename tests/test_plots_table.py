@@ -115,3 +115,42 @@ def test_table_from_committed_bench():
     names = [l.split("|")[1].strip() for l in md.splitlines()[2:] if l.startswith("| ")]
     fp32 = [v for v in VERSIONS if torch.float32 in INFO[v].dtypes]   # the recorded table is float32
     assert names[:2] == ["Baseline", "SDPA"] and len(names) >= len(fp32)
+
+
+def _timed(version, median_us, causal=False, backward=False, B=2, H=16, L=8192, D=128):
+    flops = (2.5 if backward else 1.0) * 4 * B * H * L * L * D / (2 if causal else 1)
+    row = dict(version=version, batch_size=B, num_heads=H, seq_len_q=L, seq_len_kv=L, head_dim=D, dtype="bfloat16",
+               causal=causal, status="ok", median_us=median_us, tflops=flops / (median_us * 1e-6) / 1e12)
+    return dict(row, direction="backward") if backward else row
+
+
+def test_v7_and_backward_tables_and_a_file_not_recorded(tmp_path, capsys):
+    """--compare --tflops: the ratios and rates follow from the medians; backward rows are never read as
+    forward ones; a missing file leaves a plain 'Not recorded yet' in the README block, nothing else."""
+    bwd = tmp_path / "bench_backward.json"
+    bwd.write_text(json.dumps({"runs": [_run([_timed("v6", 4000.0, backward=True),
+                                              _timed("sdpa_flash", 6000.0, backward=True)])]}))
+    text = table.comparison_table(table.load(bwd), "v6", ["sdpa_flash", "sdpa_cudnn"], tflops=True)
+    rate = 2.5 * 4 * 2 * 16 * 8192 * 8192 * 128 / 4000e-6 / 1e12
+    assert f"| 2, 16, 8192, 128 | bfloat16 | no | 4,000.0 | {rate:,.0f} | 6,000.0 | 1.50× | n/a | — |" in text
+    with pytest.raises(ValueError, match="no benchmark rows"):
+        table.select_rows(table.load(bwd))                     # forward by default: none in this file
+    assert len(table.select_rows(table.load(bwd), seq_len=8192, direction="backward")[0]) == 2
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- v7-table:start -->\nold\n<!-- v7-table:end -->\nb\n")
+    assert table.main([str(tmp_path / "bench_v7.json"), "--compare", "v7", "v6", "--update-readme", str(readme)]) == 0
+    assert readme.read_text() == f"a\n<!-- v7-table:start -->\n{table.not_recorded(tmp_path / 'bench_v7.json')}\n" \
+                                 "<!-- v7-table:end -->\nb\n"
+    assert "Not recorded yet" in capsys.readouterr().out
+
+
+def test_kernel_header_update_only_touches_the_versions_named(tmp_path):
+    for v in ("v6", "v7"):
+        (tmp_path / f"{v}.cu").write_text(f"// {v}\n// Measured on H200 (old)\n#ifdef __CUDACC__\n")
+    rows = [dict(_timed("v7", 1700.0), speedup_vs_sdpa=1.03), _timed("v6", 3000.0), _timed("sdpa_flash", 3400.0)]
+    changed = table.update_kernel_headers(rows, "cmd", kernels_dir=tmp_path, only=["v7"])
+    assert changed == [str(tmp_path / "v7.cu")]
+    assert (tmp_path / "v6.cu").read_text().count("(old)") == 1
+    line = (tmp_path / "v7.cu").read_text().split("\n")[1]
+    assert line.startswith("// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,700.0 us")
+    assert "1.03x SDPA's speed" in line and f"{3400 / 1700:.2f}x SDPA-flash's" in line
