@@ -9,12 +9,14 @@
 #                    -> results/h200/pytest_junit.xml
 #     sanitizer      every sanitizer test (tests -k sanitizer), -n $XDIST workers
 #     nbval          the book's checked outputs, live, one notebook per worker (-n 6 --dist loadfile)
+#     suite          tests (sanitizer tests included, one JUnit XML for the whole suite) and nbval at the
+#                    same time: pytest -n $XDIST tests, and pytest -n 6 --dist loadfile --nbval-lax book/
 #     record         scripts/record_h200.sh bench v5 v6 repeat -> OUTDIR/work/h200 (the forward records)
 #     profile        scripts/record_h200.sh profile -> OUTDIR/work/h200
 #     record-new     scripts/record_h200.sh new -> results/h200: bench_v7, bench_backward, train_demo,
 #                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
 #     sweep-VERSION  python -m flashattn.sweep VERSION -> OUTDIR/work/h200
-#     notebooks      execute every notebook of book/ in place (copies in OUTDIR/work/book)
+#     notebooks      execute every notebook of book/ in place
 #     notebooks:A,B  execute book/A.ipynb, book/B.ipynb in place, in that order; notebooks-new = v7,backward,results
 #     <bash code>    anything else runs as a command
 # After each step, OUTDIR/session.tar.gz packs the logs (OUTDIR/work) and OUTDIR/records.tar.gz every file
@@ -23,8 +25,8 @@
 # or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the JSON records (it takes precedence
 # over git).
 # Examples (the H200 runs behind results/h200; /tmp/handoff/final_gpu_plan.md has the timings):
-#   scripts/gpu_session.sh $OUT build@240 record-new@330 notebooks-new@300
-#   scripts/gpu_session.sh $OUT build@240 tests@330 sanitizer@200 nbval@150
+#   scripts/gpu_session.sh $OUT build@150 record-new@270 notebooks-new@170
+#   scripts/gpu_session.sh $OUT build@90 suite@500
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_session.sh OUTDIR STEP...}; shift
 cd "$(dirname "$0")/.."
@@ -35,7 +37,8 @@ if [ -d .whl ]; then
   python3 -m ipykernel install --prefix /tmp/site --name python3 >/dev/null 2>&1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_ext}
+# inside the tree's ignored build/ folder: a warm machine keeps it from one call to the next
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_ext}
 t0=$(date +%s)
 touch "$W/.start"
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -47,8 +50,11 @@ pack() {
 }
 notebooks() {  # notebooks LOG NAME... : execute book/NAME.ipynb in place, one after another
   local log=$1 paths=() n; shift
-  for n in "$@"; do paths+=("book/$n.ipynb"); done
-  $T python3 scripts/execute_notebooks.py "${paths[@]}" --copy "$W/book" > "$W/$log" 2>&1
+  for n in "$@"; do
+    if [ -f "book/$n.ipynb" ]; then paths+=("book/$n.ipynb"); else echo "notebooks: book/$n.ipynb does not exist, skipped"; fi
+  done
+  [ ${#paths[@]} -gt 0 ] || return 0
+  $T python3 scripts/execute_notebooks.py "${paths[@]}" > "$W/$log" 2>&1
   echo "notebooks rc=$?"; tail -15 "$W/$log"
 }
 for arg in "$@"; do
@@ -76,6 +82,15 @@ for arg in "$@"; do
     $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k "not sanitizer" \
       --junitxml=results/h200/pytest_junit.xml -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40 ;;
+  suite)  # the GPU is shared by both; nbval checks outputs that do not depend on timings
+    commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+    $T python3 -m pytest -q -p no:cacheprovider -n 6 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1 &
+    nbval=$!
+    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests \
+      --junitxml=results/h200/pytest_junit.xml -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
+    echo "pytest rc=$?"; wait $nbval; echo "nbval rc=$?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40
+    grep -E "^(FAILED|ERROR)|passed|failed" "$W/nbval.log" | tail -20 ;;
   sanitizer)  # tests/test_sanitizer_gpu.py (every kernel), and the v7, v8 and backward sanitizer tests
     $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k sanitizer > "$W/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/sanitizer.log" | tail -20 ;;
