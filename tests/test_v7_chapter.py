@@ -1,0 +1,64 @@
+"""The V7 chapter reads its steps from the sweep record by variant name: each row of its step table
+(the STEPS list in book/v7.ipynb) names two variants of flashattn.sweep.VARIANTS["v7"] that differ in one
+choice. These tests keep the chapter and the sweep in step without a GPU: every name exists at the right
+head dim, every variant of the sweep appears in some step, and the two variants of a step differ in
+exactly one macro of kernels/v7.cu (a B_c step also raises __launch_bounds__' blocks per SM, V7_D*_MINB,
+which is what lets its smaller tile run two blocks per SM)."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from flashattn import geometry
+from flashattn.sweep import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chapter_steps() -> list[tuple[int, str, str, str]]:
+    book = json.loads((ROOT / "book" / "v7.ipynb").read_text())
+    for cell in book["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "STEPS = [" in src:
+            for node in ast.parse(src).body:
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "STEPS":
+                    return ast.literal_eval(node.value)
+    pytest.fail("book/v7.ipynb has no code cell defining STEPS")
+
+
+def macros_of(name: str) -> dict[str, int]:
+    """Every tile macro of kernels/v7.cu at the variant's head dim: the file's default unless the variant
+    sets it."""
+    variant = VARIANTS["v7"][name]
+    names = ["V7_TMA", "V7_STAGES"] + [f"V7_D{variant.D}_{k}" for k in ("WG", "BC", "MINB")]
+    return {n: variant.macros.get(n, geometry.constant("v7", n)) for n in names}
+
+
+STEPS = chapter_steps()
+
+
+def test_steps_name_sweep_variants_at_their_head_dim():
+    assert STEPS, "the chapter's step table is empty"
+    for D, before, after, _ in STEPS:
+        for name in (before, after):
+            assert name in VARIANTS["v7"], f"step variant {name!r} is not in flashattn.sweep.VARIANTS['v7']"
+            assert VARIANTS["v7"][name].D == D, f"{name!r} is a D={VARIANTS['v7'][name].D} variant, step says {D}"
+
+
+def test_every_sweep_variant_is_in_a_step():
+    used = {n for _, before, after, _ in STEPS for n in (before, after)}
+    assert set(VARIANTS["v7"]) <= used, f"variants the chapter never compares: {set(VARIANTS['v7']) - used}"
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s[3])
+def test_each_step_changes_one_choice(step):
+    D, before, after, _ = step
+    a, b = macros_of(before), macros_of(after)
+    changed = {k for k in a if a[k] != b[k]}
+    if f"V7_D{D}_BC" in changed:
+        assert changed == {f"V7_D{D}_BC", f"V7_D{D}_MINB"}, f"{before} -> {after} changes {sorted(changed)}"
+    else:
+        assert len(changed) == 1, f"{before} -> {after} changes {sorted(changed) or 'nothing'}"
