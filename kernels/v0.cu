@@ -5,8 +5,8 @@
 // makes a round trip through DRAM, which is exactly the cost FlashAttention removes: at B=4, H=12,
 // N=2048 the score matrix alone is 805 MB, written once and read twice.
 //
-// Contract: float32, contiguous; self-attention only (M == N, the seed's v0 contract; v1 and later
-// take M != N); any N >= 1; 1 <= D <= 128 (the limit only mirrors the other versions: nothing here
+// Contract: float32, contiguous; self-attention only (M == N: the naive version keeps the simplest
+// contract; v1 and later take M != N); any N >= 1; 1 <= D <= 128 (the limit only mirrors the other versions: nothing here
 // depends on it). Workspace: B*H*N*N floats for S/P, allocated by the binding through PyTorch.
 // Launches: scores 16x16-thread tiles, one thread per score; softmax one warp per row; PV one thread
 // per output element. No shared memory.

@@ -10,17 +10,13 @@
 """
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import needs_gpu, poison_allocator
+from conftest import needs_gpu, poison_allocator, run_sanitized
 from test_v6 import a16, halves, ldmatrix_x4
 
 from flashattn.reference import attention_reference, sdpa
@@ -213,24 +209,10 @@ def test_bad_inputs_refused(bwd, fwd):
 
 
 # ================================================================ GPU: compute-sanitizer
-def sanitizer():
-    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"):
-        if candidate and Path(candidate).exists():
-            return candidate
-    pytest.fail("compute-sanitizer not found on a GPU machine (install the CUDA toolkit's sanitizer)")
-
-
 @needs_gpu
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_sanitizer_clean(fwd, bwd, tool):
     """forward_lse and both backward modes under compute-sanitizer (the fixtures build outside it)."""
-    cmd = [sanitizer(), f"--tool={tool}", "--error-exitcode=99", sys.executable,
-           str(ROOT / "tests" / "backward_sanitizer_target.py")]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
-    ran = [line for line in out.splitlines() if line.startswith("ran ")]
+    out, ran = run_sanitized(tool, "backward_sanitizer_target.py")
     from backward_sanitizer_target import cases
     assert len(ran) == len(list(cases())), out[-4000:]

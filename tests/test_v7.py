@@ -29,7 +29,16 @@ KERNEL = ROOT / "kernels" / "v7.cu"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import needs_gpu, poison_allocator  # noqa: E402
+from conftest import (  # noqa: E402
+    HALF_DTYPES,
+    assert_refused,
+    bad_inputs,
+    every_half_case,
+    needs_gpu,
+    poison_allocator,
+    run_sanitized,
+    sanitizer_cases,
+)
 
 from flashattn.reference import attention_reference  # noqa: E402
 
@@ -151,7 +160,7 @@ def is_hopper() -> bool:
 
 
 needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v7 needs a GPU of compute capability 9.0")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = HALF_DTYPES
 
 
 def build_v7(variant: str = "default"):
@@ -215,9 +224,7 @@ def test_matches_float64(v7, dtype, causal, D, M, N, B, H):
 
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@every_half_case
 def test_large_logits(v7, dtype, D, causal):
     # q x 20: scores far beyond exp's range without the running max
     check(v7, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=11 + D, q_scale=20.0)
@@ -255,27 +262,12 @@ def test_many_heads_tail_tiles_stay_in_their_head(v7):
 @needs_gpu
 @needs_hopper
 def test_bad_inputs_refused_then_good_call_works(v7):
-    good = [torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    good, cases = bad_inputs()
     q, k, v = good
-    cases = {
-        "cpu": (q.cpu(), k.cpu(), v.cpu()),
-        "float32": tuple(t.float() for t in good),
-        "int32": tuple(t.to(torch.int32) for t in good),
-        "rank3": (q[0], k[0], v[0]),
-        "mixed dtype": (q, k.half(), v),
-        "k head_dim": (q, torch.randn(1, 2, 33, 128, device="cuda", dtype=torch.bfloat16), v),
-        "v length": (q, k, torch.randn(1, 2, 34, 64, device="cuda", dtype=torch.bfloat16)),
-        "D=80": tuple(torch.randn(1, 2, 33, 80, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
-        "D=256": tuple(torch.randn(1, 2, 33, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
-        "non-contiguous": (q.transpose(2, 3).contiguous().transpose(2, 3), k, v),
-        "empty": tuple(torch.empty(1, 2, 0, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
-    }
-    for name, (a, b, c) in cases.items():
-        try:
-            v7.forward(a, b, c, False)
-        except RuntimeError:
-            continue
-        pytest.fail(f"v7 accepted bad input: {name}")
+    cases.update({"float32": tuple(t.float() for t in good),
+                  "D=256": tuple(torch.randn(1, 2, 33, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
+                  "empty": tuple(torch.empty(1, 2, 0, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))})
+    assert_refused(v7.forward, cases)
     out = v7.forward(q, k, v, False)
     ref = attention_reference(q, k, v, dtype=torch.float64)
     assert (out.double() - ref).abs().max().item() < 2e-2
@@ -291,15 +283,7 @@ def sanitize_target(variant: str) -> None:
     both dtypes, the other variants bf16 (the dtype changes no address or barrier)."""
     v7 = build_v7(variant)
     dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
-    for B, H, M, N in SANITIZE_SHAPES:
-        for D in (64, 128):
-            for dtype in dtypes:
-                for causal in (False, True):
-                    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for L in (M, N, N))
-                    out = v7.forward(q, k, v, causal)
-                    torch.cuda.synchronize()
-                    assert torch.isfinite(out).all()
-                    print(f"ran v7 {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+    sanitizer_cases(v7.forward, "v7", SANITIZE_SHAPES, dtypes)
 
 
 @needs_gpu
@@ -308,14 +292,7 @@ def sanitize_target(variant: str) -> None:
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean(tool, variant):
     build_v7(variant)   # outside the sanitizer: nvcc under it is slow
-    cmd = [cuda_tool("compute-sanitizer"), f"--tool={tool}", "--error-exitcode=99", sys.executable,
-           str(Path(__file__).resolve()), "--sanitize", variant]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
-    ran = [line for line in out.splitlines() if line.startswith("ran v7 ")]
+    out, ran = run_sanitized(tool, Path(__file__).resolve(), "--sanitize", variant, tag="ran v7 ")
     assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
 
 
