@@ -16,14 +16,18 @@
 //   * ping-pong (V8_PINGPONG): consumer warpgroups take turns issuing their products, ordered by named
 //     barriers (bar.sync on its own id, bar.arrive on the next warpgroup's), so while one warpgroup's
 //     products run on the tensor cores the other does its softmax on the FMA and SFU units;
-//   * intra-warpgroup overlap (V8_OVERLAP): the loop issues S_{i,j+1} = Q_i K_{j+1}^T and then
-//     O_i += P_ij V_j, waits only for the first (wgmma.wait_group 1), and runs the softmax of tile
-//     j + 1 while P_ij V_j is still on the tensor cores; O_i's rescale and P's packing to 16 bits wait
-//     for the second. P is kept as fp32 in the S accumulators meanwhile (the 16-bit P registers are
-//     being read by the product in flight).
+//   * intra-warpgroup overlap (V8_OVERLAP): the loop issues S_{i,j+1} = Q_i K_{j+1}^T, rescales O_i for
+//     tile j while that runs, issues O_i += P_ij V_j, waits only for the first product (wgmma.wait_group
+//     1) and runs the softmax of tile j + 1 while P_ij V_j is still on the tensor cores; packing P to
+//     16 bits waits for the second (its registers are the A operand in flight), so P stays fp32 in the
+//     S accumulators meanwhile. What ptxas made of it (tests/test_v8.py reads the SASS): it keeps no
+//     wgmma in flight across a branch, so the mask is a template choice (a loop over the tiles that
+//     need none, then one over those that do) rather than v7's run-time test; even so it schedules
+//     part of the softmax after the second wait, to start packing P early -- in the unmasked loop
+//     about 2/3 of the exponentials (D=128) or 1/3 (D=64, 160 registers) run inside the overlap.
 //   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
-//   the block's last visible key, as in v7) and only the tiles that cross it are masked; the row blocks
-//   with the most key tiles are launched first.
+//   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
+//   masked; the row blocks with the most key tiles are launched first. No persistent grid yet.
 //   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
 //   computes and thread 0 also copies.
 //
@@ -43,8 +47,9 @@
 //          down to a multiple of 8); producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168).
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
 //   overlap. ptxas (nvcc 13.0, sm_90a), no spills, no stack frame: the consumers' highest register is
-//   R183 of 240 at D=128 and R151 of 160 at D=64 (R219 with V8_D128_BC=176, FlashAttention-3's key
-//   tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB). tests/test_v8.py checks the split in the SASS.
+//   R218 of 240 at D=128 (R214 causal) and R156 of 160 at D=64 (R237 with V8_D128_BC=176,
+//   FlashAttention-3's key tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB of shared memory).
+//   tests/test_v8.py checks the split in the SASS.
 //
 // What the steps measured: to be filled in from the lead's GPU run of every step variant (tests/test_v8.py
 // VARIANTS, timed together with v7 and SDPA); no GPU has run v8 yet, so there are no numbers here.
@@ -421,6 +426,14 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     const int g = lane >> 2, q = lane & 3;
     const int warp_row0 = m0 + cwg * 64 + wq * 16;   // first of this warp's 16 rows
     const uint32_t q_base = sQ + cwg * 64 * 128;      // this warpgroup's rows start 64 x 128 bytes in
+    // The first key tile that needs a mask, the same for the whole block: the partial tile at the end
+    // of N, or (causal) the first tile whose last key lies past the diagonal of the block's first row
+    // (that row sees keys up to m0 + N - M). Tiles before it run the softmax without any mask.
+    int first_masked = N / BC;
+    if (CAUSAL) {
+      const long long seen = (long long)m0 + N - M + 1;   // keys the block's first row sees
+      first_masked = min(first_masked, seen <= 0 ? 0 : (int)(seen / BC));
+    }
     // Ping-pong: warpgroup c waits on barrier 1 + c and hands the turn to the next one, cyclically.
     // Each barrier completes when 128 threads wait and 128 arrive.
     auto turn_wait = [&] {
@@ -465,23 +478,31 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     auto wait_k = [&](int t) { mbar_wait(full_k(t % STAGES), (t / STAGES) & 1); };
     auto wait_v = [&](int t) { mbar_wait(full_v(t % STAGES), (t / STAGES) & 1); };
 
-    // Mask tile t (keys past N; causal: keys past the diagonal; only tiles that need it), then the online
-    // softmax, one row half (g or g + 8) at a time. PACK: P goes to 16 bits at once (nothing reads
-    // p_pack now); otherwise P stays fp32 in s_acc until the product reading p_pack has finished.
-    auto softmax = [&](int t, auto pack_now) {
-      const int j0 = t * BC;
-      const bool tail = j0 + BC > N;
-      const bool diag = CAUSAL && (j0 + BC - 1) - N > warp_row0 - M;
-      if (tail || diag) {
+    // Mask tile t (keys past N; causal: keys past the diagonal), then the online softmax, one row half
+    // (g or g + 8) at a time. MASK: Unmasked, Masked, or Checked (mask if t >= first_masked, a run-time
+    // branch). PACK_NOW: P goes to 16 bits at once (nothing reads p_pack now); otherwise P stays fp32
+    // in s_acc until the product reading p_pack has finished. With the overlap the mask must be a
+    // template choice: a branch between the two waits makes ptxas wait for the P V product before it
+    // (it keeps no wgmma in flight across a branch that may diverge), and the softmax would no longer
+    // overlap anything.
+    auto softmax = [&](int t, auto pack_now, auto mask) {
+      constexpr int MASK = decltype(mask)::value;
+      if (MASK == 1 || (MASK == 2 && t >= first_masked)) {
+        // Row i sees keys up to min(N - 1, i + N - M). Measured from this thread's first column in the
+        // tile (t B_c + 2q), element (c, e) sits c * 8 + (e & 1) further on: one compare with a constant
+        // per element, against two per-thread limits (rows g and g + 8), keeps the mask cheap in registers.
+        int visible[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_row0 + g + 8 * h;
+          const int last = CAUSAL ? min(N - 1, (row - M) + N) : N - 1;   // row - M < 0: no overflow
+          visible[h] = last - (t * BC + 2 * q);
+        }
 #pragma unroll
         for (int c = 0; c < NT; ++c)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = warp_row0 + g + 8 * (e >> 1);
-            const int col = j0 + c * 8 + 2 * q + (e & 1);
-            // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-            if (col >= N || (CAUSAL && col - N > row - M)) s_acc[4 * c + e] = -INFINITY;
-          }
+          for (int e = 0; e < 4; ++e)
+            s_acc[4 * c + e] = c * 8 + (e & 1) > visible[e >> 1] ? -INFINITY : s_acc[4 * c + e];
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -490,9 +511,11 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
         for (int c = 0; c < NT; ++c) mx = fmaxf(mx, fmaxf(s_acc[4 * c + 2 * h], s_acc[4 * c + 2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a quad share a row
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a row that has seen only masked keys keeps max -inf: subtract 0 so that p = 0, not NaN
+        // a row that has seen only masked keys keeps max -inf: subtract 0 so that p = 0, not NaN; its
+        // alpha is ex2(-inf) = 0, harmless on an O_i and l_i that are still 0
         const float m_base = mx == -INFINITY ? 0.f : mx * scale_log2;
-        alpha[h] = mx == m_i[h] ? 1.f : ex2(m_i[h] * scale_log2 - m_base);
+        const float rescale_by = ex2(m_i[h] * scale_log2 - m_base);   // computed always: no branch
+        alpha[h] = mx == m_i[h] ? 1.f : rescale_by;
         m_i[h] = mx;
         float row_sum = 0.f;
 #pragma unroll
@@ -527,6 +550,9 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     };
     using Now = std::true_type;
     using Later = std::false_type;
+    using Unmasked = std::integral_constant<int, 0>;
+    using Masked = std::integral_constant<int, 1>;
+    using Checked = std::integral_constant<int, 2>;
 
     if constexpr (PINGPONG)
       if (cwg == 0) named_bar_arrive(1, 256);   // the first warpgroup takes the first turn
@@ -541,10 +567,10 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     wgmma_wait<0>();
     pin(s_acc);
     release_k(0);
-    softmax(0, Now{});
+    softmax(0, Now{}, Checked{});
 
-    // Each iteration: O_i += P_ij V_j and S_{i,j+1}, then the softmax of tile j + 1.
-    for (int j = 0; j + 1 < n_tiles; ++j) {
+    // One iteration: O_i += P_ij V_j and S_{i,j+1}, then the softmax of tile j + 1.
+    auto step = [&](int j, auto masked) {
       if constexpr (OVERLAP) {
         // S_{i,j+1} first, so that wait_group 1 is "S done, P V may still run".
         wait_k(j + 1);
@@ -552,16 +578,23 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
         turn_wait();
         wgmma_fence();
         issue_s(j + 1);
+        // O_i's rescale for tile j (alpha from tile j's softmax) runs while S_{i,j+1} is on the tensor
+        // cores, before P_ij V_j accumulates into it: after the softmax below nothing waits on O_i but
+        // the next product, so ptxas has no reason to pull the wait for P V up into the softmax.
+        rescale();
+        wgmma_fence();
         issue_pv(j);
         turn_pass(false);
         wgmma_wait<1>();
         pin(s_acc);
         release_k(j + 1);
-        softmax(j + 1, Later{});   // runs while P_ij V_j is on the tensor cores
+        softmax(j + 1, Later{}, masked);   // runs while P_ij V_j is on the tensor cores
+        // Nothing reads P before the wait below: passing it through an empty asm volatile keeps the
+        // compiler from sinking the softmax past the wait.
+        pin(s_acc);
         wgmma_wait<0>();
         pin(o);
         release_v(j);
-        rescale();
         pack();
       } else {
         // v7's order: P V, wait, S, wait, softmax. The turn covers both products.
@@ -586,15 +619,26 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
         wgmma_wait<0>();
         pin(s_acc);
         release_k(j + 1);
-        softmax(j + 1, Now{});
+        softmax(j + 1, Now{}, masked);
         rescale();
       }
+    };
+    int j = 0;
+    if constexpr (OVERLAP) {   // the tiles without a mask, then those with one: no branch in either loop
+#pragma unroll 1
+      for (; j + 1 < min(n_tiles, first_masked); ++j) step(j, Unmasked{});
+#pragma unroll 1
+      for (; j + 1 < n_tiles; ++j) step(j, Masked{});
+    } else {   // nothing in flight during the softmax: v7's run-time check, one loop, fewer registers
+#pragma unroll 1
+      for (; j + 1 < n_tiles; ++j) step(j, Checked{});
     }
 
-    // The last tile's P V.
+    // The last tile's P V (with the overlap, O_i's rescale for it is still to do).
     const int last = n_tiles - 1;
     wait_v(last);
     turn_wait();
+    if constexpr (OVERLAP) rescale();
     wgmma_fence();
     issue_pv(last);
     turn_pass(true);

@@ -125,6 +125,45 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
             assert not claims and not releases, f"{name}: setmaxnreg in a variant without it"
         # overlap: S_{j+1} and P_j V_j in flight, wait until one group is left before the softmax
         assert ("WARPGROUP.DEPBAR.LE gsb0, 0x1" in text) == bool(overlap), f"{name}: wait depth"
+        if overlap:
+            windows = overlap_windows(text)
+            assert windows, f"{name}: no wait for one group of two"
+            for _, _, clobbered in windows:
+                assert not clobbered, f"{name}: writes a register the P V product in flight uses: {clobbered[:3]}"
+            if variant == "default":
+                # ptxas schedules part of the softmax after the wait (it starts packing P as soon as it
+                # can); the unmasked loop must still run a good share of its exponentials in the window
+                # (before the fix in the kernel's comments, none did)
+                tile = 176 if "Li176E" in name else 128
+                assert max(n for _, n, _ in windows) >= tile // 8, f"{name}: softmax not overlapped: {windows}"
+
+
+def overlap_windows(sass: str) -> list[tuple[int, int, list[str]]]:
+    """Every stretch between 'one wgmma group left' and 'none left', where the softmax of tile j + 1 runs
+    while P_ij V_j is on the tensor cores: its length in instructions, its exponentials (MUFU.EX2), and
+    the instructions in it that write a register of that product -- its accumulators O_i or its A
+    operand P_ij, which the tensor cores may still be reading and writing."""
+    lines = [re.sub(r"^\s*/\*[0-9a-f]{4,5}\*/\s*", "", line).split(";")[0]
+             for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,5}\*/", line)]
+    windows, previous_wait = [], 0
+    for start, line in enumerate(lines):
+        if "DEPBAR.LE gsb0, 0x1" not in line:
+            if "DEPBAR.LE gsb0" in line:
+                previous_wait = start
+            continue
+        end = next(i for i in range(start, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
+        in_flight = set()
+        for issued in lines[previous_wait:start]:   # the register-A products issued since the last wait
+            m = re.search(r"HGMMA\.64x(\d+)x16\S* R(\d+), R(\d+), gdesc", issued)
+            if m:
+                n, acc, a = (int(g) for g in m.groups())
+                in_flight |= set(range(acc, acc + n // 2)) | set(range(a, a + 4))
+        body = lines[start + 1:end]
+        clobbered = [ins for ins in body
+                     if (m := re.match(r"(?:@!?U?P\w+\s+)?\S+\s+R(\d+)\b", ins)) and int(m.group(1)) in in_flight]
+        windows.append((end - start - 1, sum("MUFU.EX2" in ins for ins in body), clobbered))
+        previous_wait = end
+    return windows
 
 
 def test_copied_file_builds_alone(tmp_path):
