@@ -74,8 +74,9 @@
 // row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf for a
 // row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template instance
 // (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the two
-// (tests/test_backward.py). The WITH_LSE instances use the same register counts as those above (ptxas,
-// nvcc 13.0, sm_90, no spills); their forward speed was not timed separately.
+// (tests/test_backward.py). The WITH_LSE instances stay within a register of those above and do not
+// spill (ptxas, nvcc 13.0, sm_80, sm_89 and sm_90; results/compile/resources.json); their forward speed
+// was not timed separately.
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
@@ -593,10 +594,23 @@ __global__ void __launch_bounds__(kThreads, 2)
         // What the backward needs to recompute P_ij = exp(S_ij * scale - lse_i) without the running
         // max: lse_i = ln(sum_j exp(S_ij * scale)) = (m_i * scale_log2 + log2(l_i)) * ln(2). A row
         // with no visible key gets -inf (the backward treats it as "P = 0").
+        // Causal, before sm_90: the head index is read again from %ctaid here instead of keeping bh
+        // alive through the main loop, which sits at the 255-register limit there (keeping it cost
+        // 116 bytes of spills on sm_80 and sm_89; the volatile read stops the compiler from reusing
+        // the first one). sm_90 keeps bh: it fits there, and its code stays as measured.
         if constexpr (WITH_LSE)
-          if (q == 0)
-            LSE[(size_t)bh * M + row] =
+          if (q == 0) {
+            int bh_lse = bh;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+            if constexpr (CAUSAL) {
+              unsigned cta;
+              asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+              bh_lse = (int)(cta % (unsigned)BH);
+            }
+#endif
+            LSE[(size_t)bh_lse * M + row] =
                 l > 0.f ? (m_i[s][h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
+          }
       }
     }
 }
