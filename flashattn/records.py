@@ -291,7 +291,7 @@ def sweep_table(version: str, file: str | None = None):
 
     for r in doc["variants"]:
         geo, px, occ, t = (r.get(k) or {} for k in ("geometry", "ptxas", "occupancy", "timing"))
-        B, H, M, _, _ = r["shape"]
+        B, H, M = (r.get("shape") or [None] * 3)[:3]      # no shape: the variant did not build
         correct = {True: "yes", False: "NO", None: "—"}[r.get("correct")]
         vs = [cell((r.get("vs") or {}).get(ref), "{:.2f}×") for ref in refs]
         tile = f"{geo['B_r']} × {geo['B_c']}" if geo else "—"
