@@ -320,6 +320,9 @@ struct Layout {
   static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
   static constexpr uint32_t BYTES = BAR_OFF + 8 * (1 + 4 * STAGES);
   static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
+  // Blocks per SM the register budget must allow: one with a producer (setmaxnreg hands registers
+  // between the warpgroups of one block); without, two where two fit in shared memory, as v7 got at D=64.
+  static constexpr int MIN_BLOCKS = !SPECIALIZE && THREADS <= 256 && 2 * (DYNAMIC + 1024) <= 228 * 1024 ? 2 : 1;
 };
 
 // The register split: every warpgroup starts with the cap that 128 x (1 + NWG) threads get from the 65,536
@@ -336,7 +339,8 @@ struct Registers {
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP>
-__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS, 1)
+__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
+                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
                  float scale_log2) {

@@ -80,10 +80,16 @@ def consumers(flags: list[str], d: int) -> int:
 
 
 def entry_cap(flags: list[str], d: int) -> int:
-    """Registers per thread at launch: 65,536 shared by the block's threads (1 block per SM), a multiple
-    of 8, at most 255 -- what __launch_bounds__(threads, 1) lets ptxas use before any setmaxnreg."""
-    threads = 128 * (consumers(flags, d) + macro(flags, "V8_SPECIALIZE"))
-    return min(255, 65536 // threads // 8 * 8)
+    """Registers per thread at launch: 65,536 shared by the threads of the blocks that __launch_bounds__
+    asks to fit on one SM (1 with a producer; without, 2 where their shared memory fits, as the kernel's
+    Layout::MIN_BLOCKS decides), a multiple of 8, at most 255 -- what ptxas may use before any setmaxnreg."""
+    values = dict(f[2:].split("=") for f in flags)
+    spec, wgs = macro(flags, "V8_SPECIALIZE"), consumers(flags, d)
+    threads = 128 * (wgs + spec)
+    bc, stages = int(values.get(f"V8_D{d}_BC", 128)), int(values.get("V8_STAGES", 2))
+    smem = 64 * wgs * d * 2 + stages * 2 * bc * d * 2 + 8 * (1 + 4 * stages) + 1024
+    blocks = 2 if not spec and threads <= 256 and 2 * (smem + 1024) <= 228 * 1024 else 1
+    return min(255, 65536 // (blocks * threads) // 8 * 8)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
