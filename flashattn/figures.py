@@ -20,51 +20,99 @@ from .table import label
 from .versions import VERSIONS
 
 
-def roofline(versions=None, highlight: str | None = None, title: str | None = None):
-    """Roofline of the recorded reports of `versions` (default: every one that has a report), under
-    the measured ceilings of results/h200/ceilings.json; the report's own peaks are drawn too."""
+def _done(fig, show: bool):
+    """Show the figure in a notebook (returns None, so the cell shows it once); return it for a test."""
+    import matplotlib.pyplot as plt
+    if show:
+        plt.show()
+        return None
+    return fig
+
+
+def log_ticks(ax, values, axis: str = "x") -> None:
+    """Label a log axis exactly at `values` (the recorded sequence lengths), in plain numbers, and drop
+    matplotlib's minor labels, which would print 5×10² beside 512."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_locator(FixedLocator(sorted(values)))
+    a.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    a.set_minor_locator(NullLocator())
+    a.set_minor_formatter(NullFormatter())
+
+
+def datasheet_roofs() -> dict:
+    """The datasheet numbers results/h200/ceilings.json keeps beside each measured ceiling, in base units."""
+    import json
+
+    from .records import RESULTS
+    doc = json.loads((RESULTS / "ceilings.json").read_text())["ceilings"]
+    return {"fp32": doc["fp32_cuda_core_tflops"]["datasheet"] * 1e12,
+            "tf32": doc["tf32_tensor_tflops"]["datasheet"] * 1e12,
+            "bf16": doc["bf16_tensor_tflops"]["datasheet"] * 1e12,
+            "dram": doc["dram_copy_tbps"]["datasheet"] * 1e12}
+
+
+# One color per precision; the line style says where a roof comes from.
+ROOF_COLORS = {"fp32": "tab:green", "tf32": "tab:orange", "bf16": "tab:purple"}
+ROOF_NAMES = {"fp32": "FP32 CUDA cores", "tf32": "TF32 tensor cores", "bf16": "BF16 tensor cores"}
+ROOF_STYLES = {"measured": "-", "datasheet": "--", "report": ":"}
+
+
+def roofline(versions=None, highlight: str | None = None, title: str | None = None, show: bool = True):
+    """Roofline of the recorded reports of `versions` (default: every one that has a report).
+
+    Three kinds of roof, in three line styles: the ceilings measured on the H200 with PyTorch's GEMMs and
+    a copy (solid), the datasheet's numbers (dashed), and the FP32 peak Nsight Compute computes from the
+    kernel's own clock (dotted, the "FP32 roofline peak" of the profile tables). The CUDA-core chapters
+    show the FP32 roofs only."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     from .plots import point_from_summary
     from .plots import roofline as draw
-    c = ceilings()
+    c, sheet = ceilings(), datasheet_roofs()
     versions = [v for v in (versions or VERSIONS) if report_path(v).exists()]
     points = []
     for v in versions:
         s = profile_summary(v)
         if s is not None:
             points.append(point_from_summary(label(v), s))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), constrained_layout=True)
-    if points:
-        draw(points, title=title or "Roofline from the recorded Nsight Compute reports", ax=ax)
+    fig, ax = plt.subplots(figsize=(9, 5.6), constrained_layout=True)
+    report_peak = next((p["fp32_peak"] for p in points if p.get("fp32_peak")), None)
+    report_dram = next((p["dram_peak"] for p in points if p.get("dram_peak")), None)
+    if points:   # markers and labels only: the roofs are drawn below, in one legend
+        bare = [{**p, "fp32_peak": None, "dram_peak": None, "tensor_peak": None} for p in points]
+        draw(bare, title=title or "Roofline from the recorded Nsight Compute reports", ax=ax)
         if highlight:
             for p in points:
                 if p["label"] == label(highlight):
                     ax.plot(p["intensity"], p["flops_per_s"], "o", ms=16, mfc="none", mec="crimson", mew=2)
     x = np.logspace(-1, 4.3, 200)
     tensor = highlight == "v6" or any(p.get("tensor_peak") for p in points)
-    for peak, name, style in ((c["fp32"], "FP32 SGEMM", "-."), (c["tf32"], "TF32 GEMM", ":"),
-                              (c["bf16"], "BF16 GEMM", ":")):
-        if name != "FP32 SGEMM" and not tensor:
-            continue                                   # CUDA-core chapters: only the FP32 roof matters
-        ax.plot(x, np.minimum(peak, c["dram"] * x), style, color="tab:green", lw=1.2,
-                label=f"measured: {name} {peak / 1e12:,.0f} TFLOP/s, copy {c['dram'] / 1e12:.2f} TB/s")
+    for key in ("fp32", "tf32", "bf16") if tensor else ("fp32",):
+        col = ROOF_COLORS[key]
+        ax.plot(x, np.minimum(c[key], c["dram"] * x), ROOF_STYLES["measured"], color=col, lw=1.8,
+                label=f"measured {ROOF_NAMES[key]}: {c[key] / 1e12:,.1f} TFLOP/s, copy {c['dram'] / 1e12:.2f} TB/s")
+        ax.plot(x, np.minimum(sheet[key], sheet["dram"] * x), ROOF_STYLES["datasheet"], color=col, lw=1.2,
+                label=f"datasheet {ROOF_NAMES[key]}: {sheet[key] / 1e12:,.0f} TFLOP/s, {sheet['dram'] / 1e12:.1f} TB/s")
+    if report_peak and report_dram:
+        ax.plot(x, np.minimum(report_peak, report_dram * x), ROOF_STYLES["report"], color="0.2", lw=1.4,
+                label=f"Nsight Compute FP32 peak at the kernel's clock: {report_peak / 1e12:,.1f} TFLOP/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
            ylabel="performance [FLOP/s]")
     if not points:
         ax.set_title(title or "Measured H200 ceilings (no report recorded yet)")
         ax.text(0.5, 0.08, "no Nsight Compute report recorded yet", transform=ax.transAxes, ha="center",
                 color="0.4")
-    top = max([c["fp32"]] + [p["flops_per_s"] for p in points if p.get("flops_per_s")]
-              + [p.get("tensor_peak") or 0 for p in points])
+    top = max([sheet["fp32"]] + [p["flops_per_s"] for p in points if p.get("flops_per_s")]
+              + ([sheet["bf16"]] if tensor else []))
     ax.set_ylim(top=top * 3)
-    ax.legend(loc="upper left", fontsize=7.5)
+    ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.25)
-    plt.show()
+    return _done(fig, show)
 
 
-def fig_scaling(versions=VERSIONS, file="bench.json", dtype="float32"):
+def fig_scaling(versions=VERSIONS, file="bench.json", dtype="float32", show: bool = True):
     """Latency and TFLOP/s against sequence length for every version, from the recorded benchmark."""
     import matplotlib.pyplot as plt
     rows = primary_rows(dtype=dtype, file=file)
@@ -81,18 +129,18 @@ def fig_scaling(versions=VERSIONS, file="bench.json", dtype="float32"):
         a.plot(L, us, **style)
         b.plot(L, tf, **style)
     c = ceilings()
-    b.axhline(c["fp32"] / 1e12, color="tab:green", ls="-.", lw=1)
-    b.text(rows[0]["seq_len_q"], c["fp32"] / 1e12 * 1.08, "FP32 SGEMM ceiling", color="tab:green", fontsize=8)
+    b.axhline(c["fp32"] / 1e12, color=ROOF_COLORS["fp32"], ls=ROOF_STYLES["measured"], lw=1)
+    b.text(min(r["seq_len_q"] for r in rows), c["fp32"] / 1e12 * 1.08,
+           f"measured FP32 SGEMM ceiling, {c['fp32'] / 1e12:.1f} TFLOP/s", color=ROOF_COLORS["fp32"], fontsize=8)
     a.set(xscale="log", yscale="log", xlabel="sequence length M = N", ylabel="latency [µs]",
           title="Latency (B=4, H=12, D=64)")
     b.set(xscale="log", yscale="log", xlabel="sequence length M = N", ylabel="TFLOP/s",
           title="Throughput, 4·B·H·M·N·D FLOP per call")
     for ax in (a, b):
-        ax.set_xticks(sorted({r["seq_len_q"] for r in rows}))
-        ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        log_ticks(ax, {r["seq_len_q"] for r in rows})
         ax.grid(True, which="both", alpha=0.25)
     a.legend(fontsize=8, ncol=2)
-    plt.show()
+    return _done(fig, show)
 
 
 def _boxes(ax, x, y, w, h, text, color, fs=9, **kw):
@@ -107,7 +155,7 @@ def _arrow(ax, a, b, text="", color="0.3"):
         ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + 0.12, text, ha="center", fontsize=8, color=color)
 
 
-def fig_attention_bytes(D: int = 64, B: int = 4, H: int = 12):
+def fig_attention_bytes(D: int = 64, B: int = 4, H: int = 12, show: bool = True):
     """Bytes a naive float32 forward moves (S written, read, P written, read) against the bytes of Q, K,
     V and O alone, and the arithmetic intensity each implies, against sequence length."""
     import matplotlib.pyplot as plt
@@ -130,12 +178,11 @@ def fig_attention_bytes(D: int = 64, B: int = 4, H: int = 12):
     b.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="FLOP per DRAM byte",
           title="Arithmetic intensity")
     for ax in (a, b):
-        ax.set_xticks(L)
-        ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        log_ticks(ax, L)
         ax.tick_params(axis="x", labelrotation=45)
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=8)
-    plt.show()
+    return _done(fig, show)
 
 
 def fig_roofline_model():
@@ -343,9 +390,13 @@ def fig_bank_mapping(strides=(64, 65), d: int = 0):
     plt.show()
 
 
-def fig_register_tile(B_r=None, B_c=None, TM=None, TN=None, highlight=(0, 1, 8, 9)):
+def fig_register_tile(B_r=None, B_c=None, TM=None, TN=None, highlight=(0, 1, 8, 9), show: bool = True):
     """v5: the threads of a block tile S_ij; thread (rg, cg) owns rows rg + i*NRG and columns cg + j*WC.
-    The shape defaults to the one kernels/v5.cu compiles for D = 64."""
+    The shape defaults to the one kernels/v5.cu compiles for D = 64.
+
+    Left (or top): the whole score tile, with the cells of four threads marked; the grid marks the
+    NRG x WC blocks, and each block holds one cell of every thread. Right: one such block, enlarged, with
+    the number of the thread that owns each cell."""
     t = v5_default_tiles()[64]
     B_r, B_c, TM, TN = B_r or t["B_r"], B_c or t["B_c"], TM or t["TM"], TN or t["TN"]
     import matplotlib.pyplot as plt
@@ -359,23 +410,47 @@ def fig_register_tile(B_r=None, B_c=None, TM=None, TN=None, highlight=(0, 1, 8, 
         for i in range(TM):
             for j in range(TN):
                 owner[rg + i * NRG, cg + j * WC] = k
-    colors = ["#eeeeee"] + [plt.cm.tab10(k) for k in range(len(highlight))]
-    fig, ax = plt.subplots(figsize=(6.2, 5.6), constrained_layout=True)
-    ax.pcolormesh(np.arange(B_c + 1), np.arange(B_r + 1), owner + 1, cmap=ListedColormap(colors),
-                  vmin=0, vmax=len(highlight), edgecolors="white", linewidth=0.3)
-    ax.set_xticks(range(0, B_c + 1, WC))
-    ax.set_yticks(range(0, B_r + 1, NRG))
-    ax.set_xlim(0, B_c)
-    ax.set_ylim(B_r, 0)
-    ax.set_aspect("equal")
-    ax.grid(color="0.5", lw=0.8)
-    ax.legend(handles=[Patch(color=colors[k + 1], label=f"thread {t}: rg={t // WC}, cg={t % WC}")
-                       for k, t in enumerate(highlight)], loc="upper center", bbox_to_anchor=(0.5, -0.1),
-              ncol=2, fontsize=8)
-    ax.set(xlabel="key column of S_ij", ylabel="query row of S_ij")
-    ax.set_title(f"{B_r} × {B_c} score tile, {NRG * WC} threads, each owning a {TM} × {TN} register tile:\n"
-                 f"rows rg + {NRG}·i (i < {TM}), columns cg + {WC}·j (j < {TN}); thread = {WC}·rg + cg", fontsize=9)
-    plt.show()
+    colors = ["#f2f2f2"] + [plt.cm.tab10(k) for k in range(len(highlight))]
+    cmap = ListedColormap(colors)
+    tall = B_r >= B_c
+    # side by side for a tall tile, stacked for a wide one; the enlarged block gets as much room as the tile
+    fig, (top, zoom) = plt.subplots(*((1, 2) if tall else (2, 1)), figsize=(11, 10) if tall else (10, 10),
+                                    constrained_layout=True)
+    top.pcolormesh(np.arange(B_c + 1), np.arange(B_r + 1), np.zeros((B_r, B_c)), cmap=cmap, vmin=0,
+                   vmax=len(highlight), edgecolors="white", linewidth=0.2)
+    for k in range(len(highlight)):   # markers larger than a cell: one element of 8192 is a speck
+        rows, cols = np.nonzero(owner == k)
+        top.scatter(cols + 0.5, rows + 0.5, s=22, color=colors[k + 1], marker="s", linewidths=0)
+    top.set_xticks(range(0, B_c + 1, WC))
+    top.set_yticks(range(0, B_r + 1, NRG))
+    top.set_xlim(0, B_c)
+    top.set_ylim(B_r, 0)
+    top.set_aspect("equal")
+    top.grid(color="0.35", lw=1.0)
+    top.add_patch(plt.Rectangle((0, 0), WC, NRG, fill=False, ec="black", lw=2.5))
+    top.set(xlabel=f"key column of S_ij (one block = {WC} columns, j = block column)",
+            ylabel=f"query row of S_ij (one block = {NRG} rows, i = block row)")
+    top.set_title(f"The {B_r} × {B_c} score tile of one block:\n{NRG * WC} threads, each owning a {TM} × {TN} "
+                  f"register tile:\nrows rg + {NRG}·i (i < {TM}), columns cg + {WC}·j (j < {TN})", fontsize=11)
+    top.legend(handles=[Patch(color=colors[k + 1], label=f"thread {t} (rg = {t // WC}, cg = {t % WC})")
+                        for k, t in enumerate(highlight)], loc="upper center", bbox_to_anchor=(0.5, -0.07),
+               ncol=2, fontsize=10)
+    ids = np.arange(NRG * WC).reshape(NRG, WC)
+    block = np.array([[1 + highlight.index(v) if v in highlight else 0 for v in row] for row in ids])
+    zoom.pcolormesh(np.arange(WC + 1), np.arange(NRG + 1), block, cmap=cmap, vmin=0, vmax=len(highlight),
+                    edgecolors="0.5", linewidth=0.8)
+    for r in range(NRG):
+        for col in range(WC):
+            zoom.text(col + 0.5, r + 0.5, str(ids[r, col]), ha="center", va="center", fontsize=10)
+    zoom.set_xticks(np.arange(WC) + 0.5, [str(v) for v in range(WC)])
+    zoom.set_yticks(np.arange(NRG) + 0.5, [str(v) for v in range(NRG)])
+    zoom.set_xlim(0, WC)
+    zoom.set_ylim(NRG, 0)
+    zoom.set_aspect("equal")
+    zoom.set(xlabel="cg = column within the block", ylabel="rg = row within the block")
+    zoom.set_title(f"The black {NRG} × {WC} block, enlarged:\ncell (rg, cg) belongs to thread {WC}·rg + cg;\n"
+                   f"the other {TM * TN - 1} blocks repeat it", fontsize=11)
+    return _done(fig, show)
 
 
 def fig_pipeline(tiles: int = 3):
@@ -441,3 +516,189 @@ def fig_swizzle():
                       "plain row-major: chunk 0 of 8 rows, 4 banks, 8 wavefronts"))
         ax.title.set_fontsize(9)
     plt.show()
+
+
+# ------------------------------------------------------------------------------------ the results chapter
+# What each version's arithmetic runs on, by the dtype of its inputs: the roof it should be judged against.
+ROOF_OF = {("float32", False): ("fp32", "FP32 CUDA cores"), ("float32", True): ("tf32", "TF32 tensor cores"),
+           ("bfloat16", True): ("bf16", "BF16 tensor cores")}
+TENSOR_VERSIONS = ("v6", "v7")
+
+
+def _primary(file: str, dtype: str) -> dict[str, dict]:
+    """{version: row} at the primary shape (B=4, H=12, M=N=2048, D=64, non-causal) of a recorded file."""
+    from .notebook import PRIMARY
+    return {r["version"]: r for r in primary_rows(dtype=dtype, file=file) if r["seq_len_q"] == PRIMARY["L"]}
+
+
+def _recorded_error(file: str, dtype: str, version: str) -> tuple[float | None, int | None]:
+    """The relative error against float64 recorded for `version` in `file`: at the primary shape when the
+    file has it there, else at the shortest sequence length that has one (bench.json checks accuracy at
+    its first length only). (error, sequence length)."""
+    rows = sorted((r for r in primary_rows(dtype=dtype, file=file)
+                   if r["version"] == version and r.get("rel_error") is not None), key=lambda r: r["seq_len_q"])
+    at = [r for r in rows if r["seq_len_q"] == 2048] or rows
+    return (at[0]["rel_error"], at[0]["seq_len_q"]) if at else (None, None)
+
+
+def steps(include_v7: bool = True) -> list[dict]:
+    """The staircase: every version at the primary shape, in book order. V0-V5 and V6's TF32 mode with
+    float32 inputs (results/h200/bench.json); V6 and V7 in bf16 (bench_v6.json, bench_v7.json when it is
+    recorded). Each step carries its latency, TFLOP/s, roof, recorded error and source file."""
+    from .records import RESULTS
+    out = []
+    fp32 = _primary("bench.json", "float32")
+    for v in ("v0", "v1", "v2", "v3", "v4", "v5", "v6"):
+        if v in fp32:
+            out.append(dict(fp32[v], step=label(v) + (" (TF32)" if v == "v6" else ""), file="bench.json",
+                            roof=ROOF_OF[("float32", v in TENSOR_VERSIONS)]))
+    for v, file in (("v6", "bench_v6.json"), ("v7", "bench_v7.json")):
+        if v == "v7" and (not include_v7 or not (RESULTS / file).exists()):
+            continue
+        rows = _primary(file, "bfloat16")
+        if v in rows:
+            out.append(dict(rows[v], step=f"{label(v)} (bf16)", file=file, roof=ROOF_OF[("bfloat16", True)]))
+    for s in out:
+        s["error"], s["error_at"] = _recorded_error(s["file"], s["dtype"], s["version"])
+    return out
+
+
+def fig_staircase(show: bool = True):
+    """Latency of every step at the primary shape on one log axis, each step labelled with its speedup
+    over the one before; PyTorch's SDPA in the same dtype as a dashed reference over its part."""
+    import matplotlib.pyplot as plt
+    s = steps()
+    if not s:
+        print("No recorded benchmark yet (results/h200/bench.json).")
+        return None
+    fig, ax = plt.subplots(figsize=(11, 5.2), constrained_layout=True)
+    x = list(range(len(s)))
+    us = [r["median_us"] for r in s]
+    colors = [ROOF_COLORS[r["roof"][0]] for r in s]
+    ax.bar(x, us, color=colors, width=0.62, alpha=0.85)
+    ax.step(x, us, where="mid", color="0.3", lw=1)
+    for i, r in enumerate(s):
+        ax.text(i, us[i] * 1.15, f"{us[i]:,.0f} µs", ha="center", fontsize=9,
+                bbox=dict(fc="white", ec="none", pad=0.5, alpha=0.85))
+        if i and s[i - 1]["dtype"] == r["dtype"]:
+            ax.text(i, us[i] / 1.9, f"{us[i - 1] / us[i]:.2f}×", ha="center", fontsize=9, color="white",
+                    fontweight="bold")
+    for dtype, file in (("float32", "bench.json"), ("bfloat16", "bench_v6.json")):
+        idx = [i for i, r in enumerate(s) if r["dtype"] == dtype]
+        ref = _primary(file, dtype).get("sdpa")
+        if idx and ref:
+            ax.hlines(ref["median_us"], idx[0] - 0.4, idx[-1] + 0.4, colors="black", linestyles="--", lw=1.2)
+            ax.text(idx[-1] + 0.42, ref["median_us"], f"SDPA {dtype}\n{ref['median_us']:,.0f} µs", va="center",
+                    fontsize=8)
+    split = next((i for i, r in enumerate(s) if r["dtype"] != "float32"), None)
+    if split is not None:
+        ax.axvline(split - 0.5, color="0.5", lw=1)
+        ax.text(split - 0.45, max(us) * 2, "bf16 inputs →", fontsize=9, color="0.3", va="center")
+    ax.set_xticks(x, [r["step"] for r in s])
+    ax.set_yscale("log")
+    ax.set_ylim(min(us) / 3, max(us) * 3)
+    ax.set_xlim(-0.6, len(s) - 0.1 + (0.9 if split is not None else 0.6))
+    ax.set(ylabel="latency [µs], log scale",
+           title="Every step at B=4, H=12, M=N=2048, D=64 (white: speedup over the step before)")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=ROOF_COLORS[k], label=ROOF_OF[key][1]) for key in ROOF_OF
+                       for k in [ROOF_OF[key][0]] if any(r["roof"][0] == k for r in s)],
+              loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize=9, title="arithmetic on",
+              title_fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.25)
+    return _done(fig, show)
+
+
+def roof_table():
+    """Each step against its own roof: float32 on CUDA cores against the measured SGEMM ceiling, TF32 and
+    bf16 against the measured tensor-core GEMM ceilings; with the recorded error against float64."""
+    from .notebook import md
+    c = ceilings()
+    lines = ["| step | arithmetic on | latency µs | TFLOP/s | measured roof TFLOP/s | share of its roof | "
+             "rel. error vs float64 | recorded in |", "|---|---|--:|--:|--:|--:|--:|---|"]
+    for r in steps():
+        key, name = r["roof"]
+        err = "—" if r["error"] is None else f"{r['error']:.1e}" + ("" if r["error_at"] == 2048 else
+                                                                     f" (N={r['error_at']})")
+        lines.append(f"| {r['step']} | {name} | {r['median_us']:,.1f} | {r['tflops']:.1f} | {c[key] / 1e12:.1f} | "
+                     f"{100 * r['tflops'] * 1e12 / c[key]:.1f}% | {err} | `{r['file']}` |")
+    for dtype, what in (("float32", "tensor cores, 3 TF32 products per product"), ("bfloat16", "BF16 tensor cores")):
+        ref = _primary("bench_v6.json", dtype).get("sdpa")       # the run that recorded SDPA's error too
+        if ref:
+            err, _ = _recorded_error("bench_v6.json", dtype, "sdpa")
+            lines.append(f"| *SDPA {dtype} (reference)* | {what} | {ref['median_us']:,.1f} | {ref['tflops']:.1f} | — "
+                         f"| — | {'—' if err is None else f'{err:.1e}'} | `bench_v6.json` |")
+    return md("\n".join(lines) + "\n\nFLOP = 4·B·H·M·N·D per call (the two products). Roofs: "
+              "`results/h200/ceilings.json`. Errors: the `rel_error` the benchmark recorded for the same "
+              "version and dtype, at M = N = 2048 unless a length is given.")
+
+
+def rtx4080() -> dict:
+    """The RTX 4080 figures of the project's original description (results/reference/rtx4080.json)."""
+    import json
+
+    from .records import RESULTS
+    return json.loads((RESULTS.parent / "reference" / "rtx4080.json").read_text())
+
+
+def rtx4080_table():
+    """The same versions at the same shape on the RTX 4080 (as published) and on the H200 (recorded):
+    latency, the factor each step gained on each GPU, and the theoretical blocks per SM of the profiles."""
+    from .notebook import md
+    ref = rtx4080()
+    h200 = _primary("bench.json", "float32")
+    lines = ["| version | RTX 4080 µs | H200 µs | H200 faster by | step gain, RTX 4080 | step gain, H200 | "
+             "blocks/SM, RTX 4080 | blocks/SM, H200 |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    prev = None
+    for v in ("baseline", "sdpa", "v0", "v1", "v2", "v3", "v4"):
+        a, b = ref["latency_us"].get(v), h200.get(v, {}).get("median_us")
+        if a is None or b is None:
+            continue
+        gain = ("—", "—")
+        if v.startswith("v") and prev is not None and prev.startswith("v"):
+            gain = (f"{ref['latency_us'][prev] / a:.2f}×", f"{h200[prev]['median_us'] / b:.2f}×")
+        rtx_blocks = ref["profiles"].get(v, {}).get("blocks_per_sm", "—")
+        s = profile_summary(v) if v in ("v1", "v2", "v3", "v4") else None
+        h_blocks = f"{s['blocks_per_sm']:.0f}" if s else "—"
+        lines.append(f"| {label(v)} | {a:,.1f} | {b:,.1f} | {a / b:.1f}× | {gain[0]} | {gain[1]} | {rtx_blocks} | "
+                     f"{h_blocks} |")
+        prev = v
+    return md("\n".join(lines) + f"\n\nRTX 4080: {ref['timing']['warmup']} warm-ups and "
+              f"{ref['timing']['repetitions']} timed calls, from `results/reference/rtx4080.json` (as "
+              "published in the project's original description). H200: `results/h200/bench.json` and the "
+              "recorded Nsight Compute reports.")
+
+
+def sdpa_vs_v4() -> dict:
+    """V4 against SDPA on both GPUs and the arithmetic rates behind it: {gpu: {...}}."""
+    ref = rtx4080()
+    h200 = _primary("bench.json", "float32")
+    sheet = datasheet_roofs()
+    return {"RTX 4080": {"v4_over_sdpa": ref["latency_us"]["sdpa"] / ref["latency_us"]["v4"],
+                         "tf32_over_fp32": ref["datasheet"]["tf32_tensor_tflops"] / ref["datasheet"]["fp32_tflops"]},
+            "H200": {"v4_over_sdpa": h200["sdpa"]["median_us"] / h200["v4"]["median_us"],
+                     "tf32_over_fp32": sheet["tf32"] / sheet["fp32"]}}
+
+
+def backend_table():
+    """Which of SDPA's backends its default choice matches on the H200, per recorded shape: the forced
+    backend whose latency is nearest the default's in the same run (results/h200/bench_v6.json)."""
+    from .notebook import md
+    from .records import RESULTS, bench_rows
+    rows = [r for r in bench_rows(RESULTS / "bench_v6.json") if r["status"] == "ok"]
+    shapes = sorted({(r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], bool(r["causal"]))
+                     for r in rows})
+    lines = ["| dtype | B, H, M = N, D | causal | SDPA default µs | flash | cuDNN | efficient | "
+             "default matches | V6 µs |", "|---|---|---|--:|--:|--:|--:|---|--:|"]
+    for dtype, B, H, L, D, causal in shapes:
+        got = {r["version"]: r["median_us"] for r in rows if (r["dtype"], r["batch_size"], r["num_heads"],
+               r["seq_len_q"], r["head_dim"], bool(r["causal"])) == (dtype, B, H, L, D, causal)}
+        if "sdpa" not in got:
+            continue
+        forced = {k: got[k] for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient") if k in got}
+        match = min(forced, key=lambda k: abs(forced[k] - got["sdpa"])) if forced else None
+        cells = [f"{got[k]:,.1f}" if k in got else "—" for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "v6")]
+        lines.append(f"| {dtype} | {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | {got['sdpa']:,.1f} | "
+                     f"{' | '.join(cells[:3])} | {label(match) if match else '—'} | {cells[3]} |")
+    return md("\n".join(lines) + "\n\nOne recorded run (`results/h200/bench_v6.json`); a backend that does not "
+              "take a dtype (FlashAttention-2 and cuDNN take no float32) has no entry.")

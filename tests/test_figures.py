@@ -1,0 +1,121 @@
+"""The book's figures are legible: drawn with the Agg backend from the committed records, checked for size,
+tick labels and line styles (the properties a reader relies on)."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from flashattn import figures, notebook  # noqa: E402
+from flashattn.records import primary_rows  # noqa: E402
+from flashattn.table import label  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _book_defaults():
+    notebook.setup()     # the book's dpi and fonts
+    yield
+    plt.close("all")
+
+
+def pixels(fig):
+    w, h = fig.get_size_inches() * fig.dpi
+    return int(w), int(h)
+
+
+def test_register_tile_is_large_and_labelled():
+    fig = figures.fig_register_tile(show=False)
+    w, h = pixels(fig)
+    assert w >= 1000 and h >= 800, (w, h)
+    tile, block = fig.axes[:2]
+    t = figures.v5_default_tiles()[64]
+    threads = (t["B_r"] // t["TM"]) * (t["B_c"] // t["TN"])
+    numbers = sorted(int(x.get_text()) for x in block.texts)
+    assert numbers == list(range(threads)), "the enlarged block names the owner of every cell"
+    markers = [c for c in tile.collections if c.get_offsets().shape[0] > 0 and c.get_offsets().ndim == 2]
+    owned = [c.get_offsets().shape[0] for c in markers if c.get_offsets().shape[1] == 2]
+    assert owned.count(t["TM"] * t["TN"]) == 4, "each highlighted thread shows its T_M x T_N elements"
+    assert min(x.get_fontsize() for x in block.texts) >= 9
+
+
+def test_scaling_ticks_are_the_sequence_lengths():
+    rows = primary_rows()
+    if not rows:
+        pytest.skip("no recorded benchmark (results/h200/bench.json)")
+    fig = figures.fig_scaling(show=False)
+    fig.canvas.draw()
+    lens = sorted({r["seq_len_q"] for r in rows})
+    for ax in fig.axes:
+        shown = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert shown == [f"{n:,}" for n in lens]
+        assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()], "minor labels overprint"
+    assert pixels(fig)[0] >= 1000
+
+
+def test_attention_bytes_ticks_are_plain_numbers():
+    fig = figures.fig_attention_bytes(show=False)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        shown = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert shown and all(s.replace(",", "").isdigit() for s in shown), shown
+
+
+@pytest.mark.parametrize("versions,highlight", [(["v1", "v4", "v5"], "v5"), (["v4", "v5", "v6"], "v6")])
+def test_roofline_measured_and_datasheet_roofs_differ(versions, highlight):
+    fig = figures.roofline(versions, highlight=highlight, show=False)
+    (ax,) = fig.axes
+    roofs = {ln.get_label(): (ln.get_linestyle(), ln.get_color()) for ln in ax.get_lines()
+             if ln.get_label().startswith(("measured", "datasheet", "Nsight"))}
+    kinds = {}
+    for name, (style, _) in roofs.items():
+        kinds.setdefault(name.split()[0], set()).add(style)
+    assert {"measured", "datasheet"} <= set(kinds)
+    assert all(len(s) == 1 for s in kinds.values()), "one line style per kind of roof"
+    styles = [next(iter(s)) for s in kinds.values()]
+    assert len(set(styles)) == len(styles), "each kind of roof has its own line style"
+    assert len(set(roofs.values())) == len(roofs), "no two roofs look the same"
+    if highlight == "v6":
+        assert any("BF16" in n for n in roofs) and any("TF32" in n for n in roofs)
+    texts = {t.get_text() for t in ax.texts}
+    assert {label(v) for v in versions} <= texts
+
+
+def test_book_css_scrolls_wide_tables():
+    from pathlib import Path
+    css = (Path(__file__).resolve().parent.parent / "book" / "_static" / "book.css").read_text()
+    assert "overflow-x: auto" in css and "table" in css
+
+
+def test_staircase_has_every_step_in_book_order_with_its_factor():
+    s = figures.steps()
+    if not s:
+        pytest.skip("no recorded benchmark (results/h200/bench.json)")
+    names = [r["step"] for r in s]
+    assert names[:6] == ["V0", "V1", "V2", "V3", "V4", "V5"] and "V6 (bf16)" in names
+    fig = figures.fig_staircase(show=False)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == names
+    factors = [t.get_text() for t in ax.texts if t.get_text().endswith("×")]
+    same_dtype_pairs = sum(1 for a, b in zip(s, s[1:]) if a["dtype"] == b["dtype"])
+    assert len(factors) == same_dtype_pairs
+    expected = s[2]["median_us"] and s[1]["median_us"] / s[2]["median_us"]
+    assert f"{expected:.2f}×" in factors
+    assert pixels(fig)[0] >= 1000
+
+
+def test_roof_table_judges_each_step_by_its_own_roof():
+    c = figures.ceilings()
+    text = figures.roof_table().data
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| V")}
+    for step, key in (("V5", "fp32"), ("V6 (TF32)", "tf32"), ("V6 (bf16)", "bf16")):
+        if step in rows:
+            assert f"| {c[key] / 1e12:.1f} |" in rows[step], (step, rows[step])
+
+
+def test_rtx4080_reference_names_its_source_and_matches_the_table():
+    ref = figures.rtx4080()
+    assert "original description" in ref["source"] and ref["device"]["sm_count"] == 76
+    text = figures.rtx4080_table().data
+    assert f"{ref['latency_us']['v4']:,.1f}" in text
+    assert f"{ref['latency_us']['v3'] / ref['latency_us']['v4']:.2f}×" in text

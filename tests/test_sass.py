@@ -1,0 +1,99 @@
+"""flashattn.sass: the hot loops' instruction mix, from nvcc and nvdisasm, without a GPU."""
+import importlib.util
+
+import pytest
+
+from flashattn import sass
+
+REASON = sass.tool_missing_reason()
+needs_tools = pytest.mark.skipif(REASON is not None, reason=f"cannot disassemble here: {REASON}")
+
+V6_BF16_D64 = "<__nv_bfloat16, 64, 2, 64, 4, false, 2, false, false>"
+
+# Two nested loops and the never-taken branch to itself after EXIT, in nvdisasm -c -g's format.
+LISTING = """
+//--------------------- .text._Z4kernPf --------------------------
+.text._Z4kernPf:
+	//## File "k.cu", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+	//## File "k.cu", line 12
+        /*0010*/                   LDS.128 R4, [R2] ;
+.L_x_1:
+	//## File "k.cu", line 13
+        /*0020*/                   FFMA R8, R4, R5, R8 ;
+        /*0030*/                   FFMA R9, R6, R7, R9 ;
+        /*0040*/               @P0 BRA `(.L_x_1) ;
+	//## File "k.cu", line 15
+        /*0050*/                   MUFU.EX2 R10, R9 ;
+        /*0060*/              @!P1 BRA `(.L_x_0) ;
+        /*0070*/                   EXIT ;
+.L_x_2:
+        /*0080*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_parse_finds_loops_and_classes():
+    (fn,) = sass.parse(LISTING)
+    assert fn.name == "_Z4kernPf" and len(fn.instructions) == 9
+    assert [(lp.start, lp.end) for lp in fn.loops()] == [(0x10, 0x60), (0x20, 0x40)]
+    hot = fn.hot_loop()
+    assert (hot.start, hot.end) == (0x20, 0x40) and hot.lines == (13, 13)
+    assert hot.counts() == {"FFMA": 2, "branch": 1}
+    outer = fn.loops()[0]
+    assert outer.opcodes()["LDS.128"] == 1 and outer.counts()["MUFU"] == 1
+    assert fn.instructions[4].predicate.strip() == "@P0" and fn.instructions[4].target == ".L_x_1"
+
+
+def test_classes_do_not_overlap_and_unknown_is_other():
+    seen = [op for ops in sass.CLASSES.values() for op in ops]
+    assert len(seen) == len(set(seen)), "an opcode is listed in two classes"
+    assert sass.class_of("FFMA") == "FFMA" and sass.class_of("NOTANOPCODE") == "other"
+
+
+def test_tool_is_found_where_triton_is_installed():
+    """CI has no CUDA toolkit of its own but installs torch, which brings triton and its nvdisasm."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed, so there is no bundled nvdisasm to find")
+    path = sass.find_tool("nvdisasm")
+    assert path is not None, "triton is installed but its nvdisasm was not found"
+
+
+@needs_tools
+def test_v4_loop_is_ffma_and_shared_loads_without_local_memory():
+    fn = sass.function("v4")
+    hot = fn.hot_loop().counts()
+    assert hot["FFMA"] > 0 and hot["LDS"] > 0
+    assert all(lp.counts()["LDL/STL"] == 0 for lp in fn.innermost_loops())
+    assert not any(i.opcode in ("LDL", "STL") for i in fn.instructions)
+
+
+@needs_tools
+def test_v5_hot_loop_is_almost_all_ffma():
+    hot = sass.function("v5").hot_loop()
+    assert hot.counts()["FFMA"] / len(hot.instructions) > 0.85
+    assert hot.counts()["FFMA"] > 8 * hot.counts()["LDS"]
+
+
+@needs_tools
+def test_v6_hot_loop_uses_tensor_cores_and_ldmatrix():
+    fn = sass.function("v6", V6_BF16_D64)
+    hot = fn.hot_loop().counts()
+    assert hot["HMMA"] > 0 and hot["LDSM"] > 0 and hot["LDL/STL"] == 0
+
+
+@needs_tools
+def test_table_and_excerpt():
+    table = sass.loop_table("v4")
+    head, rule, *rows = table.splitlines()
+    assert head.startswith("| loop: its most frequent source line | instructions |") and "FFMA share" in head
+    assert len(rows) == len(sass.function("v4").innermost_loops()) and rule.count("|") == head.count("|")
+    assert any("LDS.128" in r for r in rows), "V4's 16-byte Q broadcasts show in the width column"
+    text = sass.excerpt(sass.function("v4").hot_loop(), 5)
+    assert len(text.splitlines()) == 6 and "more instructions" in text
+
+
+@needs_tools
+def test_unknown_kernel_names_the_kernels():
+    with pytest.raises(ValueError, match="flash_v4_kernel"):
+        sass.function("v4", "no such kernel")
