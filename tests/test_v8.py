@@ -16,9 +16,7 @@ compute-sanitizer (memcheck, racecheck, synccheck) per variant, running this fil
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -33,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_v7  # noqa: E402
-from conftest import needs_gpu  # noqa: E402
-from test_v7 import DTYPES, SHAPES, check, cuda_tool, is_hopper, sass_functions  # noqa: E402
+from conftest import every_half_case, needs_gpu, run_sanitized, sanitizer_cases  # noqa: E402
+from test_v7 import DTYPES, SHAPES, check, is_hopper, sass_functions  # noqa: E402
 
 # The chapter's steps, one change each (macros of kernels/v8.cu); "default" is the last step.
 VARIANTS = {
@@ -206,9 +204,7 @@ def test_matches_float64(v8, dtype, causal, D, M, N, B, H):
 
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@every_half_case
 def test_large_logits(v8, dtype, D, causal):
     # q x 20: scores far beyond exp's range without the running max
     check(v8, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=23 + D, q_scale=20.0)
@@ -249,17 +245,8 @@ SANITIZE_SHAPES = [(1, 2, 64, 64), (1, 1, 300, 20), (2, 1, 200, 333)]
 def sanitize_target(variant: str) -> None:
     """What the sanitizer runs: both head dims and masks on the shapes above, one line per call so that a
     report names the call before it; the default build in both dtypes, the steps in bf16."""
-    mod = build_v8(variant)
     dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
-    for B, H, M, N in SANITIZE_SHAPES:
-        for D in (64, 128):
-            for dtype in dtypes:
-                for causal in (False, True):
-                    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for L in (M, N, N))
-                    out = mod.forward(q, k, v, causal)
-                    torch.cuda.synchronize()
-                    assert torch.isfinite(out).all()
-                    print(f"ran v8 {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+    sanitizer_cases(build_v8(variant).forward, "v8", SANITIZE_SHAPES, dtypes)
 
 
 @needs_gpu
@@ -268,14 +255,7 @@ def sanitize_target(variant: str) -> None:
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean(tool, variant):
     build_v8(variant)   # outside the sanitizer: nvcc under it is slow
-    cmd = [cuda_tool("compute-sanitizer"), f"--tool={tool}", "--error-exitcode=99", sys.executable,
-           str(Path(__file__).resolve()), "--sanitize", variant]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-4000:]
-    ran = [line for line in out.splitlines() if line.startswith("ran v8 ")]
+    out, ran = run_sanitized(tool, Path(__file__).resolve(), "--sanitize", variant, tag="ran v8 ")
     assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
 
 
