@@ -29,7 +29,8 @@
 //   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
 //   masked; the row blocks with the most key tiles are launched first. No persistent grid yet.
 //   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
-//   computes and thread 0 also copies.
+//   computes and thread 0 also copies; v7's tiles (2 warpgroups and two blocks per SM at D=64, 3 at
+//   D=128).
 //
 // Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
