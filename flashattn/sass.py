@@ -55,6 +55,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
                "BPT", "ACQBULK", "ELECT", "ENDCOLLECTIVE"),
 }
 _CLASS_OF = {op: cls for cls, ops in CLASSES.items() for op in ops}
+SPIN = 8     # a loop of at most this many instructions is a wait (poll) loop, not work
 
 _SECTION = re.compile(r"^\.text\.(\S+):")
 _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
@@ -135,8 +136,9 @@ class Function:
         return sorted(found, key=lambda lp: (lp.start, lp.end))
 
     def innermost_loops(self) -> list[Loop]:
-        """Loops that contain no other loop: where a kernel spends its time."""
-        loops = self.loops()
+        """Loops that contain no other loop: where a kernel spends its time. A wait loop of a few
+        instructions (an mbarrier poll) does not count as a loop, so the loop around it stays innermost."""
+        loops = [lp for lp in self.loops() if len(lp.instructions) > SPIN]
         return [a for a in loops
                 if not any(b is not a and a.start <= b.start and b.end <= a.end for b in loops)]
 

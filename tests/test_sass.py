@@ -10,8 +10,10 @@ needs_tools = pytest.mark.skipif(REASON is not None, reason=f"cannot disassemble
 
 V6_BF16_D64 = "<__nv_bfloat16, 64, 2, 64, 4, false, 2, false, false>"
 
-# Two nested loops and the never-taken branch to itself after EXIT, in nvdisasm -c -g's format.
-LISTING = """
+# Two nested loops, a wait (poll) loop inside the outer one, and the never-taken branch to itself after
+# EXIT, in nvdisasm -c -g's format.
+FFMAS = "".join(f"        /*{0x20 + 0x10 * k:04x}*/                   FFMA R8, R4, R5, R8 ;\n" for k in range(9))
+LISTING = f"""
 //--------------------- .text._Z4kernPf --------------------------
 .text._Z4kernPf:
 	//## File "k.cu", line 10
@@ -21,28 +23,31 @@ LISTING = """
         /*0010*/                   LDS.128 R4, [R2] ;
 .L_x_1:
 	//## File "k.cu", line 13
-        /*0020*/                   FFMA R8, R4, R5, R8 ;
-        /*0030*/                   FFMA R9, R6, R7, R9 ;
-        /*0040*/               @P0 BRA `(.L_x_1) ;
+{FFMAS}        /*00b0*/               @P0 BRA `(.L_x_1) ;
 	//## File "k.cu", line 15
-        /*0050*/                   MUFU.EX2 R10, R9 ;
-        /*0060*/              @!P1 BRA `(.L_x_0) ;
-        /*0070*/                   EXIT ;
+        /*00c0*/                   MUFU.EX2 R10, R9 ;
+.L_x_3:
+        /*00d0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R0], RZ ;
+        /*00e0*/              @!P1 BRA `(.L_x_3) ;
+        /*00f0*/              @!P1 BRA `(.L_x_0) ;
+        /*0100*/                   EXIT ;
 .L_x_2:
-        /*0080*/                   BRA `(.L_x_2) ;
+        /*0110*/                   BRA `(.L_x_2) ;
 """
 
 
 def test_parse_finds_loops_and_classes():
     (fn,) = sass.parse(LISTING)
-    assert fn.name == "_Z4kernPf" and len(fn.instructions) == 9
-    assert [(lp.start, lp.end) for lp in fn.loops()] == [(0x10, 0x60), (0x20, 0x40)]
+    assert fn.name == "_Z4kernPf" and len(fn.instructions) == 18
+    assert [(lp.start, lp.end) for lp in fn.loops()] == [(0x10, 0xF0), (0x20, 0xB0), (0xD0, 0xE0)]
     hot = fn.hot_loop()
-    assert (hot.start, hot.end) == (0x20, 0x40) and hot.lines == (13, 13)
-    assert hot.counts() == {"FFMA": 2, "branch": 1}
+    assert (hot.start, hot.end) == (0x20, 0xB0) and hot.lines == (13, 13)
+    assert hot.counts() == {"FFMA": 9, "branch": 1}
+    assert [(lp.start, lp.end) for lp in fn.innermost_loops()] == [(0x20, 0xB0)], "the poll loop is no loop"
     outer = fn.loops()[0]
-    assert outer.opcodes()["LDS.128"] == 1 and outer.counts()["MUFU"] == 1
-    assert fn.instructions[4].predicate.strip() == "@P0" and fn.instructions[4].target == ".L_x_1"
+    assert outer.opcodes()["LDS.128"] == 1 and outer.counts()["MUFU"] == 1 and outer.counts()["BAR/sync"] == 1
+    bra = fn.instructions[11]
+    assert bra.opcode == "BRA" and bra.predicate.strip() == "@P0" and bra.target == ".L_x_1"
 
 
 def test_classes_do_not_overlap_and_unknown_is_other():
