@@ -119,3 +119,24 @@ def test_rtx4080_reference_names_its_source_and_matches_the_table():
     text = figures.rtx4080_table().data
     assert f"{ref['latency_us']['v4']:,.1f}" in text
     assert f"{ref['latency_us']['v3'] / ref['latency_us']['v4']:.2f}×" in text
+
+
+def test_wide_figures_of_the_chapters_use_the_full_width():
+    """The page's text column is about 690 px at 1280 px; a figure drawn wider would shrink its text unless
+    its cell is tagged full-width (about 930 px in sphinx-book-theme)."""
+    import base64
+    import struct
+    from pathlib import Path
+
+    import nbformat
+    book = Path(__file__).resolve().parent.parent / "book"
+    narrow = []
+    for name in ("intro", "online_softmax", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "results"):
+        for c in nbformat.read(book / f"{name}.ipynb", as_version=4).cells:
+            for o in c.get("outputs", []) if c.cell_type == "code" else []:
+                png = o.get("data", {}).get("image/png")
+                if png:
+                    width = struct.unpack(">I", base64.b64decode(png)[16:20])[0]
+                    if width > 800 and "full-width" not in c.metadata.get("tags", []):
+                        narrow.append((name, c.source[:40], width))
+    assert not narrow, narrow
