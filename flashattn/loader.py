@@ -131,6 +131,31 @@ def check_device(kernel: str) -> None:
                            f"{have[0]}.{have[1]}")
 
 
+def load_inline_kwargs(kernel: str, extra_cuda_cflags=None, module_name: str | None = None,
+                       functions=("forward",), archs=None, extra_ldflags=None) -> dict:
+    """The keyword arguments `build` passes to torch.utils.cpp_extension.load_inline, less the source text
+    (cpp_sources and cuda_sources are both the file's text) and `verbose`."""
+    # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
+    # kernel with other tile macros without editing the files.
+    env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
+    archs = archs or version_archs(kernel) or arch_list()
+    return dict(name=module_name or f"flashattn_{kernel}", functions=list(functions), extra_cflags=["-O2"],
+                extra_cuda_cflags=NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or []),
+                extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True)
+
+
+def load_inline_call(kernel: str) -> str:
+    """The Python a reader can run without this package to build kernels/<kernel>.cu as `load` does: the
+    same load_inline call with the same arguments (from load_inline_kwargs, so the two cannot drift)."""
+    kw = load_inline_kwargs(kernel)
+    if not kw["extra_ldflags"]:
+        del kw["extra_ldflags"]
+    args = ",\n    ".join(f"{k}={v!r}" for k, v in kw.items())
+    return ("from pathlib import Path\nfrom torch.utils.cpp_extension import load_inline\n\n"
+            f'src = Path("kernels/{kernel}.cu").read_text()   # nvcc and the host compiler get the same text\n'
+            f"module = load_inline(\n    cpp_sources=src, cuda_sources=src,\n    {args})\n")
+
+
 def build(kernel: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
           module_name: str | None = None, src: str | None = None, functions=("forward",),
           archs: list[str] | None = None, extra_ldflags: list[str] | None = None):
@@ -150,16 +175,9 @@ def build(kernel: str, extra_cuda_cflags: list[str] | None = None, verbose: bool
     if cuda_home:
         ext.CUDA_HOME = cuda_home
     src = source(kernel) if src is None else src
-    # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
-    # kernel with other tile macros without editing the files.
-    env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
-    archs = archs or version_archs(kernel) or arch_list()
-    flags = NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or [])
+    kw = load_inline_kwargs(kernel, extra_cuda_cflags, module_name, functions, archs, extra_ldflags)
     start = time.perf_counter()
-    module = ext.load_inline(
-        name=module_name or f"flashattn_{kernel}", cpp_sources=src, cuda_sources=src,
-        functions=list(functions), extra_cflags=["-O2"], extra_cuda_cflags=flags,
-        extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True, verbose=verbose)
+    module = ext.load_inline(cpp_sources=src, cuda_sources=src, verbose=verbose, **kw)
     BUILD_SECONDS[module_name or kernel] = time.perf_counter() - start
     return module
 

@@ -87,3 +87,22 @@ def test_no_cuda_runtime_notice_is_dropped_and_nothing_else(caplog):
         log.warning("No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'")
         log.warning("another warning")
     assert "No CUDA runtime" not in caplog.text and "another warning" in caplog.text
+
+
+@pytest.mark.parametrize("version", ["v4", "v7"])
+def test_shown_load_inline_call_is_the_one_build_makes(version, monkeypatch, tmp_path):
+    """The load_inline call a chapter shows (loader.load_inline_call), run as written, passes exactly what
+    build() passes; both with a stub load_inline, so nothing compiles."""
+    calls = []
+    monkeypatch.setattr(loader.cpp_extension(), "load_inline", lambda **kw: calls.append(kw))
+    loader.build(version)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / f"{version}.cu").write_text(loader.source(version))
+    monkeypatch.chdir(tmp_path)
+    exec(loader.load_inline_call(version), {})
+    built, shown = calls
+    assert built.pop("verbose") is False and "verbose" not in shown
+    shown.setdefault("extra_ldflags", [])          # the shown call leaves out an empty linker list
+    assert shown == built
+    assert built["cpp_sources"] == built["cuda_sources"] == loader.source(version)
+    assert loader.gencode_flags(loader.version_archs(version) or loader.arch_list())[0] in shown["extra_cuda_cflags"]
