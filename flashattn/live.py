@@ -85,15 +85,17 @@ def default_shapes(version: str) -> list[tuple]:
     return [(1, 1, 1, 1, D), (2, 3, 113, 203, D), (1, 2, 1000, 17, D), (1, 1, 17, 2048, D), (4, 12, 512, 512, D)]
 
 
-def correctness(version: str, shapes=None, dtype=torch.float32, causal: bool = False, scale: float = 1.0):
+def correctness(version: str, shapes=None, dtype=torch.float32, causal: bool = False, scale: float = 1.0,
+                files=("bench.json", "bench_v6.json")):
     """Relative error ||out - ref|| / ||ref|| against the float64 reference, per shape (live), or the
-    error the H200 benchmark recorded at its smallest shape (no GPU)."""
+    error the H200 benchmark recorded at its smallest shape in the benchmark `files` of results/h200
+    (no GPU; e.g. files=("bench_v7.json",) for V7)."""
     if not gpu():
         print(NO_GPU.format(what="the errors"))
-        rows = [r for r in bench_rows() + bench_rows(RESULTS / "bench_v6.json")
+        rows = [r for f in files for r in bench_rows(RESULTS / f)
                 if r["version"] == version and r.get("rel_error") is not None]
         if not rows:
-            return md("*No recorded benchmark yet (`results/h200/bench.json`).*")
+            return md(f"*No recorded benchmark yet (`results/h200/{files[0]}`).*")
         lines = ["| B, H, M, N, D | dtype | causal | relative error |", "|---|---|---|--:|"]
         for r in rows:
             lines.append(f"| {r['batch_size']}, {r['num_heads']}, {r['seq_len_q']}, {r['seq_len_kv']}, "
