@@ -225,7 +225,10 @@ def summarize(path, kernel: str | None = None) -> dict:
             best = achieved
             s.update(tensor_path=match.group(1), tensor_ops_per_s=achieved * sm_hz,
                      tensor_peak_ops_per_s=peak * sm_hz)
-    s["tensor_pipe_pct"] = next((v for v in (_f(action, n) for n in TENSOR_PIPE) if v is not None), None)
+    # the largest: mma.sync (v6) shows on both the hmma and the whole-pipe counter, wgmma (v7) only on
+    # the whole-pipe one, with the hmma counter at 0
+    pipes = [v for v in (_f(action, n) for n in TENSOR_PIPE) if v is not None]
+    s["tensor_pipe_pct"] = max(pipes) if pipes else None
 
     work = (s["fp32_flops_per_s"] or 0) + (s["tensor_ops_per_s"] or 0)
     bw = s["dram_bytes_per_s"]
