@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import write_bench_file
 
-from flashattn import figures, live, notebook, records, tiles
+from flashattn import figures, layouts, live, notebook, records, tiles
 from flashattn.table import label
 from flashattn.versions import INFO, VERSIONS
 
@@ -83,8 +83,8 @@ def test_online_softmax_trace_equals_direct_sum():
     lambda: figures.fig_roofline_model(), lambda: figures.fig_attention_bytes(),
     lambda: figures.fig_online_softmax(), lambda: figures.fig_v0_dataflow(), lambda: figures.fig_grid_fill(),
     lambda: figures.fig_loop_order(), lambda: figures.fig_warp_ownership(), lambda: figures.fig_bank_mapping(),
-    lambda: figures.fig_register_tile(), lambda: figures.fig_pipeline(), lambda: figures.fig_mma_fragment(),
-    lambda: figures.fig_swizzle(), lambda: figures.fig_smem_stack(("v1", "v2", "v3", "v4")),
+    lambda: figures.fig_register_tile(), lambda: figures.fig_pipeline(), lambda: layouts.fig_mma_fragment(),
+    lambda: layouts.fig_swizzle(), lambda: figures.fig_smem_stack(("v1", "v2", "v3", "v4")),
     lambda: figures.roofline(["v4"], highlight="v4"), lambda: figures.fig_scaling(),
 ])
 def test_figures_draw(draw, monkeypatch):

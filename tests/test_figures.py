@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn import figures, notebook  # noqa: E402
+from flashattn import figures, notebook, summary  # noqa: E402
 from flashattn.records import primary_rows  # noqa: E402
 from flashattn.table import label  # noqa: E402
 
@@ -88,12 +88,12 @@ def test_book_css_scrolls_wide_tables():
 
 
 def test_staircase_has_every_step_in_book_order_with_its_factor():
-    s = figures.steps()
+    s = summary.steps()
     if not s:
         pytest.skip("no recorded benchmark (results/h200/bench.json)")
     names = [r["step"] for r in s]
     assert names[:6] == ["V0", "V1", "V2", "V3", "V4", "V5"] and "V6 (bf16)" in names
-    fig = figures.fig_staircase(show=False)
+    fig = summary.fig_staircase(show=False)
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == names
     factors = [t.get_text() for t in ax.texts if t.get_text().endswith("×")]
@@ -105,8 +105,8 @@ def test_staircase_has_every_step_in_book_order_with_its_factor():
 
 
 def test_roof_table_judges_each_step_by_its_own_roof():
-    c = figures.ceilings()
-    text = figures.roof_table().data
+    c = summary.ceilings()
+    text = summary.roof_table().data
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| V")}
     for step, key in (("V5", "fp32"), ("V6 (TF32)", "tf32"), ("V6 (bf16)", "bf16")):
         if step in rows:
@@ -114,9 +114,9 @@ def test_roof_table_judges_each_step_by_its_own_roof():
 
 
 def test_rtx4080_reference_names_its_source_and_matches_the_table():
-    ref = figures.rtx4080()
+    ref = summary.rtx4080()
     assert "original description" in ref["source"] and ref["device"]["sm_count"] == 76
-    text = figures.rtx4080_table().data
+    text = summary.rtx4080_table().data
     assert f"{ref['latency_us']['v4']:,.1f}" in text
     assert f"{ref['latency_us']['v3'] / ref['latency_us']['v4']:.2f}×" in text
 

@@ -1,6 +1,11 @@
-"""Layouts of Hopper's own instructions, as arithmetic and figures for the V7 chapter.
+"""Where the tensor-core instructions keep their operands, as arithmetic and figures for the V6 and V7
+chapters.
 
-Two layouts decide how V7 is written:
+V6 (mma.sync): the m16n8k16 accumulator fragment, whose placement is also the A operand of the next
+product, and the shared-memory swizzle (16-byte chunk c of row r at c ^ (r mod 8)) that keeps ldmatrix
+free of bank conflicts. The arithmetic of both lives in flashattn.geometry; the figures are here.
+
+V7 (Hopper's own instructions): two layouts decide how it is written:
 
 * **the wgmma accumulator.** `wgmma.mma_async.m64nNk16` is issued by a *warpgroup* (four consecutive warps)
   and leaves a 64 x N fp32 tile spread over its 128 threads. Warp w holds rows 16w..16w+15, and inside
@@ -17,6 +22,8 @@ Everything here is plain arithmetic from the PTX ISA's description of those layo
 from __future__ import annotations
 
 import numpy as np
+
+from .geometry import mma_accumulator_owner, swizzle
 
 WARPGROUP_WARPS = 4
 SWIZZLE_BYTES = 128        # CU_TENSOR_MAP_SWIZZLE_128B / wgmma swizzle mode 1
@@ -96,4 +103,47 @@ def fig_tma_swizzle(rows: int = 8, d: int = 128, elem_bytes: int = 2):
         ax.title.set_fontsize(9)
     fig.suptitle(f"128-byte swizzle of a [{rows}, {d}] {8 * elem_bytes}-bit tile: chunk c of row r lands in "
                  "slot c XOR (r mod 8); the numbers are the tile's columns", fontsize=9)
+    plt.show()
+
+
+def fig_mma_fragment():
+    """m16n8k16: which lane of the warp holds which element of the 16 x 8 accumulator tile C (and
+    hence of P), and how two neighbouring n8 tiles form one k16 slice of the A operand."""
+    import matplotlib.pyplot as plt
+    own = mma_accumulator_owner(16, 16)
+    fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
+    ax.imshow(own % 4, cmap="Pastel1", vmin=0, vmax=8)
+    for r in range(16):
+        for c in range(16):
+            reg = (c % 2) + 2 * (r >= 8)
+            ax.text(c, r, f"{own[r, c]}\nc{reg}", ha="center", va="center", fontsize=6.5)
+    ax.axvline(7.5, color="k", lw=2)
+    ax.set_xticks(range(16))
+    ax.set_yticks(range(16))
+    ax.set(xlabel="key column (two n8 accumulator tiles = one k16 slice of P)", ylabel="query row",
+           title="S/P accumulator fragment of m16n8k16: lane (top) and its register c0..c3 (bottom)\n"
+                 "lane = 4·(row mod 8) + column/2 : the same placement the A operand of the next mma expects")
+    ax.title.set_fontsize(9)
+    plt.show()
+
+
+def fig_swizzle():
+    """ldmatrix reads one 16-byte chunk from each of 8 rows: without the swizzle all 8 chunks sit in the
+    same 4 banks; with chunk ^ (row % 8) they cover all 32 banks."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    for ax, swz in zip(axes, (False, True)):
+        grid = np.full((8, 8), np.nan)
+        for r in range(8):
+            grid[r, swizzle(r, 0) if swz else 0] = r
+        ax.imshow(grid, cmap="tab10", vmin=0, vmax=9)
+        for r in range(8):
+            c = swizzle(r, 0) if swz else 0
+            ax.text(c, r, f"row {r}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(8), [f"{4 * c}-{4 * c + 3}" for c in range(8)], fontsize=7)
+        ax.set(xlabel="banks of the 16-byte chunk (128-byte row)", ylabel="row of the tile",
+               title=("swizzled: chunk 0 of row r at chunk r: 8 rows, 32 banks, 1 wavefront" if swz else
+                      "plain row-major: chunk 0 of 8 rows, 4 banks, 8 wavefronts"))
+        ax.title.set_fontsize(9)
     plt.show()

@@ -1,0 +1,197 @@
+"""The results chapter's view across versions: every step on one staircase, each version's share of its
+own roof with its recorded error, PyTorch's backends on the H200, and the comparison with the RTX 4080
+figures of the project's original description (results/reference/rtx4080.json).
+
+Everything reads committed records (results/h200/, results/reference/), so the output is the same with or
+without a GPU.
+"""
+from __future__ import annotations
+
+from .figures import ROOF_COLORS, _done, datasheet_roofs
+from .records import ceilings, primary_rows, profile_summary
+from .table import label
+
+# ------------------------------------------------------------------------------------ the results chapter
+# What each version's arithmetic runs on, by the dtype of its inputs: the roof it should be judged against.
+ROOF_OF = {("float32", False): ("fp32", "FP32 CUDA cores"), ("float32", True): ("tf32", "TF32 tensor cores"),
+           ("bfloat16", True): ("bf16", "BF16 tensor cores")}
+TENSOR_VERSIONS = ("v6", "v7")
+
+
+def _primary(file: str, dtype: str) -> dict[str, dict]:
+    """{version: row} at the primary shape (B=4, H=12, M=N=2048, D=64, non-causal) of a recorded file."""
+    from .notebook import PRIMARY
+    return {r["version"]: r for r in primary_rows(dtype=dtype, file=file) if r["seq_len_q"] == PRIMARY["L"]}
+
+
+def _recorded_error(file: str, dtype: str, version: str) -> tuple[float | None, int | None]:
+    """The relative error against float64 recorded for `version` in `file`: at the primary shape when the
+    file has it there, else at the shortest sequence length that has one (bench.json checks accuracy at
+    its first length only). (error, sequence length)."""
+    rows = sorted((r for r in primary_rows(dtype=dtype, file=file)
+                   if r["version"] == version and r.get("rel_error") is not None), key=lambda r: r["seq_len_q"])
+    at = [r for r in rows if r["seq_len_q"] == 2048] or rows
+    return (at[0]["rel_error"], at[0]["seq_len_q"]) if at else (None, None)
+
+
+def steps(include_v7: bool = True) -> list[dict]:
+    """The staircase: every version at the primary shape, in book order. V0-V5 and V6's TF32 mode with
+    float32 inputs (results/h200/bench.json); V6 and V7 in bf16 (bench_v6.json, bench_v7.json when it is
+    recorded). Each step carries its latency, TFLOP/s, roof, recorded error and source file."""
+    from .records import RESULTS
+    out = []
+    fp32 = _primary("bench.json", "float32")
+    for v in ("v0", "v1", "v2", "v3", "v4", "v5", "v6"):
+        if v in fp32:
+            out.append(dict(fp32[v], step=label(v) + (" (TF32)" if v == "v6" else ""), file="bench.json",
+                            roof=ROOF_OF[("float32", v in TENSOR_VERSIONS)]))
+    for v, file in (("v6", "bench_v6.json"), ("v7", "bench_v7.json")):
+        if v == "v7" and (not include_v7 or not (RESULTS / file).exists()):
+            continue
+        rows = _primary(file, "bfloat16")
+        if v in rows:
+            out.append(dict(rows[v], step=f"{label(v)} (bf16)", file=file, roof=ROOF_OF[("bfloat16", True)]))
+    for s in out:
+        s["error"], s["error_at"] = _recorded_error(s["file"], s["dtype"], s["version"])
+    return out
+
+
+def fig_staircase(show: bool = True):
+    """Latency of every step at the primary shape on one log axis, each step labelled with its speedup
+    over the one before; PyTorch's SDPA in the same dtype as a dashed reference over its part."""
+    import matplotlib.pyplot as plt
+    s = steps()
+    if not s:
+        print("No recorded benchmark yet (results/h200/bench.json).")
+        return None
+    fig, ax = plt.subplots(figsize=(11, 5.2), constrained_layout=True)
+    x = list(range(len(s)))
+    us = [r["median_us"] for r in s]
+    colors = [ROOF_COLORS[r["roof"][0]] for r in s]
+    ax.bar(x, us, color=colors, width=0.62, alpha=0.85)
+    ax.step(x, us, where="mid", color="0.3", lw=1)
+    for i, r in enumerate(s):
+        ax.text(i, us[i] * 1.15, f"{us[i]:,.0f} µs", ha="center", fontsize=9,
+                bbox=dict(fc="white", ec="none", pad=0.5, alpha=0.85))
+        if i and s[i - 1]["dtype"] == r["dtype"]:
+            ax.text(i, us[i] / 1.9, f"{us[i - 1] / us[i]:.2f}×", ha="center", fontsize=9, color="white",
+                    fontweight="bold")
+    for dtype, file in (("float32", "bench.json"), ("bfloat16", "bench_v6.json")):
+        idx = [i for i, r in enumerate(s) if r["dtype"] == dtype]
+        ref = _primary(file, dtype).get("sdpa")
+        if idx and ref:
+            ax.hlines(ref["median_us"], idx[0] - 0.4, idx[-1] + 0.4, colors="black", linestyles="--", lw=1.2)
+            ax.text(idx[-1] + 0.42, ref["median_us"], f"SDPA {dtype}\n{ref['median_us']:,.0f} µs", va="center",
+                    fontsize=8)
+    split = next((i for i, r in enumerate(s) if r["dtype"] != "float32"), None)
+    if split is not None:
+        ax.axvline(split - 0.5, color="0.5", lw=1)
+        ax.text(split - 0.45, max(us) * 2, "bf16 inputs →", fontsize=9, color="0.3", va="center")
+    ax.set_xticks(x, [r["step"] for r in s])
+    ax.set_yscale("log")
+    ax.set_ylim(min(us) / 3, max(us) * 3)
+    ax.set_xlim(-0.6, len(s) - 0.1 + (0.9 if split is not None else 0.6))
+    ax.set(ylabel="latency [µs], log scale",
+           title="Every step at B=4, H=12, M=N=2048, D=64 (white: speedup over the step before)")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=ROOF_COLORS[k], label=ROOF_OF[key][1]) for key in ROOF_OF
+                       for k in [ROOF_OF[key][0]] if any(r["roof"][0] == k for r in s)],
+              loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize=9, title="arithmetic on",
+              title_fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.25)
+    return _done(fig, show)
+
+
+def roof_table():
+    """Each step against its own roof: float32 on CUDA cores against the measured SGEMM ceiling, TF32 and
+    bf16 against the measured tensor-core GEMM ceilings; with the recorded error against float64."""
+    from .notebook import md
+    c = ceilings()
+    lines = ["| step | arithmetic on | latency µs | TFLOP/s | measured roof TFLOP/s | share of its roof | "
+             "rel. error vs float64 | recorded in |", "|---|---|--:|--:|--:|--:|--:|---|"]
+    for r in steps():
+        key, name = r["roof"]
+        err = "—" if r["error"] is None else f"{r['error']:.1e}" + ("" if r["error_at"] == 2048 else
+                                                                     f" (N={r['error_at']})")
+        lines.append(f"| {r['step']} | {name} | {r['median_us']:,.1f} | {r['tflops']:.1f} | {c[key] / 1e12:.1f} | "
+                     f"{100 * r['tflops'] * 1e12 / c[key]:.1f}% | {err} | `{r['file']}` |")
+    for dtype, what in (("float32", "tensor cores, 3 TF32 products per product"), ("bfloat16", "BF16 tensor cores")):
+        ref = _primary("bench_v6.json", dtype).get("sdpa")       # the run that recorded SDPA's error too
+        if ref:
+            err, _ = _recorded_error("bench_v6.json", dtype, "sdpa")
+            lines.append(f"| *SDPA {dtype} (reference)* | {what} | {ref['median_us']:,.1f} | {ref['tflops']:.1f} | — "
+                         f"| — | {'—' if err is None else f'{err:.1e}'} | `bench_v6.json` |")
+    return md("\n".join(lines) + "\n\nFLOP = 4·B·H·M·N·D per call (the two products). Roofs: "
+              "`results/h200/ceilings.json`. Errors: the `rel_error` the benchmark recorded for the same "
+              "version and dtype, at M = N = 2048 unless a length is given.")
+
+
+def rtx4080() -> dict:
+    """The RTX 4080 figures of the project's original description (results/reference/rtx4080.json)."""
+    import json
+
+    from .records import RESULTS
+    return json.loads((RESULTS.parent / "reference" / "rtx4080.json").read_text())
+
+
+def rtx4080_table():
+    """The same versions at the same shape on the RTX 4080 (as published) and on the H200 (recorded):
+    latency, the factor each step gained on each GPU, and the theoretical blocks per SM of the profiles."""
+    from .notebook import md
+    ref = rtx4080()
+    h200 = _primary("bench.json", "float32")
+    lines = ["| version | RTX 4080 µs | H200 µs | H200 faster by | step gain, RTX 4080 | step gain, H200 | "
+             "blocks/SM, RTX 4080 | blocks/SM, H200 |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    prev = None
+    for v in ("baseline", "sdpa", "v0", "v1", "v2", "v3", "v4"):
+        a, b = ref["latency_us"].get(v), h200.get(v, {}).get("median_us")
+        if a is None or b is None:
+            continue
+        gain = ("—", "—")
+        if v.startswith("v") and prev is not None and prev.startswith("v"):
+            gain = (f"{ref['latency_us'][prev] / a:.2f}×", f"{h200[prev]['median_us'] / b:.2f}×")
+        rtx_blocks = ref["profiles"].get(v, {}).get("blocks_per_sm", "—")
+        s = profile_summary(v) if v in ("v1", "v2", "v3", "v4") else None
+        h_blocks = f"{s['blocks_per_sm']:.0f}" if s else "—"
+        lines.append(f"| {label(v)} | {a:,.1f} | {b:,.1f} | {a / b:.1f}× | {gain[0]} | {gain[1]} | {rtx_blocks} | "
+                     f"{h_blocks} |")
+        prev = v
+    return md("\n".join(lines) + f"\n\nRTX 4080: {ref['timing']['warmup']} warm-ups and "
+              f"{ref['timing']['repetitions']} timed calls, from `results/reference/rtx4080.json` (as "
+              "published in the project's original description). H200: `results/h200/bench.json` and the "
+              "recorded Nsight Compute reports.")
+
+
+def sdpa_vs_v4() -> dict:
+    """V4 against SDPA on both GPUs and the arithmetic rates behind it: {gpu: {...}}."""
+    ref = rtx4080()
+    h200 = _primary("bench.json", "float32")
+    sheet = datasheet_roofs()
+    return {"RTX 4080": {"v4_over_sdpa": ref["latency_us"]["sdpa"] / ref["latency_us"]["v4"],
+                         "tf32_over_fp32": ref["datasheet"]["tf32_tensor_tflops"] / ref["datasheet"]["fp32_tflops"]},
+            "H200": {"v4_over_sdpa": h200["sdpa"]["median_us"] / h200["v4"]["median_us"],
+                     "tf32_over_fp32": sheet["tf32"] / sheet["fp32"]}}
+
+
+def backend_table():
+    """Which of SDPA's backends its default choice matches on the H200, per recorded shape: the forced
+    backend whose latency is nearest the default's in the same run (results/h200/bench_v6.json)."""
+    from .notebook import md
+    from .records import RESULTS, bench_rows
+    rows = [r for r in bench_rows(RESULTS / "bench_v6.json") if r["status"] == "ok"]
+    shapes = sorted({(r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], bool(r["causal"]))
+                     for r in rows})
+    lines = ["| dtype | B, H, M = N, D | causal | SDPA default µs | flash | cuDNN | efficient | "
+             "default matches | V6 µs |", "|---|---|---|--:|--:|--:|--:|---|--:|"]
+    for dtype, B, H, L, D, causal in shapes:
+        got = {r["version"]: r["median_us"] for r in rows if (r["dtype"], r["batch_size"], r["num_heads"],
+               r["seq_len_q"], r["head_dim"], bool(r["causal"])) == (dtype, B, H, L, D, causal)}
+        if "sdpa" not in got:
+            continue
+        forced = {k: got[k] for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient") if k in got}
+        match = min(forced, key=lambda k: abs(forced[k] - got["sdpa"])) if forced else None
+        cells = [f"{got[k]:,.1f}" if k in got else "—" for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "v6")]
+        lines.append(f"| {dtype} | {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | {got['sdpa']:,.1f} | "
+                     f"{' | '.join(cells[:3])} | {label(match) if match else '—'} | {cells[3]} |")
+    return md("\n".join(lines) + "\n\nOne recorded run (`results/h200/bench_v6.json`); a backend that does not "
+              "take a dtype (FlashAttention-2 and cuDNN take no float32) has no entry.")
