@@ -104,6 +104,34 @@ def v7_tiles(D: int, macros: dict | None = None) -> dict:
     return dict(D=D, warpgroups=NWG, B_r=B_r, B_c=B_c, stages=stages, threads=128 * NWG, smem=smem)
 
 
+# ----------------------------------------------------------------------------------------- v8
+def v8_smem(D: int, NWG: int, B_c: int, stages: int) -> tuple[int, int]:
+    """(B_r, dynamic shared memory) of kernels/v8.cu's struct Layout: as v7's, but four mbarriers per stage
+    (K full, V full, K empty, V empty) beside Q_i's."""
+    B_r = 64 * NWG
+    return B_r, 2 * D * (B_r + 2 * stages * B_c) + 8 * (1 + 4 * stages) + 1024
+
+
+def v8_tiles(D: int, macros: dict | None = None) -> dict:
+    """Consumer warpgroups, B_r, B_c, stages, threads (a producer warpgroup more when V8_SPECIALIZE is on)
+    and shared memory that kernels/v8.cu builds at head dim D; `macros` overrides its V8_* macros as -D
+    flags do. The warpgroup default depends on V8_SPECIALIZE (`#define V8_D64_WG (V8_SPECIALIZE ? 3 : 2)`),
+    read from the file."""
+    macros = macros or {}
+    spec = int(macros.get("V8_SPECIALIZE", constant("v8", "V8_SPECIALIZE")))
+    name = f"V8_D{D}_WG"
+    if name in macros:
+        NWG = int(macros[name])
+    else:
+        m = re.search(rf"#define {name} \(V8_SPECIALIZE \? (\d+) : (\d+)\)", _text("v8"))
+        NWG = int(m.group(1) if spec else m.group(2)) if m else constant("v8", name)
+    B_c = int(macros.get(f"V8_D{D}_BC", constant("v8", f"V8_D{D}_BC")))
+    stages = int(macros.get("V8_STAGES", constant("v8", "V8_STAGES")))
+    B_r, smem = v8_smem(D, NWG, B_c, stages)
+    return dict(D=D, warpgroups=NWG, producer=bool(spec), B_r=B_r, B_c=B_c, stages=stages,
+                threads=128 * (NWG + spec), smem=smem)
+
+
 # ---------------------------------------------------------------------------- kernels by name
 def template_args(name: str) -> list[str]:
     inner = name[name.index("<") + 1: name.rindex(">")]
@@ -120,7 +148,7 @@ def template_args(name: str) -> list[str]:
 
 def launch_of(version: str, kernel: str) -> tuple[int, int] | None:
     """(threads per block, dynamic shared memory bytes) of one compiled kernel (a name from ptxas's report)
-    at D = 64 for v0 ... v4 and at its own template arguments for v5, v6 and v7; None for a kernel not known."""
+    at D = 64 for v0 ... v4 and at its own template arguments for v5 ... v8; None for a kernel not known."""
     if version == "v0" and any(k in kernel for k in ("scores_kernel", "softmax_kernel", "pv_kernel")):
         return 256, 0                                 # 16 x 16 output tiles; softmax: 8 warps of rows
     if version in ("v1", "v2") and f"flash_{version}_kernel" in kernel:
@@ -138,6 +166,11 @@ def launch_of(version: str, kernel: str) -> tuple[int, int] | None:
         args = template_args(kernel)
         D, NWG, B_c, stages = int(args[1]), int(args[2]), int(args[3]), int(args[5])
         return 128 * NWG, v7_smem(D, NWG, B_c, stages)[1]
+    if version == "v8" and "flash_fwd_ws<" in kernel:   # <T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, ...>
+        args = template_args(kernel)
+        D, NWG, B_c, stages = int(args[1]), int(args[2]), int(args[3]), int(args[5])
+        spec = args[6] in ("true", "1")
+        return 128 * (NWG + spec), v8_smem(D, NWG, B_c, stages)[1]
     return None
 
 

@@ -89,10 +89,23 @@ VARIANTS: dict[str, dict[str, Variant]] = {
         "d128 TMA, 3 stages, 2 WG": Variant(128, {"V7_STAGES": 3, "V7_D128_WG": 2}),
         "d128 B_c=64": Variant(128, {"V7_D128_BC": 64, "V7_D128_WG": 2, "V7_D128_MINB": 2}),
     },
+    # The steps of the V8 chapter, one change each (tests/test_v8.py VARIANTS), at both head dims, then the
+    # extras: a third stage, FlashAttention-3's B_c = 176 (D=128), 2 consumers at D=64, overlap without
+    # ping-pong. "spec0" is v7's loop on v8's barriers (no producer).
+    "v8": {f"d{D} {name}": Variant(D, macros) for D in (64, 128) for name, macros in (
+        ("spec0", {"V8_SPECIALIZE": 0}),
+        ("spec", {"V8_SETMAXNREG": 0, "V8_PINGPONG": 0, "V8_OVERLAP": 0}),
+        ("setmaxnreg", {"V8_PINGPONG": 0, "V8_OVERLAP": 0}),
+        ("pingpong", {"V8_OVERLAP": 0}),
+        ("overlap (default)", {}),
+        ("stages3", {"V8_STAGES": 3}),
+        ("bc176" if D == 128 else "d64wg2", {"V8_D128_BC": 176} if D == 128 else {"V8_D64_WG": 2}),
+        ("overlap_nopp", {"V8_PINGPONG": 0}),
+    )},
 }
-SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7")}   # (B, H, M, N) per D
+SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7", "v8")}   # (B, H, M, N)
 # Timed beside the variants in the same interleaved run (16-bit dtypes; float32 runs time SDPA only).
-REFERENCES = {"v7": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v6")}
+REFERENCES = {"v7": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v6"), "v8": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v7")}
 DEFAULT_REFERENCES = ("sdpa", "sdpa_flash")
 DEFAULT_SHAPE = (4, 12, 2048, 2048)
 ODD_SHAPES = [(2, 3, 203, 113, 1.0), (2, 3, 113, 203, 1.0), (1, 2, 7, 5, 1.0), (1, 1, 1, 1, 1.0),
@@ -114,6 +127,8 @@ def geometry_of(version: str, variant: Variant) -> dict | None:
         return dict(D=variant.D, B_r=B_r, B_c=get("BC"), threads=32 * geometry.constant("v6", "kWarps"), smem=smem)
     if version == "v7":
         return geometry.v7_tiles(variant.D, variant.macros)
+    if version == "v8":
+        return geometry.v8_tiles(variant.D, variant.macros)
     return None
 
 
@@ -144,7 +159,9 @@ def _ptxas_cached(version: str, variant: Variant, dtype: str) -> dict:
     the flags and the architecture, so that `--build-only` on a machine's CPUs leaves the timed run only
     the GPU work."""
     arch = loader.version_archs(version) or loader.arch_list()
-    key = hashlib.sha256(f"{version}|{arch}|{flags(variant)}|{dtype}|{loader.source(version)}".encode()).hexdigest()
+    # the head dim is in the key: ptxas's report is of the whole file, the rows kept are those of variant.D
+    key = hashlib.sha256(f"{version}|{arch}|{flags(variant)}|{variant.D}|{dtype}|{loader.source(version)}"
+                         .encode()).hexdigest()
     path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or tempfile.gettempdir()) / "flashattn_sweep_ptxas.json"
     with _CACHE_LOCK:
         cache = json.loads(path.read_text()) if path.exists() else {}
@@ -159,8 +176,11 @@ def _ptxas_cached(version: str, variant: Variant, dtype: str) -> dict:
     return report
 
 
-def _build(version: str, name: str, variant: Variant):
-    tag = "".join(ch if ch.isalnum() else "_" for ch in name)
+def _build(version: str, variant: Variant):
+    """One module per set of macros (named after them): variants that differ only in the head dim they
+    time share their build, since every build holds both head dims."""
+    tag = "_".join(f"{k}_{v}" for k, v in sorted(variant.macros.items())) or "default"
+    tag = "".join(ch if ch.isalnum() else "_" for ch in tag)
     functions = ("forward", "kernel_info") if version == "v5" else ("forward",)
     return loader.build(version, flags(variant), module_name=f"flashattn_{version}_sweep_{tag}",
                         functions=functions)
@@ -222,18 +242,22 @@ def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
     variants = {n: v for n, v in VARIANTS[version].items() if not only or n in only}
     dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
     modules, reports = {}, {n: {} for n in variants}
+    same_macros: dict = {}                            # one build per set of macros, for all its variants
+    for n, v in variants.items():
+        same_macros.setdefault(tuple(sorted(v.macros.items())), []).append(n)
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        builds = {pool.submit(_build, version, n, v): n for n, v in variants.items()}
-        ptxas = {pool.submit(_ptxas_cached, version, v, dtype_name): n for n, v in variants.items()}
+        builds = {pool.submit(_build, version, variants[names[0]]): names for names in same_macros.values()}
+        ptxas = {pool.submit(_ptxas_cached, version, v, dtype_name): [n] for n, v in variants.items()}
         for f in cf.as_completed(list(builds) + list(ptxas)):
-            n = builds.get(f) or ptxas[f]
-            try:
-                if f in builds:
-                    modules[n] = f.result()
-                else:
-                    reports[n]["ptxas"] = f.result()
-            except Exception as err:                  # a failed build is a result too; keep going
-                reports[n].setdefault("errors", []).append(f"{type(err).__name__}: {str(err)[-1500:]}")
+            names = builds.get(f) or ptxas[f]
+            for n in names:
+                try:
+                    if f in builds:
+                        modules[n] = f.result()
+                    else:
+                        reports[n]["ptxas"] = f.result()
+                except Exception as err:              # a failed build is a result too; keep going
+                    reports[n].setdefault("errors", []).append(f"{type(err).__name__}: {str(err)[-1500:]}")
     return modules, reports
 
 

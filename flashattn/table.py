@@ -22,7 +22,7 @@ EXTRA_INFO = {   # bench-only names (flashattn.bench.SDPA_BACKENDS)
     "sdpa_cudnn": ("PyTorch SDPA (cuDNN)", "SDPA forced to its cuDNN backend"),
 }
 LABELS = {"baseline": "Baseline", "sdpa": "SDPA", "sdpa_flash": "SDPA flash", "sdpa_efficient": "SDPA efficient",
-          "sdpa_cudnn": "SDPA cuDNN", "v7": "V7", "v6_backward": "V6 backward"}
+          "sdpa_cudnn": "SDPA cuDNN", "v7": "V7", "v8": "V8", "v6_backward": "V6 backward"}
 
 
 def label(name: str) -> str:

@@ -52,8 +52,12 @@
 //   FlashAttention-3's key tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB of shared memory).
 //   tests/test_v8.py checks the split in the SASS.
 //
-// What the steps measured: to be filled in from the lead's GPU run of every step variant (tests/test_v8.py
-// VARIANTS, timed together with v7 and SDPA); no GPU has run v8 yet, so there are no numbers here.
+// What the steps measured: `python -m flashattn.sweep v8` times every step variant (the VARIANTS of
+// tests/test_v8.py) in one interleaved run per head dim beside v7, v6, cuDNN and FlashAttention-2
+// (results/h200/v8_sweep.json, the V8 chapter's step table). The lines below are written by
+// scripts/update_tables.sh from results/h200/bench_v8.json, never by hand.
+//
+// Measured on H200: not recorded yet (scripts/record_h200.sh OUT v8, then scripts/update_tables.sh)
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
 #   scripts/gpu_session.sh OUTDIR STEP...
 #   STEP[@SECONDS]:
 #     build          every kernel version, the training modules (forward with lse, backward) and the variants
-#                    of the sweeps in $SWEEPS (default: v7; ptxas reports too), all compilers in parallel
+#                    of the sweeps in $SWEEPS (default: "v7 v8"; ptxas reports too), all compilers in parallel
 #     tests          the whole suite but the sanitizer tests, -n $XDIST (default 8) workers, JUnit XML
 #                    -> results/h200/pytest_junit.xml
 #     sanitizer      every sanitizer test (tests -k sanitizer), -n $XDIST workers
@@ -15,6 +15,8 @@
 #     profile        scripts/record_h200.sh profile -> OUTDIR/work/h200
 #     record-new     scripts/record_h200.sh new -> results/h200: bench_v7, bench_backward, train_demo,
 #                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
+#     record-v8      scripts/record_h200.sh new-v8 -> results/h200: bench_v8 (issue 13's targets), v8_sweep and
+#                    the v8 profiles at both shapes, written straight into the tree
 #     sweep-VERSION  python -m flashattn.sweep VERSION -> OUTDIR/work/h200
 #     notebooks      execute every notebook of book/ in place
 #     notebooks:A,B  execute book/A.ipynb, book/B.ipynb in place, in that order; notebooks-new = v7,backward,results
@@ -72,7 +74,7 @@ for arg in "$@"; do
       ( python3 -c "import time; from flashattn.autograd import forward_module as f, backward_module as b; t=time.time(); f('$v'); b('$v'); print('$v training modules built in %.1f s' % (time.time()-t))" \
           > "$W/build_${v}_train.log" 2>&1 || echo "BUILD FAILED ${v} training modules" >> "$W/build_${v}_train.log" ) &
     done
-    for v in ${SWEEPS-v7}; do
+    for v in ${SWEEPS-v7 v8}; do
       ( python3 -m flashattn.sweep "$v" --build-only --jobs "${JOBS:-16}" > "$W/build_sweep_$v.log" 2>&1 \
           || echo "BUILD FAILED sweep $v" >> "$W/build_sweep_$v.log" ) &
     done
@@ -109,6 +111,11 @@ for arg in "$@"; do
     grep -E "^!!" "$W/record_new.log"
     grep -E "^B=|^  (v7|v6|v6_deterministic|sdpa|sdpa_flash|sdpa_cudnn) " results/h200/bench_v7.txt results/h200/bench_backward.txt
     tail -12 results/h200/train_demo.txt; tail -22 results/h200/v7_sweep.txt; grep -E "wrote|error" results/h200/profile_new.txt ;;
+  record-v8)  # straight into the tree's results/h200, like record-new
+    $T bash scripts/record_h200.sh results/h200 new-v8 > "$W/record_v8.log" 2>&1; echo "record-v8 rc=$?"
+    grep -E "^!!" "$W/record_v8.log"
+    grep -E "^B=|^  (v8|v7|v6|sdpa|sdpa_flash|sdpa_cudnn) " results/h200/bench_v8.txt
+    tail -22 results/h200/v8_sweep.txt; grep -E "wrote|error" results/h200/profile_v8.txt ;;
   notebooks)
     notebooks notebooks.log $(cd book && ls *.ipynb | sed 's/\.ipynb$//') ;;
   notebooks-new)

@@ -4,7 +4,8 @@
 #
 #   scripts/record_h200.sh OUTDIR [STEP ...]
 #     STEP: bench, v5, v6, repeat, profile, figures (the default: all six), and
-#           v7, backward, train, sweep-v7, profile-new (the Hopper and training records; `new` = all five)
+#           v7, backward, train, sweep-v7, profile-new (the Hopper and training records; `new` = all five),
+#           v8, sweep-v8, profile-v8 (the V8 records; `new-v8` = these three)
 #
 #   bench    every version at M=N 512, 1024, 2048 and 4096 (B=4, H=12, D=64, float32; v6 runs TF32 there)
 #              -> OUTDIR/bench.json, bench.txt
@@ -23,6 +24,13 @@
 #   v7       v7 against v6, SDPA (cuDNN by default on Hopper), FlashAttention-2 and cuDNN forced, bf16, causal
 #            and not, at B=4,H=12,2048,D=64 and B=2,H=16,8192,D=128 -> OUTDIR/bench_v7.json, bench_v7.txt
 #            (about 40 s on the H200 once built)
+#   v8       v8 against v7, v6, SDPA (cuDNN by default on Hopper), FlashAttention-2 and cuDNN forced, bf16,
+#            causal and not, at the same two shapes -> OUTDIR/bench_v8.json, bench_v8.txt: issue 13's
+#            targets table (about 45 s once built)
+#   sweep-v8 python -m flashattn.sweep v8: the V8 chapter's steps at both shapes beside v7, cuDNN and
+#            FlashAttention-2 -> OUTDIR/v8_sweep.json, v8_sweep.txt (about 60 s once built)
+#   profile-v8 Nsight Compute reports of v8 (bf16) at both shapes -> OUTDIR/flash_v8_s2048_profile.*,
+#            flash_v8_s8192_profile.* (about 40 s)
 #   backward the gradient call given dO (python -m flashattn.bench --backward) of v6 (atomic and
 #            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
 #            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
@@ -41,7 +49,9 @@ set -uo pipefail
 OUT=${1:?usage: scripts/record_h200.sh OUTDIR [STEP ...] (see the comment at the top)}
 shift
 STEPS=${*:-bench v5 v6 repeat profile figures}
-STEPS=$(for s in $STEPS; do [ "$s" = new ] && echo v7 backward train sweep-v7 profile-new || echo "$s"; done)
+STEPS=$(for s in $STEPS; do
+  case $s in new) echo v7 backward train sweep-v7 profile-new ;; new-v8) echo v8 sweep-v8 profile-v8 ;; *) echo "$s" ;; esac
+done)
 PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$OUT"
@@ -119,6 +129,15 @@ for step in $STEPS; do
                 --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v7.json" --append
         done
         ;;
+    v8)
+        rm -f "$OUT/bench_v8.json" "$OUT/bench_v8.txt"
+        for causal in "" "--causal"; do
+            run bench_v8.txt $PY -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v8.json" --append
+            run bench_v8.txt $PY -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn \
+                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v8.json" --append
+        done
+        ;;
     backward)
         rm -f "$OUT/bench_backward.json" "$OUT/bench_backward.txt"
         for causal in "" "--causal"; do
@@ -144,6 +163,13 @@ for step in $STEPS; do
         run profile_new.txt $PY -m flashattn.profile v7 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         run profile_new.txt $PY -m flashattn.profile v6_backward --out "$OUT"
         ;;
+    profile-v8)
+        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
+        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        rm -f "$OUT/profile_v8.txt"
+        run profile_v8.txt $PY -m flashattn.profile v8 --out "$OUT"
+        run profile_v8.txt $PY -m flashattn.profile v8 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
+        ;;
     figures)
         if $PY -c "import matplotlib, ncu_report" 2>/dev/null && ls "$OUT"/*.ncu-rep >/dev/null 2>&1; then
             run figures.txt $PY -m flashattn.plots "$OUT"/*.ncu-rep -o "$OUT/roofline.png"
@@ -159,7 +185,7 @@ for step in $STEPS; do
         ;;
     *)
         echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, train, sweep-VERSION," \
-             "profile-new, new)" >&2; status=2
+             "profile-new, new, v8, profile-v8, new-v8)" >&2; status=2
         ;;
     esac
 done
