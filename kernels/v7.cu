@@ -40,30 +40,38 @@
 //   spills, no stack frame: D=64 127 registers (so two 256-thread blocks fit the 64K register file),
 //   D=128 161 (159 causal), under the 168 that 384 threads allow.
 //
-// What the steps measured (H200, bf16, one interleaved run of all variants: flashattn.timing.
-// time_interleaved, 10 warm-ups, 60 timed calls in 10 rounds, L2 flushed, median; H4's session script
-// /tmp/handoff/h4_v7_run.py, to be replaced by `python -m flashattn.bench` once v7 is registered):
-//   variant (macros)                       D=64, 4x12x2048 D=128, 2x16x8192   (non-causal, us)
-//   plain cp.async loads, 1 stage          251.1               3,724.7   (V7_TMA=0 V7_STAGES=1, D=128 2 WG)
-//   plain cp.async loads, 2 stages         212.7               3,455.7   (V7_TMA=0, D=128 2 WG)
-//   TMA, 1 stage                           130.1               2,500.2   (V7_STAGES=1)
-//   TMA, 2 stages, 2 WG at D=128           113.0 (this build)  1,827.8   (V7_D128_WG=2)
-//   TMA, 2 stages, 3 WG at D=128           --                  1,668.3   (this build)
-//   TMA, 3 stages (2 WG at D=128)          136.5               1,829.5   (V7_STAGES=3)
-//   3 WG at D=64                           122.1               --        (V7_D64_WG=3)
-//   B_c = 64, 2 blocks/SM (2 WG)           127.7               1,767.2   (V7_D*_BC=64)
-//   same run: v6 167.0 / 3,225.1; SDPA cuDNN 117.9 / 1,722.1; SDPA FlashAttention-2 182.5 / 3,434.9.
+// What the steps measured: `python -m flashattn.sweep v7` (results/h200/v7_sweep.json; H200, bf16,
+// non-causal, B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim
+// beside SDPA's backends and v6 in one interleaved run, L2 flushed, median; ptxas registers per
+// thread of the timed instance and the blocks per SM they and the shared memory allow):
+//   variant                                macros                                  us  regs blk/SM
+//   d64 plain loads, 1 stage               V7_TMA=0 V7_STAGES=1                 251.9   159      1
+//   d64 plain loads, 2 stages              V7_TMA=0                             212.0   157      1
+//   d64 TMA, 1 stage                       V7_STAGES=1                          132.6   127      2
+//   d64 TMA, 2 stages (default)            (this build)                         116.0   127      2
+//   d64 TMA, 3 stages                      V7_STAGES=3                          138.9   127      1
+//   d64 3 WG                               V7_D64_WG=3                          124.8   127      1
+//   d64 B_c=64                             V7_D64_BC=64 V7_D64_MINB=2           130.3    92      2
+//   d128 plain loads, 1 stage              V7_TMA=0 V7_STAGES=1 V7_D128_WG=2   3,555.8   193      1
+//   d128 plain loads, 2 stages             V7_TMA=0 V7_D128_WG=2              3,095.3   194      1
+//   d128 TMA, 1 stage                      V7_STAGES=1                        2,484.0   165      1
+//   d128 TMA, 2 stages, 2 WG               V7_D128_WG=2                       1,826.4   165      1
+//   d128 TMA, 2 stages, 3 WG (default)     (this build)                       1,676.3   161      1
+//   d128 TMA, 3 stages, 2 WG               V7_STAGES=3 V7_D128_WG=2           2,046.0   165      1
+//   d128 B_c=64                            V7_D128_BC=64 V7_D128_WG=2 V7_D128_MINB=2   1,908.4   128      2
+//   same run: v6 170.0 / 3,173.4; sdpa_cudnn 121.7 / 1,752.1; sdpa_flash 185.7 / 3,457.4 us (D=64 / D=128).
 //   Our reading, not yet profiled: with plain loads every thread both copies and computes, so every
 //   thread waits for the stage to be empty and the warpgroups run in lockstep (one's softmax cannot hide
 //   another's wgmma), and the copy addresses cost registers (D=64: 154-157 instead of 127, so one block
 //   per SM instead of two; D=128 with 2 WG: 190-194). With TMA one thread issues a whole tile and the
-//   warpgroups drift apart. A third stage lost at both sizes: at D=64 its 112 KB leave room for a
-//   second block only just, if at all (not checked); at D=128 it forces 2 warpgroups.
+//   warpgroups drift apart. A third stage lost at both sizes: at D=64 its 113 KB leave room for a
+//   second block only if nothing else does: the occupancy column above says one block per SM; at D=128 it forces
+//   2 warpgroups.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 113.0 us median, 456 TFLOP/s, 1.48x v6, 1.04x SDPA-cuDNN's speed, 1.62x SDPA-flash's, same run [session script above]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 66.1 us median, 1.47x v6, 1.21x SDPA-cuDNN's speed, same run [session script above]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,668.3 us median, 659 TFLOP/s, 1.93x v6, 1.03x SDPA-cuDNN's speed, 2.06x SDPA-flash's, same run [session script above]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 920.2 us median, 1.81x v6, 1.11x SDPA-cuDNN's speed, same run [session script above]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 115.1 us median, 1.05x SDPA's speed, 1.61x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 68.2 us median, 1.22x SDPA's speed, 1.92x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,655.7 us median, 1.03x SDPA's speed, 1.99x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 890.1 us median, 1.09x SDPA's speed, 2.12x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
