@@ -317,6 +317,54 @@ def excerpt(loop: Loop, count: int = 24, skip: int = 0, first: str | None = None
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------------ Hopper scheduling (V8)
+# Lines are instruction texts such as "WARPGROUP.DEPBAR.LE gsb0, 0x1" or "@P0 FMUL R24, R24, R5": the
+# `text` of an Instruction here, or a line of cuobjdump's SASS with its offset and ';' stripped (tests).
+_HGMMA_RS = re.compile(r"HGMMA\.64 ?x(\d+)x16\S* R(\d+), R(\d+), gdesc")   # A from registers: P V
+_WRITES = re.compile(r"(?:@!?U?P\w+\s+)?\S+\s+R(\d+)\b")                  # first operand: the destination
+
+
+def overlap_windows(lines: list[str]) -> list[tuple[int, int, list[str]]]:
+    """Every stretch between 'one wgmma group left' (WARPGROUP.DEPBAR.LE gsb0, 0x1) and 'none left'
+    (0x0), where the softmax of tile j + 1 runs while P_ij V_j is on the tensor cores: its length in
+    instructions, its exponentials (MUFU.EX2), and the instructions in it that write a register of that
+    product -- its accumulators O_i or its A operand P_ij, which the tensor cores may still read and write."""
+    windows, previous_wait = [], 0
+    for start, line in enumerate(lines):
+        if "DEPBAR.LE gsb0, 0x1" not in line:
+            if "DEPBAR.LE gsb0" in line:
+                previous_wait = start
+            continue
+        end = next(i for i in range(start, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
+        in_flight = set()
+        for issued in lines[previous_wait:start]:   # the register-A products issued since the last wait
+            if m := _HGMMA_RS.search(issued):
+                n, acc, a = (int(g) for g in m.groups())
+                in_flight |= set(range(acc, acc + n // 2)) | set(range(a, a + 4))
+        body = lines[start + 1:end]
+        clobbered = [ins for ins in body if (m := _WRITES.match(ins)) and int(m.group(1)) in in_flight]
+        windows.append((end - start - 1, sum("MUFU.EX2" in ins for ins in body), clobbered))
+        previous_wait = end
+    return windows
+
+
+def register_moves(lines: list[str]) -> dict[str, list[int]]:
+    """The setmaxnreg instructions of a kernel: {"release": [...], "claim": [...]}, registers per thread
+    after each (USETMAXREG.DEALLOC, the producer's; USETMAXREG.TRY_ALLOC, the consumers')."""
+    moves = {"release": [], "claim": []}
+    for line in lines:
+        if m := re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", line):
+            moves["release"].append(int(m.group(1), 16))
+        elif m := re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \S+, (0x[0-9a-f]+)", line):
+            moves["claim"].append(int(m.group(1), 16))
+    return moves
+
+
+def texts(fn: Function) -> list[str]:
+    """The instruction texts of a disassembled function, in order (for overlap_windows, register_moves)."""
+    return [i.text for i in fn.instructions]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("version")

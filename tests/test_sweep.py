@@ -64,3 +64,29 @@ def test_v7_variants_fit_one_sm_and_name_their_geometry():
         assert geo["smem"] <= SM90["smem_per_block_max"], name
     defaults = [v for n, v in sweep.VARIANTS["v7"].items() if "(default)" in n]
     assert sorted(v.D for v in defaults) == [64, 128] and all(not v.macros for v in defaults)
+
+
+def test_v8_variants_are_the_chapter_steps_and_fit_one_sm():
+    """The v8 sweep times the steps of tests/test_v8.py (same macros, both head dims), each step one
+    change from the one before, and every variant launches: shared memory within the H200's per-block
+    limit, threads = 128 x (consumer warpgroups + the producer when specialised)."""
+    from test_v8 import VARIANTS as TESTED
+
+    from flashattn.resources import SM90
+    variants = sweep.VARIANTS["v8"]
+    as_flags = {n: sorted(f"-D{k}={v}" for k, v in var.macros.items()) for n, var in variants.items()}
+    for name, flags in TESTED.items():
+        step = "overlap (default)" if name == "default" else name
+        timed = [n for n in variants if n.split(" ", 1)[1] == step]
+        assert timed, f"test_v8 step {name} is not timed by the sweep"
+        assert all(as_flags[n] == sorted(flags) for n in timed), (name, timed)
+    steps = ["spec0", "spec", "setmaxnreg", "pingpong", "overlap (default)"]
+    for D in (64, 128):
+        chain = [variants[f"d{D} {s}"].macros for s in steps]
+        for before, after in zip(chain[1:], chain[2:]):        # past spec0: each step drops one switch
+            assert len(set(before.items()) ^ set(after.items())) == 1, (before, after)
+    for name, variant in variants.items():
+        geo = sweep.geometry_of("v8", variant)
+        assert geo["threads"] == 128 * (geo["warpgroups"] + geo["producer"]), name
+        assert geo["B_r"] == 64 * geo["warpgroups"] and geo["D"] == variant.D, name
+        assert geo["smem"] <= SM90["smem_per_block_max"], name

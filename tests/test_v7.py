@@ -88,18 +88,25 @@ def sass_functions(sass: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_compiles_for_sm90a_without_spills(variant, tmp_path):
-    report, sass = compile_v7(tmp_path, VARIANTS[variant])
-    entries = re.findall(r"Compiling entry function '(\S+)'", report)
+def ptxas_entries(report: str) -> list[tuple[str, int]]:
+    """(kernel, registers) of each of the 8 entry functions (2 dtypes x 2 head dims x causal or not) in
+    ptxas's verbose report, checking that none has a stack frame or spills and that ptxas warned of
+    nothing (C7508: setmaxnreg ignored, C7510: wgmma serialised, ...). test_v8 uses it too."""
+    entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
     assert len(entries) == 8, f"expected 2 dtypes x 2 head dims x causal/not kernels, got {entries}"
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries)
     assert all(f == ("0", "0", "0") for f in frames), f"stack frame or spills: {frames}"
-    for line in report.splitlines():   # C7508 (setmaxnreg ignored), C7510 (wgmma serialised), ...
+    for line in report.splitlines():
         assert "warning" not in line.lower(), line
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
-    assert len(regs) == len(entries) and max(regs) <= 255
+    return [(name, int(regs)) for name, regs in entries]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_compiles_for_sm90a_without_spills(variant, tmp_path):
+    report, sass = compile_v7(tmp_path, VARIANTS[variant])
+    entries = ptxas_entries(report)
+    assert max(regs for _, regs in entries) <= 255
 
     funcs = {name: text for name, text in sass_functions(sass).items() if "flash_fwd_wgmma" in name}
     assert len(funcs) == len(entries)
@@ -210,38 +217,51 @@ SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1023, 1025), (1025, 1023), 
           (2048, 2048)]
 
 
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
-@pytest.mark.parametrize("M,N", SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_matches_float64(v7, dtype, causal, D, M, N, B, H):
-    seed = zlib.crc32(repr((dtype, causal, D, M, N, B, H)).encode())
-    check(v7, B, H, M, N, D, DTYPES[dtype], causal, seed)
+def correctness_tests(version: str, fixture: str, build, variants, variant_shapes, logit_seed: int, tag=()):
+    """The three float64 comparisons a Hopper version's tests share (test_v8 takes them too): the default
+    build (`fixture`, a module-scoped fixture of the test file) at every shape of SHAPES, both dtypes, head
+    dims and masks, B and H of 1 and more; large logits; and every step variant but the default (`build`)
+    at `variant_shapes`. `tag` goes into the seeds, so each file draws its own inputs. Assign the result
+    to three test_ names at module level for pytest to collect them."""
+    needs_sm90 = pytest.mark.skipif(not is_hopper(), reason=f"{version} needs a GPU of compute capability 9.0")
+
+    @needs_gpu
+    @needs_sm90
+    @pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
+    @pytest.mark.parametrize("M,N", SHAPES)
+    @pytest.mark.parametrize("D", [64, 128])
+    @pytest.mark.parametrize("causal", [False, True])
+    @pytest.mark.parametrize("dtype", list(DTYPES))
+    def test_matches_float64(request, dtype, causal, D, M, N, B, H):
+        seed = zlib.crc32(repr(tag + (dtype, causal, D, M, N, B, H)).encode())
+        check(request.getfixturevalue(fixture), B, H, M, N, D, DTYPES[dtype], causal, seed)
+
+    @needs_gpu
+    @needs_sm90
+    @every_half_case
+    def test_large_logits(request, dtype, D, causal):
+        # q x 20: scores far beyond exp's range without the running max
+        check(request.getfixturevalue(fixture), 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=logit_seed + D,
+              q_scale=20.0)
+
+    @needs_gpu
+    @needs_sm90
+    @pytest.mark.parametrize("variant", [v for v in variants if v != "default"])
+    def test_variants_match_float64(variant):
+        """Every step variant the chapter times computes the same thing (fewer shapes than the default)."""
+        mod = build(variant)
+        for M, N in variant_shapes:
+            for D in (64, 128):
+                for causal in (False, True):
+                    for dtype in DTYPES.values():
+                        seed = zlib.crc32(repr(tag + (variant, M, N, D, causal, dtype)).encode())
+                        check(mod, 2, 3, M, N, D, dtype, causal, seed)
+
+    return test_matches_float64, test_large_logits, test_variants_match_float64
 
 
-@needs_gpu
-@needs_hopper
-@every_half_case
-def test_large_logits(v7, dtype, D, causal):
-    # q x 20: scores far beyond exp's range without the running max
-    check(v7, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=11 + D, q_scale=20.0)
-
-
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "default"])
-def test_variants_match_float64(variant):
-    """Every tile variant the chapter times computes the same thing (fewer shapes than the default build)."""
-    mod = build_v7(variant)
-    for M, N in [(113, 203), (1025, 1023), (17, 1), (300, 1100)]:
-        for D in (64, 128):
-            for causal in (False, True):
-                for dtype in DTYPES.values():
-                    seed = zlib.crc32(repr((variant, M, N, D, causal, dtype)).encode())
-                    check(mod, 2, 3, M, N, D, dtype, causal, seed)
+test_matches_float64, test_large_logits, test_variants_match_float64 = correctness_tests(
+    "v7", "v7", build_v7, VARIANTS, [(113, 203), (1025, 1023), (17, 1), (300, 1100)], logit_seed=11)
 
 
 @needs_gpu
@@ -277,23 +297,31 @@ def test_bad_inputs_refused_then_good_call_works(v7):
 SANITIZE_SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67), (1, 1, 200, 333)]   # B, H, M, N
 
 
-def sanitize_target(variant: str) -> None:
-    """What the sanitizer runs: every dtype, head dim and mask on small and odd shapes (tail tiles, M > N,
-    fully masked rows); one line per call so a report names the call before it. The default build runs
-    both dtypes, the other variants bf16 (the dtype changes no address or barrier)."""
-    v7 = build_v7(variant)
-    dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
-    sanitizer_cases(v7.forward, "v7", SANITIZE_SHAPES, dtypes)
+def sanitizer_tests(version: str, build, variants, shapes, driver: Path):
+    """(sanitize_target, test_sanitizer_clean) of a Hopper version, shared with test_v8. The target is what
+    the sanitizer runs in `driver` (the test file as its own program, `--sanitize VARIANT`): both head dims
+    and masks at `shapes` (B, H, M, N), one line per call so that a report names the call before it; the
+    default build in both dtypes, the other variants in bf16 (the dtype changes no address or barrier).
+    The test runs memcheck, racecheck and synccheck on every variant and counts the calls that ran."""
+    def sanitize_target(variant: str) -> None:
+        dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
+        sanitizer_cases(build(variant).forward, version, shapes, dtypes)
+
+    @needs_gpu
+    @pytest.mark.skipif(not is_hopper(), reason=f"{version} needs a GPU of compute capability 9.0")
+    @pytest.mark.parametrize("variant", list(variants))
+    @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+    def test_sanitizer_clean(tool, variant):
+        build(variant)   # outside the sanitizer: nvcc under it is slow
+        out, ran = run_sanitized(tool, driver, "--sanitize", variant, tag=f"ran {version} ")
+        assert len(ran) == len(shapes) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
+
+    return sanitize_target, test_sanitizer_clean
 
 
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_sanitizer_clean(tool, variant):
-    build_v7(variant)   # outside the sanitizer: nvcc under it is slow
-    out, ran = run_sanitized(tool, Path(__file__).resolve(), "--sanitize", variant, tag="ran v7 ")
-    assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
+# tail tiles, M > N, fully masked rows
+sanitize_target, test_sanitizer_clean = sanitizer_tests("v7", build_v7, VARIANTS, SANITIZE_SHAPES,
+                                                        Path(__file__).resolve())
 
 
 if __name__ == "__main__" and "--sanitize" in sys.argv:

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import re
 import sys
-import zlib
 from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernels" / "v8.cu"
@@ -31,8 +29,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_v7  # noqa: E402
-from conftest import every_half_case, needs_gpu, run_sanitized, sanitizer_cases  # noqa: E402
-from test_v7 import DTYPES, SHAPES, check, is_hopper, sass_functions  # noqa: E402
+from conftest import needs_gpu  # noqa: E402
+from test_v7 import is_hopper, sass_functions  # noqa: E402
+
+from flashattn import sass as sass_tools  # noqa: E402
 
 # The chapter's steps, one change each (macros of kernels/v8.cu); "default" is the last step.
 VARIANTS = {
@@ -94,13 +94,7 @@ def entry_cap(flags: list[str], d: int) -> int:
 def test_compiles_for_sm90a_without_spills(variant, tmp_path):
     flags = VARIANTS[variant]
     report, sass = compile_v8(tmp_path, flags)
-    entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
-    assert len(entries) == 8, f"expected 2 dtypes x 2 head dims x causal/not kernels, got {entries}"
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert len(frames) == len(entries)
-    assert all(f == ("0", "0", "0") for f in frames), f"stack frame or spills: {frames}"
-    for line in report.splitlines():   # C7508 (setmaxnreg ignored), C7510 (wgmma serialised), ...
-        assert "warning" not in line.lower(), line
+    entries = test_v7.ptxas_entries(report)   # 8 kernels, no stack, no spills, no warning (C7508 ...)
 
     setmaxnreg, overlap = macro(flags, "V8_SETMAXNREG"), macro(flags, "V8_OVERLAP")
     for name, regs in entries:
@@ -116,12 +110,12 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
         assert "UTMALDG" in text, f"{name}: no TMA load"
         assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} still has mma.sync"
-        claims = re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \S+, (0x[0-9a-f]+)", text)
-        releases = re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", text)
+        moves = sass_tools.register_moves(text.splitlines())
+        claims, releases = moves["claim"], moves["release"]
         if setmaxnreg:
             producer, consumer = REGISTER_SPLIT[consumers(flags, head_dim(name))]
-            assert [int(r, 16) for r in releases] == [producer], f"{name}: producer release {releases}"
-            assert [int(c, 16) for c in claims] == [consumer], f"{name}: consumer claim {claims}"
+            assert releases == [producer], f"{name}: producer release {releases}"
+            assert claims == [consumer], f"{name}: consumer claim {claims}"
             # the consumers' code must fit what they claimed: no register index at or past the claim
             top = max(int(r) for r in re.findall(r"\bR(\d+)\b", text))
             assert top < consumer, f"{name}: register R{top} past the {consumer} claimed"
@@ -143,31 +137,9 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
 
 
 def overlap_windows(sass: str) -> list[tuple[int, int, list[str]]]:
-    """Every stretch between 'one wgmma group left' and 'none left', where the softmax of tile j + 1 runs
-    while P_ij V_j is on the tensor cores: its length in instructions, its exponentials (MUFU.EX2), and
-    the instructions in it that write a register of that product -- its accumulators O_i or its A
-    operand P_ij, which the tensor cores may still be reading and writing."""
-    lines = [re.sub(r"^\s*/\*[0-9a-f]{4,5}\*/\s*", "", line).split(";")[0]
-             for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,5}\*/", line)]
-    windows, previous_wait = [], 0
-    for start, line in enumerate(lines):
-        if "DEPBAR.LE gsb0, 0x1" not in line:
-            if "DEPBAR.LE gsb0" in line:
-                previous_wait = start
-            continue
-        end = next(i for i in range(start, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
-        in_flight = set()
-        for issued in lines[previous_wait:start]:   # the register-A products issued since the last wait
-            m = re.search(r"HGMMA\.64x(\d+)x16\S* R(\d+), R(\d+), gdesc", issued)
-            if m:
-                n, acc, a = (int(g) for g in m.groups())
-                in_flight |= set(range(acc, acc + n // 2)) | set(range(a, a + 4))
-        body = lines[start + 1:end]
-        clobbered = [ins for ins in body
-                     if (m := re.match(r"(?:@!?U?P\w+\s+)?\S+\s+R(\d+)\b", ins)) and int(m.group(1)) in in_flight]
-        windows.append((end - start - 1, sum("MUFU.EX2" in ins for ins in body), clobbered))
-        previous_wait = end
-    return windows
+    """flashattn.sass.overlap_windows on cuobjdump's SASS of one kernel (offsets and ';' stripped)."""
+    return sass_tools.overlap_windows([re.sub(r"^\s*/\*[0-9a-f]{4,5}\*/\s*", "", line).split(";")[0]
+                                       for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,5}\*/", line)])
 
 
 def test_copied_file_builds_alone(tmp_path):
@@ -190,39 +162,12 @@ def v8():
     return build_v8()
 
 
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
-@pytest.mark.parametrize("M,N", SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_matches_float64(v8, dtype, causal, D, M, N, B, H):
-    seed = zlib.crc32(repr(("v8", dtype, causal, D, M, N, B, H)).encode())
-    check(v8, B, H, M, N, D, DTYPES[dtype], causal, seed)
-
-
-@needs_gpu
-@needs_hopper
-@every_half_case
-def test_large_logits(v8, dtype, D, causal):
-    # q x 20: scores far beyond exp's range without the running max
-    check(v8, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=23 + D, q_scale=20.0)
-
-
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "default"])
-def test_variants_match_float64(variant):
-    """Every step the chapter times computes the same thing. (300, 20) causal has a block whose rows see
-    no key at all (the early exit); 1 and 3 key tiles exercise the loop's first and last iterations."""
-    mod = build_v8(variant)
-    for M, N in [(113, 203), (1025, 1023), (17, 1), (300, 20), (64, 384)]:
-        for D in (64, 128):
-            for causal in (False, True):
-                for dtype in DTYPES.values():
-                    seed = zlib.crc32(repr(("v8", variant, M, N, D, causal, dtype)).encode())
-                    check(mod, 2, 3, M, N, D, dtype, causal, seed)
+# the default build at every shape, large logits, and every step: test_v7's checks, seeds of their own.
+# (300, 20) causal has a block whose rows see no key at all (the early exit); 1 and 3 key tiles exercise
+# the loop's first and last iterations.
+test_matches_float64, test_large_logits, test_variants_match_float64 = test_v7.correctness_tests(
+    "v8", "v8", build_v8, VARIANTS, [(113, 203), (1025, 1023), (17, 1), (300, 20), (64, 384)], logit_seed=23,
+    tag=("v8",))
 
 
 @needs_gpu
@@ -242,21 +187,8 @@ def test_many_heads_tail_tiles_stay_in_their_head(v8):
 SANITIZE_SHAPES = [(1, 2, 64, 64), (1, 1, 300, 20), (2, 1, 200, 333)]
 
 
-def sanitize_target(variant: str) -> None:
-    """What the sanitizer runs: both head dims and masks on the shapes above, one line per call so that a
-    report names the call before it; the default build in both dtypes, the steps in bf16."""
-    dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
-    sanitizer_cases(build_v8(variant).forward, "v8", SANITIZE_SHAPES, dtypes)
-
-
-@needs_gpu
-@needs_hopper
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_sanitizer_clean(tool, variant):
-    build_v8(variant)   # outside the sanitizer: nvcc under it is slow
-    out, ran = run_sanitized(tool, Path(__file__).resolve(), "--sanitize", variant, tag="ran v8 ")
-    assert len(ran) == len(SANITIZE_SHAPES) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
+sanitize_target, test_sanitizer_clean = test_v7.sanitizer_tests("v8", build_v8, VARIANTS, SANITIZE_SHAPES,
+                                                                Path(__file__).resolve())
 
 
 if __name__ == "__main__" and "--sanitize" in sys.argv:
