@@ -32,11 +32,11 @@ def build(version: str) -> None:
 
 
 def timing_pitfalls(version: str = "baseline", L: int = 1024):
-    """The same call timed four ways, to show what each mistake does to the number."""
+    """The same call timed with a host timer (two mistakes) and with the book's method."""
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from .timing import l2_flush_buffer, time_cuda
+    from .timing import time_cuda
     from .validate import plan
     q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=1)
     call = plan(q, k, v, version)
@@ -54,19 +54,93 @@ def timing_pitfalls(version: str = "baseline", L: int = 1024):
         fn()
     host_nosync = (time.perf_counter() - t0) / 20 * 1e6
     torch.cuda.synchronize()
-    warm = time_cuda(fn, warmup=5, repetitions=50, flush_l2=False).median_ms * 1e3
-    cold = time_cuda(fn, warmup=5, repetitions=50, flush_l2=True).median_ms * 1e3
-    l2 = l2_flush_buffer().numel() // 2
+    book = time_cuda(fn, warmup=5, repetitions=50).median_ms * 1e3
     rows = [("first call, host timer, synchronised", first, "includes lazy initialisation (cuBLAS handles, allocator)"),
             ("host timer around 20 launches, no synchronisation", host_nosync,
              "measures how fast the CPU enqueues work"),
-            ("CUDA events, warm L2 (inputs stay cached)", warm, "optimistic when the working set fits in L2"),
-            ("CUDA events, L2 flushed before each call (the book's method)", cold, "every call starts from DRAM")]
+            ("CUDA events, L2 flushed before each call (the book's method)", book, "the kernels' device time")]
     lines = ["| method | µs per call | what it really measures |", "|---|--:|---|"]
     lines += [f"| {a} | {b:,.1f} | {c} |" for a, b, c in rows]
-    return md("\n".join(lines) + f"\n\n{label(version)} at B=4, H=12, M=N={L}, D=64 on "
-               f"{torch.cuda.get_device_name()}; Q, K, V and O take {4 * q.numel() * 4 / 1e6:.0f} MB, the L2 "
-               f"cache {l2 / 1e6:.0f} MB.")
+    return md("\n".join(lines) + f"\n\n{label(version)} at B={PRIMARY['B']}, H={PRIMARY['H']}, M=N={L}, "
+               f"D={PRIMARY['D']} on {torch.cuda.get_device_name()}.")
+
+
+def _cache_and_start(fn, warmup: int = 5, repetitions: int = 50) -> dict:
+    """Median µs of `fn` for each (L2, GPU at the start event) pair; the flush always runs first, then:
+    nothing (cold, queued: the book's method), an untimed call (warm, queued), a synchronisation (cold,
+    idle) or both (warm, idle). While the flush or the untimed call runs, the host enqueues the timed one."""
+    from .timing import time_cuda
+    sync = torch.cuda.synchronize
+
+    def warm_idle():
+        fn()
+        sync()
+    ways = {("cold", "queued"): None, ("warm", "queued"): fn, ("cold", "idle"): sync, ("warm", "idle"): warm_idle}
+    return {w: time_cuda(fn, warmup=warmup, repetitions=repetitions, before=b).median_ms * 1e3
+            for w, b in ways.items()}
+
+
+def _span(values, fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def cache_and_launch(softmax_mb=(0.03, 8, 32, 256), L: int = 1024):
+    """L2 residency and launch latency, each where it shows: `torch.softmax` over rows of 1024 float32
+    scores (the baseline's middle kernel) at working sets (input + output, MB) below and above the L2,
+    and the baseline at M=N=`L`, each timed with the L2 flushed or warm and with the GPU busy or idle
+    when the call is enqueued. Returns the table and sentences computed from it."""
+    if not gpu():
+        print(LIVE_ONLY)
+        return None
+    from .timing import l2_flush_buffer
+    from .validate import plan
+    l2_mb = l2_flush_buffer().numel() / 2 / 1e6
+    cases = []
+    for mb in softmax_mb:
+        rows = max(1, round(mb * 1e6 / 2 / 4 / 1024))
+        x = torch.randn(rows, 1024, device="cuda")
+        cases.append((f"softmax, {rows:,} rows of 1024", 2 * x.numel() * 4 / 1e6,
+                      _cache_and_start(lambda x=x: torch.softmax(x, dim=-1))))
+        del x
+    q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=1)
+    call = plan(q, k, v, "baseline")
+    s_mb = PRIMARY["B"] * PRIMARY["H"] * L * L * 4 / 1e6          # S and P, float32
+    cases.append((f"{label('baseline')}, M=N={L}", 4 * q.numel() * 4 / 1e6 + 2 * s_mb,
+                  _cache_and_start(lambda: call.run(q, k, v))))
+    return md(cache_and_launch_table(cases, l2_mb, torch.cuda.get_device_name()))
+
+
+def cache_and_launch_table(cases, l2_mb: float, device: str, calls: int = 50) -> str:
+    """The markdown of `cache_and_launch`: one row per (name, working set MB, {(L2, start): µs}), then
+    sentences computed from the rows (the smallest case first, the baseline last)."""
+    lines = ["| call | working set (MB) | cold, queued (the book) | warm, queued | cold, idle | warm, idle "
+             "| cold ÷ warm (queued) | idle − queued (cold, µs) |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for name, ws, t in cases:
+        lines.append(f"| {name} | {ws:,.2f} | {t['cold', 'queued']:,.1f} | {t['warm', 'queued']:,.1f} "
+                     f"| {t['cold', 'idle']:,.1f} | {t['warm', 'idle']:,.1f} "
+                     f"| {t['cold', 'queued'] / t['warm', 'queued']:.2f}× "
+                     f"| {t['cold', 'idle'] - t['cold', 'queued']:,.1f} |")
+    gain = lambda c: c[2]["cold", "queued"] / c[2]["warm", "queued"]
+    fits = [c for c in cases[1:] if c[1] <= l2_mb]              # cases[0] is the launch-latency probe
+    spills = [c for c in cases[1:] if c[1] > l2_mb]
+    text = [f"Times in µs (medians of {calls} calls) on {device}, whose L2 holds {l2_mb:.0f} MB."]
+    for group, where in ((fits, "that fit in L2"), (spills, "larger than L2")):
+        if group:
+            gains = [gain(c) for c in group]
+            verdict = ("warm calls are faster" if min(gains) > 1.05 else
+                       "warm calls are no faster" if max(gains) < 1.05 else "warm calls are faster only in part")
+            text.append(f"Working sets {where} ({', '.join(f'{c[1]:,.0f} MB' for c in group)}): cold ÷ warm = "
+                        f"{_span(gains, '.2f')}, {verdict}.")
+    launch = [c[2]["cold", "idle"] - c[2]["cold", "queued"] for c in cases]
+    text.append(f"Starting on an idle GPU adds {_span(launch, '.1f')} µs per call (idle − queued, cold); for "
+                f"{cases[0][0]} that is {launch[0] / cases[0][2]['cold', 'queued']:.1f}× its own device time.")
+    base = cases[-1][2]
+    text.append(f"{cases[-1][0]}: 'warm, idle' ({base['warm', 'idle']:,.1f} µs) minus the book's figure "
+                f"({base['cold', 'queued']:,.1f} µs) is {base['warm', 'idle'] - base['cold', 'queued']:+,.1f} µs, "
+                f"of which the idle start accounts for {base['warm', 'idle'] - base['warm', 'queued']:+,.1f} µs "
+                f"and the warm cache for {base['warm', 'queued'] - base['cold', 'queued']:+,.1f} µs.")
+    return "\n".join(lines) + "\n\n" + " ".join(text)
 
 
 def _inputs(B, H, M, N, D, dtype=torch.float32, seed=0, scale=1.0):

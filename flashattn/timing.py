@@ -98,8 +98,13 @@ def warm_up(fn: Callable[[], object], calls: int, max_seconds: float | None = 3.
 
 def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100,
               max_seconds: float | None = 3.0, min_calls: int = 5, flush_l2: bool = True,
-              on_call: Callable[[], None] | None = None) -> Timing:
+              on_call: Callable[[], None] | None = None,
+              before: Callable[[], object] | None = None) -> Timing:
     """Time `fn()` on the current CUDA stream; see the module docstring for the method.
+
+    `before()` runs after the flush and before the start event, outside the timed region: the
+    measuring chapter passes `torch.cuda.synchronize` (the GPU is idle when the call is enqueued, so
+    launch latency lands inside the measurement) or an untimed `fn` (its data is left in L2).
 
     `max_seconds` (None or <= 0: no cap) bounds the warm-ups and, separately, the timed calls: timing
     stops once the timed calls have used that much device time and at least `min_calls` were made.
@@ -116,6 +121,8 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
     for _ in range(repetitions):
         if flush is not None:
             flush.zero_()
+        if before is not None:
+            before()
         start.record(stream)
         fn()
         end.record(stream)
