@@ -140,8 +140,7 @@ def own_head_dim(kernel: str, D: int) -> bool:
 
 def _ptxas(version: str, variant: Variant, dtype: str) -> dict:
     """The largest register count, stack and spills over the variant's kernels of the timed dtype."""
-    arch = (loader.version_archs(version) or loader.arch_list())[0].removesuffix("+PTX").replace(".", "")
-    kernels = resources.compile_report(version, arch, flags(variant))
+    kernels = _compile_report_cached(version, tuple(flags(variant)))
     tag = {"bfloat16": "bfloat16", "float16": "half"}.get(dtype)
     kernels = [k for k in kernels if tag is None or tag in k["name"]] or kernels
     kernels = [k for k in kernels if own_head_dim(k["name"], variant.D)] or kernels
@@ -152,27 +151,33 @@ def _ptxas(version: str, variant: Variant, dtype: str) -> dict:
 
 
 _CACHE_LOCK = threading.Lock()
+_IN_FLIGHT: dict = {}
 
 
-def _ptxas_cached(version: str, variant: Variant, dtype: str) -> dict:
-    """_ptxas, remembered in TORCH_EXTENSIONS_DIR (next to the builds) under a hash of the kernel text,
-    the flags and the architecture, so that `--build-only` on a machine's CPUs leaves the timed run only
-    the GPU work."""
-    arch = loader.version_archs(version) or loader.arch_list()
-    # the head dim is in the key: ptxas's report is of the whole file, the rows kept are those of variant.D
-    key = hashlib.sha256(f"{version}|{arch}|{flags(variant)}|{variant.D}|{dtype}|{loader.source(version)}"
-                         .encode()).hexdigest()
+def _compile_report_cached(version: str, variant_flags: tuple[str, ...]) -> list[dict]:
+    """ptxas's report of the whole file under these flags (flashattn.resources.compile_report), remembered
+    in TORCH_EXTENSIONS_DIR (next to the builds) under a hash of the kernel text, the flags and the
+    architecture, so that `--build-only` on a machine's CPUs leaves the timed run only the GPU work, and
+    variants that differ only in the head dim they time compile once."""
+    arch = (loader.version_archs(version) or loader.arch_list())[0].removesuffix("+PTX").replace(".", "")
+    key = hashlib.sha256(f"{version}|{arch}|{list(variant_flags)}|{loader.source(version)}".encode()).hexdigest()
     path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or tempfile.gettempdir()) / "flashattn_sweep_ptxas.json"
     with _CACHE_LOCK:
         cache = json.loads(path.read_text()) if path.exists() else {}
-    if key in cache:
-        return cache[key]
-    report = _ptxas(version, variant, dtype)
-    with _CACHE_LOCK:
-        cache = json.loads(path.read_text()) if path.exists() else {}
-        cache[key] = report
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache))
+        if key in cache:
+            return cache[key]
+        lock = _IN_FLIGHT.setdefault(key, threading.Lock())   # one compile per key, the others wait for it
+    with lock:
+        with _CACHE_LOCK:
+            cache = json.loads(path.read_text()) if path.exists() else {}
+        if key in cache:
+            return cache[key]
+        report = resources.compile_report(version, arch, list(variant_flags))
+        with _CACHE_LOCK:
+            cache = json.loads(path.read_text()) if path.exists() else {}
+            cache[key] = report
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache))
     return report
 
 
@@ -247,7 +252,7 @@ def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
         same_macros.setdefault(tuple(sorted(v.macros.items())), []).append(n)
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         builds = {pool.submit(_build, version, variants[names[0]]): names for names in same_macros.values()}
-        ptxas = {pool.submit(_ptxas_cached, version, v, dtype_name): [n] for n, v in variants.items()}
+        ptxas = {pool.submit(_ptxas, version, v, dtype_name): [n] for n, v in variants.items()}
         for f in cf.as_completed(list(builds) + list(ptxas)):
             names = builds.get(f) or ptxas[f]
             for n in names:
