@@ -15,7 +15,7 @@ from .table import label
 # What each version's arithmetic runs on, by the dtype of its inputs: the roof it should be judged against.
 ROOF_OF = {("float32", False): ("fp32", "FP32 CUDA cores"), ("float32", True): ("tf32", "TF32 tensor cores"),
            ("bfloat16", True): ("bf16", "BF16 tensor cores")}
-TENSOR_VERSIONS = ("v6", "v7")
+TENSOR_VERSIONS = ("v6", "v7", "v8")
 
 
 def _primary(file: str, dtype: str) -> dict[str, dict]:
@@ -34,10 +34,11 @@ def _recorded_error(file: str, dtype: str, version: str) -> tuple[float | None, 
     return (at[0]["rel_error"], at[0]["seq_len_q"]) if at else (None, None)
 
 
-def steps(include_v7: bool = True) -> list[dict]:
+def steps(include_hopper: bool = True) -> list[dict]:
     """The staircase: every version at the primary shape, in book order. V0-V5 and V6's TF32 mode with
-    float32 inputs (results/h200/bench.json); V6 and V7 in bf16 (bench_v6.json, bench_v7.json when it is
-    recorded). Each step carries its latency, TFLOP/s, roof, recorded error and source file."""
+    float32 inputs (results/h200/bench.json); V6, V7 and V8 in bf16 (bench_v6.json, and bench_v7.json and
+    bench_v8.json when they are recorded; include_hopper=False leaves V7 and V8 out). Each step carries
+    its latency, TFLOP/s, roof, recorded error and source file."""
     from .records import RESULTS
     out = []
     fp32 = _primary("bench.json", "float32")
@@ -45,8 +46,8 @@ def steps(include_v7: bool = True) -> list[dict]:
         if v in fp32:
             out.append(dict(fp32[v], step=label(v) + (" (TF32)" if v == "v6" else ""), file="bench.json",
                             roof=ROOF_OF[("float32", v in TENSOR_VERSIONS)]))
-    for v, file in (("v6", "bench_v6.json"), ("v7", "bench_v7.json")):
-        if v == "v7" and (not include_v7 or not (RESULTS / file).exists()):
+    for v, file in (("v6", "bench_v6.json"), ("v7", "bench_v7.json"), ("v8", "bench_v8.json")):
+        if v != "v6" and (not include_hopper or not (RESULTS / file).exists()):
             continue
         rows = _primary(file, "bfloat16")
         if v in rows:
