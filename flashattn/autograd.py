@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from .validate import check_inputs
+from .validate import aligned, check_inputs
 from .versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -53,20 +53,13 @@ def backward_module(version: str):
     return build(INFO[version].backward, functions=("backward",))
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous with a 16-byte aligned base, as the kernels' 16-byte copies need (a view that starts
-    mid-row, like x[..., 1:, :], is copied)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 # ------------------------------------------------------------------------------------------ the ops
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, version: str,
                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o = softmax(q k^T / sqrt(D)) v, lse float32 [B, H, M] (-inf for rows that see no key).
     `deterministic` is not used by the forward; it travels here so that the backward can read it."""
-    return forward_module(version).forward_lse(_dense(q), _dense(k), _dense(v), causal)
+    return forward_module(version).forward_lse(aligned(q), aligned(k), aligned(v), causal)
 
 
 @attention_forward.register_fake
@@ -81,8 +74,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the attention output o given its gradient do; deterministic=True sums dQ without
     atomics (bit-identical from run to run, slower)."""
-    return backward_module(version).backward(_dense(q), _dense(k), _dense(v), _dense(o), _dense(lse),
-                                             _dense(do), causal, deterministic)
+    return backward_module(version).backward(aligned(q), aligned(k), aligned(v), aligned(o), aligned(lse),
+                                             aligned(do), causal, deterministic)
 
 
 @attention_backward.register_fake
@@ -159,7 +152,7 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
         name, deterministic = name.removesuffix("_deterministic"), True
     if name in TRAINING_VERSIONS:
         check_inputs(q, k, v, name, causal)
-        q, k, v, do = (_dense(t.detach()) for t in (q, k, v, do))
+        q, k, v, do = (aligned(t.detach()) for t in (q, k, v, do))
         o, lse = forward_module(name).forward_lse(q, k, v, causal)
         bwd = backward_module(name).backward
         return lambda: bwd(q, k, v, o, lse, do, causal, deterministic)

@@ -76,7 +76,7 @@ def check_inputs(q, k, v, version: str = "v4", causal: bool = False) -> str:
     return runs_as
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
+def aligned(t: torch.Tensor) -> torch.Tensor:
     """Dense [B, H, L, D] memory with a 16-byte aligned base (v4 and later load float4s); a misaligned
     view, such as x[..., 1:, :], is copied."""
     t = t.contiguous()
@@ -95,7 +95,7 @@ class Plan:
 
     def run(self, q, k, v):
         if INFO[self.runs_as].kernel:
-            q, k, v = _aligned(q), _aligned(k), _aligned(v)
+            q, k, v = aligned(q), aligned(k), aligned(v)
         return self.binding(q, k, v, self.causal)
 
     __call__ = run
