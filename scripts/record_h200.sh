@@ -66,6 +66,18 @@ run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
     [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*" | tee -a "$OUT/$log"; status=1; }
 }
 
+targets() {   # targets NAME BENCH-ARGS...: the four configurations of the tensor-core targets in bf16
+    # (B=4,H=12,M=N=2048,D=64 and B=2,H=16,M=N=8192,D=128, each non-causal and causal), one file NAME.json
+    local name=$1 causal; shift
+    rm -f "$OUT/$name.json" "$OUT/$name.txt"
+    for causal in "" "--causal"; do
+        run "$name.txt" $PY -m flashattn.bench "$@" --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal \
+            --json "$OUT/$name.json" --append
+        run "$name.txt" $PY -m flashattn.bench "$@" --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal \
+            --json "$OUT/$name.json" --append
+    done
+}
+
 if [ -n "${FLASHATTN_GIT_COMMIT:-}" ]; then   # a copied tree: the caller's commit wins over any .git there
   echo "$FLASHATTN_GIT_COMMIT (FLASHATTN_GIT_COMMIT: tree copied to the GPU machine)" > "$OUT/git_commit.txt"
 else
@@ -89,13 +101,7 @@ for step in $STEPS; do
             --json "$OUT/bench_v5.json" --append
         ;;
     v6)
-        rm -f "$OUT/bench_v6.json" "$OUT/bench_v6.txt"
-        for causal in "" "--causal"; do
-            run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient \
-                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v6.json" --append
-            run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient \
-                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v6.json" --append
-        done
+        targets bench_v6 v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient
         # the same file, the same run: TF32 on float32 inputs (SDPA's flash and cuDNN backends take only
         # 16-bit inputs, so they are left out; the README table shows "n/a" for them)
         run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_efficient \
@@ -121,31 +127,13 @@ for step in $STEPS; do
         run profile.txt $PY -m flashattn.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
     v7)
-        rm -f "$OUT/bench_v7.json" "$OUT/bench_v7.txt"
-        for causal in "" "--causal"; do
-            run bench_v7.txt $PY -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v7.json" --append
-            run bench_v7.txt $PY -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v7.json" --append
-        done
+        targets bench_v7 v7 v6 sdpa sdpa_flash sdpa_cudnn
         ;;
     v8)
-        rm -f "$OUT/bench_v8.json" "$OUT/bench_v8.txt"
-        for causal in "" "--causal"; do
-            run bench_v8.txt $PY -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_v8.json" --append
-            run bench_v8.txt $PY -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_v8.json" --append
-        done
+        targets bench_v8 v8 v7 v6 sdpa sdpa_flash sdpa_cudnn
         ;;
     backward)
-        rm -f "$OUT/bench_backward.json" "$OUT/bench_backward.txt"
-        for causal in "" "--causal"; do
-            run bench_backward.txt $PY -m flashattn.bench --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal --json "$OUT/bench_backward.json" --append
-            run bench_backward.txt $PY -m flashattn.bench --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn \
-                --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal --json "$OUT/bench_backward.json" --append
-        done
+        targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn
         ;;
     train)
         rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
