@@ -40,7 +40,9 @@ from conftest import (  # noqa: E402
     sanitizer_cases,
 )
 
-from flashattn.reference import attention_reference  # noqa: E402
+from flashattn.reference import attention_reference, causal_mask  # noqa: E402
+from flashattn.resources import nvcc  # noqa: E402
+from flashattn.sass import find_tool  # noqa: E402
 
 GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 # Tile variants: the default build and the steps the chapter times (macros of kernels/v7.cu).
@@ -55,28 +57,20 @@ VARIANTS = {
 }
 
 
-def cuda_tool(name: str) -> str:
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    candidates = [Path(home) / "bin" / name, shutil.which(name)]
-    if name == "cuobjdump":   # the GPU-less machines carry the one in Triton's wheel
-        try:
-            import triton
-            candidates.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-        except ImportError:
-            pass
-    for c in candidates:
-        if c and Path(c).exists():
-            return str(c)
-    pytest.fail(f"{name} not found (CUDA toolkit at CUDA_HOME or on PATH)")
+def cuobjdump() -> str:
+    tool = find_tool("cuobjdump")   # CUDA_HOME, PATH, or the copy in Triton's wheel on GPU-less machines
+    if tool is None:
+        pytest.fail("cuobjdump not found (CUDA toolkit at CUDA_HOME, PATH or the triton wheel)")
+    return tool
 
 
 def compile_v7(tmp_path: Path, flags: list[str]) -> tuple[str, str]:
     """nvcc on the kernel half alone; returns (ptxas report with warnings, SASS)."""
     obj = tmp_path / "v7.o"
-    res = subprocess.run([cuda_tool("nvcc"), GENCODE, "-O3", "-std=c++17", "-Xptxas", "-v", "-c", "-x", "cu",
+    res = subprocess.run([nvcc(), GENCODE, "-O3", "-std=c++17", "-Xptxas", "-v", "-c", "-x", "cu",
                           str(KERNEL), "-o", str(obj), *flags], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    sass = subprocess.run([cuda_tool("cuobjdump"), "--dump-sass", str(obj)], capture_output=True, text=True,
+    sass = subprocess.run([cuobjdump(), "--dump-sass", str(obj)], capture_output=True, text=True,
                           timeout=300)
     assert sass.returncode == 0, sass.stderr[-2000:]
     return res.stderr + res.stdout, sass.stdout
@@ -178,13 +172,6 @@ def build_v7(variant: str = "default"):
 @pytest.fixture(scope="module")
 def v7():
     return build_v7()
-
-
-def causal_mask(M, N, device):
-    """Bottom-right aligned: query i sees key j iff j <= i + N - M."""
-    i = torch.arange(M, device=device)[:, None]
-    j = torch.arange(N, device=device)[None, :]
-    return j <= i + (N - M)
 
 
 def sdpa(q, k, v, causal):
