@@ -1,0 +1,374 @@
+"""Kernel by kernel: how long each launch of the unfused versions (baseline, v0) takes, and what it moves.
+
+`python -m flashattn.kernel_times --out results/h200 [--ncu]` writes kernel_times.json (and .txt).
+
+The baseline and V0 run several kernels per forward, so one end-to-end time hides which step costs what.
+Each forward is run under `torch.profiler` (CUPTI records every kernel's start and end on the GPU) with
+L2 flushed before every call, exactly as `flashattn.timing` does it; the flush's own kernels (found by
+profiling the flush alone first) separate one call's kernels from the next. The median over calls is
+taken per kernel position. The same forward is also timed end to end with `flashattn.timing.time_cuda`,
+so the record shows what lies between the kernels (launch gaps, an allocation).
+
+Per kernel the record carries a minimum-traffic model: the bytes each step must move at least (read each
+operand once, write its result once) and the FLOPs of its products. `--ncu` adds what the hardware did
+for V0's three kernels: Nsight Compute's global-load sectors per request and the DRAM and L2 bytes
+(results/h200/v0_memory.raw.csv), the evidence for the uncoalesced key reads of `scores_kernel`.
+
+Importable without a GPU; the readers at the bottom (`table`, `ncu_table`) only read committed files.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SCHEMA = "flashattn.kernel_times/1"
+VERSIONS = ("baseline", "v0")
+SHAPE = dict(B=4, H=12, D=64)                 # the primary shape's batch, heads and head dim
+SEQ_LENS = (1024, 2048, 4096)
+NCU_METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+               "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+               "l1tex__t_sector_hit_rate.pct", "lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+               "gpu__time_duration.sum")
+NCU_FILE = "v0_memory.raw.csv"
+
+
+# ------------------------------------------------------------------------------ what each kernel does
+def role(version: str, name: str) -> str:
+    """What a kernel of `version` computes, from its name: scores, scale, softmax, PV, or 'other'."""
+    low = name.lower()
+    if version == "v0":
+        for key, what in (("scores_kernel", "scores"), ("softmax_kernel", "softmax"), ("pv_kernel", "PV")):
+            if key in low:
+                return what
+        return "other"
+    if "softmax" in low:
+        return "softmax"
+    if any(t in low for t in ("gemm", "cutlass", "xmma", "cublas", "nvjet")):   # nvjet: cuBLAS on Hopper
+        return "GEMM"
+    if "elementwise" in low or "div" in low or "mul" in low:
+        return "scale"
+    return "other"
+
+
+def label_roles(version: str, names: list[str]) -> list[str]:
+    """Roles of one call's kernels in launch order; the baseline's first product is QK^T, its last PV."""
+    roles = [role(version, n) for n in names]
+    gemms = [i for i, r in enumerate(roles) if r == "GEMM"]
+    for i in gemms:
+        roles[i] = "QK^T" if i == gemms[0] else "PV" if i == gemms[-1] else "GEMM"
+    return roles
+
+
+def traffic(what: str, B: int, H: int, M: int, N: int, D: int, itemsize: int = 4) -> tuple[int | None, int | None]:
+    """(bytes, FLOPs) a kernel doing `what` must at least move and compute: every operand read once, every
+    result written once (None where the step has no model). V0's scores kernel scales as it stores, so it
+    moves what the baseline's QK^T moves."""
+    bh, s, io = B * H, B * H * M * N * itemsize, B * H * (M + N) * D * itemsize
+    if what in ("QK^T", "scores"):
+        return io + s, 2 * bh * M * N * D
+    if what == "scale":
+        return 2 * s, bh * M * N
+    if what == "softmax":
+        return 2 * s, None
+    if what == "PV":
+        return s + io, 2 * bh * M * N * D
+    return None, None
+
+
+# ---------------------------------------------------------------------------------- the profiler part
+def _kernels(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, duration us) of every GPU kernel in a finished profile, in start order, read from
+    its Chrome trace (a stable format across PyTorch versions)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    ks = [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+          if isinstance(e, dict) and e.get("cat") == "kernel" and "dur" in e]
+    return sorted(ks, key=lambda k: k[1])
+
+
+def split_calls(kernels: list[tuple[str, float, float]], separators: set[str]) -> list[list[tuple[str, float]]]:
+    """The kernels between separator kernels (the L2 flush), one list of (name, us) per call."""
+    calls, current = [], None
+    for name, _, dur in kernels:
+        if name in separators:
+            if current:
+                calls.append(current)
+            current = []
+        elif current is not None:
+            current.append((name, dur))
+    if current:
+        calls.append(current)
+    return calls
+
+
+def summarize_calls(calls: list[list[tuple[str, float]]]) -> list[dict]:
+    """Per kernel position: name and median/min/max us over calls. Every call must launch the same
+    kernels in the same order, else the positions would mix different kernels."""
+    if not calls:
+        raise RuntimeError("the profiler recorded no kernel between the L2 flushes")
+    names = [n for n, _ in calls[0]]
+    for c in calls[1:]:
+        if [n for n, _ in c] != names:
+            raise RuntimeError(f"calls launched different kernels: {names} against {[n for n, _ in c]}")
+    out = []
+    for i, name in enumerate(names):
+        t = [c[i][1] for c in calls]
+        out.append(dict(position=i, name=name, median_us=statistics.median(t), min_us=min(t), max_us=max(t)))
+    return out
+
+
+def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
+    """Per-kernel medians of `fn()` over `calls` profiled calls, each after an L2 flush."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .timing import l2_flush_buffer, warm_up
+    flush = l2_flush_buffer()
+    with profile(activities=[ProfilerActivity.CUDA]) as alone:     # which kernels the flush launches
+        for _ in range(3):
+            flush.zero_()
+        torch.cuda.synchronize()
+    separators = {n for n, _, _ in _kernels(alone)}
+    if not separators:
+        raise RuntimeError("the profiler saw no kernel of the L2 flush, so calls cannot be told apart")
+    warm_up(fn, warmup)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+        flush.zero_()
+        torch.cuda.synchronize()
+    return summarize_calls(split_calls(_kernels(prof), separators))
+
+
+def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]) -> dict:
+    """One record row: the per-kernel times of `version` at B, H, M = N = L, D (float32) with the traffic
+    model, and the end-to-end median of the same call through flashattn.timing."""
+    import torch
+
+    from .bench import make_call
+    from .timing import time_cuda
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for _ in range(3))
+    fn, _, runs_as = make_call(version, q, k, v, False)
+    kernels = profile_call(fn, calls)
+    for kern, what in zip(kernels, label_roles(version, [k["name"] for k in kernels])):
+        kern["role"] = what
+        kern["bytes"], kern["flops"] = traffic(what, B, H, L, L, D)
+    whole = time_cuda(fn, warmup=3, repetitions=calls, max_seconds=10)
+    return dict(version=version, runs_as=runs_as, B=B, H=H, M=L, N=L, D=D, dtype="float32", calls=calls,
+                kernels=kernels, kernel_sum_us=sum(k["median_us"] for k in kernels),
+                end_to_end=whole.summary())
+
+
+# ------------------------------------------------------------------------------------------- ncu part
+NCU_TARGET = ("import torch, flashattn\n"
+              "q, k, v = (torch.randn({B}, {H}, {L}, {D}, device='cuda') for _ in range(3))\n"
+              "for _ in range(2): flashattn.forward(q, k, v, version='v0')\n"
+              "torch.cuda.synchronize()\n")
+
+
+def run_ncu(out: Path, L: int = 2048) -> Path:
+    """V0's three kernels of the second forward at B, H, L, D under Nsight Compute, NCU_METRICS only; the
+    raw page in base units is written to out/NCU_FILE (with the report beside it)."""
+    from .profile import MISSING_NCU, find_ncu
+    ncu = find_ncu()
+    if ncu is None:
+        raise SystemExit(MISSING_NCU)
+    rep = out / NCU_FILE.replace(".raw.csv", ".ncu-rep")
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "v0_target.py"
+        target.write_text(NCU_TARGET.format(L=L, **SHAPE))
+        subprocess.run([ncu, "--kernel-name", "regex:scores_kernel|softmax_kernel|pv_kernel", "--launch-skip", "3",
+                        "--launch-count", "3", "--clock-control", "none", "--metrics", ",".join(NCU_METRICS),
+                        "-f", "-o", str(rep.with_suffix("")), sys.executable, str(target)], check=True)
+    raw = subprocess.run([ncu, "--import", str(rep), "--page", "raw", "--csv", "--print-units", "base"],
+                         check=True, capture_output=True, text=True).stdout
+    (out / NCU_FILE).write_text(raw)
+    return out / NCU_FILE
+
+
+def read_ncu_rows(path: Path) -> list[dict]:
+    """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, numbers
+    as floats where they parse (the row of units is skipped)."""
+    from .ncu import _skip_preamble, parse_number
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(_skip_preamble(fh)))
+    header, out = rows[0], []
+    for row in rows[2:]:
+        d = dict(zip(header, row))
+        out.append({k: (parse_number(v) if k in NCU_METRICS else v) for k, v in d.items()})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m flashattn.kernel_times", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("results/h200"), help="folder for kernel_times.json")
+    p.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
+    p.add_argument("--seq-lens", nargs="+", type=int, default=list(SEQ_LENS), metavar="L", help="M = N")
+    p.add_argument("--calls", type=int, default=10, help="profiled calls per version and length")
+    p.add_argument("--ncu", action="store_true", help=f"also collect V0's memory metrics into {NCU_FILE}")
+    return p
+
+
+def format_rows(runs: list[dict]) -> str:
+    lines = []
+    for r in runs:
+        lines.append(f"{r['version']} B={r['B']} H={r['H']} M=N={r['M']} D={r['D']}: kernels "
+                     f"{r['kernel_sum_us']:,.1f} us, end to end {r['end_to_end']['median_us']:,.1f} us")
+        lines += [f"  {k['role']:8s} {k['median_us']:12,.1f} us  {k['name'][:90]}" for k in r["kernels"]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("python -m flashattn.kernel_times needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from .bench import environment
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = environment(argv)
+    meta["command"] = " ".join(["python -m flashattn.kernel_times"] + list(sys.argv[1:] if argv is None else argv))
+    doc = {"schema": SCHEMA, "meta": meta, "settings": {"calls": args.calls, "l2_flush": True}, "runs": []}
+    path = args.out / "kernel_times.json"
+    for version in args.versions:
+        for L in args.seq_lens:
+            doc["runs"].append(measure(version, L, args.calls))
+            tmp = path.with_suffix(".json.tmp")        # written after every row: a killed run keeps what it has
+            tmp.write_text(json.dumps(doc, indent=1) + "\n")
+            os.replace(tmp, path)
+            print(format_rows(doc["runs"][-1:]), flush=True)
+    (args.out / "kernel_times.txt").write_text(format_rows(doc["runs"]) + "\n")
+    if args.ncu:
+        print(f"wrote {run_ncu(args.out)}")
+    return 0
+
+
+# ------------------------------------------------------------------------ readers of the record (no GPU)
+RECORD = Path(__file__).resolve().parent.parent / "results" / "h200"
+MISSING = ("*Not recorded yet: `python -m flashattn.kernel_times --out results/h200 --ncu` on the H200 writes "
+           "`results/h200/{name}`, and this cell shows it once that run is committed.*")
+
+
+def recorded_run(version: str, L: int = 2048, path: Path | None = None) -> dict | None:
+    """The row of `version` at M = N = L in kernel_times.json, None when there is none."""
+    path = path or RECORD / "kernel_times.json"
+    if not path.exists():
+        return None
+    return next((r for r in json.loads(path.read_text())["runs"] if r["version"] == version and r["M"] == L), None)
+
+
+ROLE_TEXT = {"QK^T": "S = Q K^T (cuBLAS)", "scale": "S / sqrt(D), elementwise", "softmax": "P = softmax(S)",
+             "PV": "O = P V (cuBLAS)", "scores": "S = Q K^T / sqrt(D)", "other": "other"}
+
+
+def table_lines(run: dict, dram: float, fp32: float) -> list[str]:
+    """Markdown rows of one recorded run: each kernel's median, share of the kernels' sum, minimum bytes,
+    the bandwidth and FLOP rate they imply and their share of the measured roofs (bytes/s and FLOP/s)."""
+    lines = ["| kernel | computes | median µs | share | min. bytes | GB/s | of DRAM roof | TFLOP/s | "
+             "of FP32 roof |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    total = run["kernel_sum_us"]
+    for k in run["kernels"]:
+        sec = k["median_us"] * 1e-6
+        short = k["name"].split("(")[0].split("<")[0][-40:]
+        bw = "—" if k["bytes"] is None else f"{k['bytes'] / sec / 1e9:,.0f}"
+        bw_share = "—" if k["bytes"] is None else f"{100 * k['bytes'] / sec / dram:.0f}%"
+        rate = "—" if k["flops"] is None else f"{k['flops'] / sec / 1e12:.2f}"
+        rate_share = "—" if k["flops"] is None else f"{100 * k['flops'] / sec / fp32:.0f}%"
+        mb = "—" if k["bytes"] is None else f"{k['bytes'] / 1e6:,.0f} MB"
+        lines.append(f"| `{short}` | {ROLE_TEXT.get(k['role'], k['role'])} | {k['median_us']:,.1f} | "
+                     f"{100 * k['median_us'] / total:.0f}% | {mb} | {bw} | {bw_share} | {rate} | {rate_share} |")
+    return lines
+
+
+def table(version: str, L: int = 2048):
+    """The recorded kernel-by-kernel table of `version` at B=4, H=12, M = N = L, D=64 (Markdown)."""
+    from .notebook import md
+    from .records import ceilings
+    run = recorded_run(version, L)
+    if run is None:
+        return md(MISSING.format(name="kernel_times.json"))
+    c = ceilings()
+    e2e = run["end_to_end"]["median_us"]
+    return md("\n".join(table_lines(run, c["dram"], c["fp32"])) + "\n\n"
+              f"Median of {run['calls']} profiled calls per kernel (torch.profiler, L2 flushed before each call); "
+              f"the kernels add up to {run['kernel_sum_us']:,.1f} µs, and the whole call timed end to end with "
+              f"CUDA events takes {e2e:,.1f} µs. Minimum bytes: each operand read once and each result written "
+              "once; roofs: `results/h200/ceilings.json`. Record: `results/h200/kernel_times.json`.")
+
+
+def expected_sectors(kernel: str, D: int = 64, N: int = 2048) -> dict[str, float]:
+    """Sectors (32 bytes) one warp-wide global load or store touches, worked out from kernels/v0.cu's
+    thread mapping for a full warp: lane = 16 * y + x of the 16 x 16 block (scores, PV), or 32 lanes
+    along a row (softmax). Loads are averaged over the kernel's load instructions."""
+    lanes = [(lane % 16, lane // 16) for lane in range(32)]
+
+    def sectors(addresses):                        # float index -> byte address -> 32-byte sector
+        return len({4 * a // 32 for a in addresses})
+    if kernel == "scores_kernel":                  # q[d] of row i = y, k[d] of row j = x, at d = 0
+        loads = [sectors(y * D for x, y in lanes), sectors(x * D for x, y in lanes)]
+        store = sectors(y * N + x for x, y in lanes)
+    elif kernel == "pv_kernel":                    # p[j] of row i = y; v[j * D + d] with d = x
+        loads = [sectors(y * N for x, y in lanes), sectors(x for x, y in lanes)]
+        store = sectors(y * D + x for x, y in lanes)
+    elif kernel == "softmax_kernel":               # lane j of one row
+        loads = [sectors(range(32))]
+        store = sectors(range(32))
+    else:
+        raise ValueError(f"kernel must be one of V0's three kernels, got {kernel!r}")
+    return {"load": sum(loads) / len(loads), "store": store}
+
+
+def ncu_rows(path: Path | None = None) -> list[dict]:
+    """V0's kernels as Nsight Compute measured them (results/h200/v0_memory.raw.csv), [] when absent."""
+    path = path or RECORD / NCU_FILE
+    if not path.exists():
+        return []
+    out = []
+    for r in read_ncu_rows(path):
+        name = next((k for k in ("scores_kernel", "softmax_kernel", "pv_kernel") if k in r.get("Kernel Name", "")),
+                    None)
+        if name is None:
+            continue
+        ld = r[NCU_METRICS[0]] / r[NCU_METRICS[1]] if r[NCU_METRICS[1]] else None
+        st = r[NCU_METRICS[2]] / r[NCU_METRICS[3]] if r[NCU_METRICS[3]] else None
+        out.append(dict(kernel=name, load_sectors_per_request=ld, store_sectors_per_request=st,
+                        l1_hit_pct=r["l1tex__t_sector_hit_rate.pct"], l2_bytes=r["lts__t_bytes.sum"],
+                        dram_read=r["dram__bytes_read.sum"], dram_write=r["dram__bytes_write.sum"],
+                        time_s=r["gpu__time_duration.sum"]))
+    return out
+
+
+def ncu_table():
+    """Global-memory access per V0 kernel at the primary shape: sectors per request as measured and as the
+    thread mapping predicts, L1 hit rate, L2 and DRAM bytes (Markdown)."""
+    from .notebook import md
+    rows = ncu_rows()
+    if not rows:
+        return md(MISSING.format(name=NCU_FILE))
+    lines = ["| kernel | load sectors / request (measured) | expected from the mapping | store sectors / request "
+             "| L1 hit rate | L2 traffic | DRAM read | DRAM written | duration µs |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        exp = expected_sectors(r["kernel"])
+        lines.append(f"| `{r['kernel']}` | {r['load_sectors_per_request']:.2f} | {exp['load']:.1f} | "
+                     f"{r['store_sectors_per_request']:.2f} | {r['l1_hit_pct']:.1f}% | {r['l2_bytes'] / 1e9:,.2f} GB | "
+                     f"{r['dram_read'] / 1e9:,.2f} GB | {r['dram_write'] / 1e9:,.2f} GB | {r['time_s'] * 1e6:,.1f} |")
+    return md("\n".join(lines) + "\n\nNsight Compute, the three kernels of V0's second forward at B=4, H=12, "
+              "M=N=2048, D=64 (`results/h200/v0_memory.raw.csv`, written by `python -m flashattn.kernel_times "
+              "--ncu`). A sector is 32 bytes; a warp's 32 four-byte loads need 4 sectors when they are contiguous.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""flashattn.kernel_times: the per-kernel times of the unfused versions and V0's memory metrics."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from conftest import needs_gpu
+
+from flashattn import kernel_times as kt
+
+FLUSH = "vectorized_elementwise_kernel<FillFunctor<unsigned char>>"
+
+
+def test_calls_are_split_at_the_flush_and_kernels_before_the_first_flush_dropped():
+    trace = [("warm_kernel", 0, 1.0), (FLUSH, 1, 5.0), ("a", 2, 2.0), ("b", 3, 3.0), (FLUSH, 4, 5.0),
+             ("a", 5, 4.0), ("b", 6, 1.0), (FLUSH, 7, 5.0)]
+    calls = kt.split_calls(trace, {FLUSH})
+    assert calls == [[("a", 2.0), ("b", 3.0)], [("a", 4.0), ("b", 1.0)]]
+    rows = kt.summarize_calls(calls + [[("a", 9.0), ("b", 2.0)]])
+    assert [(r["name"], r["median_us"], r["min_us"], r["max_us"]) for r in rows] == [("a", 4.0, 2.0, 9.0),
+                                                                                     ("b", 2.0, 1.0, 3.0)]
+
+
+def test_calls_with_different_kernels_are_refused():
+    with pytest.raises(RuntimeError, match="different kernels"):
+        kt.summarize_calls([[("a", 1.0), ("b", 1.0)], [("a", 1.0), ("c", 1.0)]])
+    with pytest.raises(RuntimeError, match="no kernel"):
+        kt.summarize_calls([])
+
+
+def test_roles_of_the_baseline_and_v0():
+    baseline = ["sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", "vectorized_elementwise_kernel<4, DivFunctor<float>>",
+                "cunn_SoftMaxForward<4, float>", "sm90_xmma_gemm_f32f32_f32f32_f32_nn_n"]
+    assert kt.label_roles("baseline", baseline) == ["QK^T", "scale", "softmax", "PV"]
+    v0 = ["scores_kernel(const float*, ...)", "softmax_kernel(float*, ...)", "pv_kernel(const float*, ...)"]
+    assert kt.label_roles("v0", v0) == ["scores", "softmax", "PV"]
+    assert kt.role("v0", "something_else") == "other"
+
+
+def test_traffic_model():
+    B, H, M, N, D = 2, 3, 5, 7, 11
+    s, io = 4 * B * H * M * N, 4 * B * H * (M + N) * D
+    assert kt.traffic("QK^T", B, H, M, N, D) == kt.traffic("scores", B, H, M, N, D) == (io + s, 2 * B * H * M * N * D)
+    assert kt.traffic("softmax", B, H, M, N, D) == (2 * s, None)
+    assert kt.traffic("scale", B, H, M, N, D) == (2 * s, B * H * M * N)
+    assert kt.traffic("other", B, H, M, N, D) == (None, None)
+
+
+def test_expected_sectors_follow_the_thread_mapping():
+    # scores: the 16 x-lanes read 16 key rows D floats apart (16 sectors), the 2 y-rows two query rows
+    assert kt.expected_sectors("scores_kernel", D=64) == {"load": 9.0, "store": 4}
+    assert kt.expected_sectors("scores_kernel", D=1)["load"] == 1.5      # rows 4 bytes apart: coalesced
+    assert kt.expected_sectors("pv_kernel", D=64) == {"load": 2.0, "store": 4}
+    assert kt.expected_sectors("softmax_kernel") == {"load": 4.0, "store": 4}
+    with pytest.raises(ValueError, match="kernel"):
+        kt.expected_sectors("gemm")
+
+
+def _write_ncu_csv(path, rows):
+    header = ["ID", "Kernel Name", *kt.NCU_METRICS]
+    with open(path, "w", newline="") as fh:
+        fh.write("==PROF== Disconnected\n")
+        w = csv.writer(fh, quoting=csv.QUOTE_ALL)
+        w.writerow(header)
+        w.writerow(["", "", "sector", "request", "sector", "request", "%", "byte", "byte", "byte", "second"])
+        for i, (name, values) in enumerate(rows):
+            w.writerow([str(i), name, *values])
+
+
+def test_ncu_rows_parse_the_raw_page(tmp_path):
+    path = tmp_path / kt.NCU_FILE
+    _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 0.01]),
+                          ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 0.02])])
+    rows = kt.ncu_rows(path)
+    assert [r["kernel"] for r in rows] == ["scores_kernel", "pv_kernel"]
+    assert rows[0]["load_sectors_per_request"] == 9.0 and rows[1]["load_sectors_per_request"] == 2.0
+    assert rows[0]["store_sectors_per_request"] == 4.0 and rows[1]["dram_read"] == 8e8
+    assert kt.ncu_rows(tmp_path / "absent.csv") == []
+
+
+def test_table_lines_shares_add_up():
+    run = {"kernel_sum_us": 400.0, "kernels": [
+        dict(name="scores_kernel(float)", role="scores", median_us=300.0, bytes=3e9, flops=3e9),
+        dict(name="softmax_kernel(float)", role="softmax", median_us=100.0, bytes=1e9, flops=None)]}
+    lines = kt.table_lines(run, dram=4e12, fp32=50e12)
+    assert len(lines) == 4
+    assert "| 75% |" in lines[2] and "| 25% |" in lines[3]
+    assert "10,000" in lines[2] and "250%" in lines[2]      # 3e9 B in 300 us = 10 TB/s = 250% of 4 TB/s
+    assert "10.00 | 20% |" in lines[2]                      # 3e9 FLOP in 300 us = 10 TFLOP/s
+    assert lines[3].endswith("| — | — |")
+
+
+def test_cli_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert kt.main(["--out", "/nonexistent"]) == 2
+
+
+@needs_gpu
+def test_profile_call_finds_each_kernel_of_each_call():
+    a = torch.randn(1 << 20, device="cuda")
+    b = torch.randn(1 << 20, device="cuda")
+    rows = kt.profile_call(lambda: (torch.mul(a, b), torch.exp(a)), calls=5)
+    assert len(rows) == 2
+    assert rows[0]["name"] != rows[1]["name"]
+    assert all(0 < r["min_us"] <= r["median_us"] <= r["max_us"] for r in rows)
+
+
+@needs_gpu
+@pytest.mark.parametrize("version,roles", [("v0", ["scores", "softmax", "PV"]), ("baseline", None)])
+@pytest.mark.parametrize("L", [17, 203])
+def test_measure_names_every_kernel(version, roles, L):
+    run = kt.measure(version, L, calls=3, B=2, H=3, D=40)
+    got = [k["role"] for k in run["kernels"]]
+    if roles is not None:
+        assert got == roles
+    else:                                   # cuBLAS may split a product, but the order is fixed
+        assert got[0] == "QK^T" and got[-1] == "PV" and "softmax" in got
+    assert all(k["median_us"] > 0 for k in run["kernels"])
+    assert run["kernel_sum_us"] == pytest.approx(sum(k["median_us"] for k in run["kernels"]))
+    # the kernels are part of the call: their sum cannot be far above the call timed end to end
+    assert run["kernel_sum_us"] <= 1.5 * run["end_to_end"]["median_us"] + 20
+
+
+@needs_gpu
+def test_cli_writes_a_record_the_readers_take(tmp_path):
+    assert kt.main(["--out", str(tmp_path), "--versions", "v0", "--seq-lens", "64", "--calls", "3"]) == 0
+    doc = json.loads((tmp_path / "kernel_times.json").read_text())
+    assert doc["schema"] == kt.SCHEMA and doc["meta"]["command"].startswith("python -m flashattn.kernel_times")
+    run = kt.recorded_run("v0", 64, tmp_path / "kernel_times.json")
+    assert [k["role"] for k in run["kernels"]] == ["scores", "softmax", "PV"]
+    assert len(kt.table_lines(run, dram=4e12, fp32=50e12)) == 5
