@@ -95,6 +95,24 @@
 #ifndef V5_BLOCKED_PV
 #define V5_BLOCKED_PV 1
 #endif
+// The chapter's steps, one macro each; step k = step k-1 with one more macro set to 1 (the default build
+// has all of them at 1): register tiles alone (all 0); + cp.async; + exp2; + V5_BLOCKED_PV; + interleaving.
+// 1: global->shared copies with cp.async, in the background behind half a tile of arithmetic;
+// 0: the same copies, at the same places, through registers (LDG then STS): each thread waits for its load.
+#ifndef V5_CP_ASYNC
+#define V5_CP_ASYNC 1
+#endif
+// 1: p = 2^((s - m) * log2(e)/sqrt(D)) with one ex2.approx; 0: p = expf((s - m)/sqrt(D)), the accurate
+// library exponential (a range reduction, the MUFU.EX2 and a fix-up of the result).
+#ifndef V5_EXP2
+#define V5_EXP2 1
+#endif
+// 1: thread (rg, cg) owns rows rg + i*NRG and columns cg + j*WC (interleaved, see the work split above);
+// 0: the compact block rows rg*TM + i, columns cg*TN + j, output columns cg*4*DV + 4h (the lanes of a
+// warp then read rows TM or TN apart, which the padding does not spread over the banks).
+#ifndef V5_INTERLEAVE
+#define V5_INTERLEAVE 1
+#endif
 // Blocks per SM promised to the register allocator (__launch_bounds__); 0 = as many as shared memory
 // allows, at most 4.
 #ifndef V5_MIN_BLOCKS
@@ -136,6 +154,7 @@ struct Tiles {
 // 16-byte global->shared copy that bypasses L1 (cp.async.cg). src_bytes = 0 writes 16 zero bytes
 // and reads nothing: used for rows past M or N, so padded K rows give finite scores (masked later)
 // and padded V rows are exact zeros (0 * garbage could be NaN).
+#if V5_CP_ASYNC
 __device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = valid ? 16 : 0;
@@ -145,6 +164,17 @@ __device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_sr
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+#else
+// The step before cp.async: the 16 bytes pass through registers, so the store waits for the load.
+// Nothing is in flight afterwards, so committing and waiting have nothing to do; the barriers that
+// follow each wait in the kernel still order the stores before the reads.
+__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src, bool valid) {
+  *reinterpret_cast<float4*>(smem_dst) =
+      valid ? *reinterpret_cast<const float4*>(gmem_src) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+__device__ __forceinline__ void cp_async_wait_all() {}
+#endif
 
 // 2^x in one MUFU.EX2 (about 2 ulp; subnormal results flush to 0, which only affects p < 2^-126).
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -186,9 +216,9 @@ __device__ __forceinline__ void load_tile_async(float* dst, const float* src, in
 template <class T, int UNROLL>
 __global__ void __launch_bounds__(T::THREADS, T::MIN_BLOCKS)
 flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                float* __restrict__ o, int M, int N, int num_q_tiles, float scale_log2) {
+                float* __restrict__ o, int M, int N, int num_q_tiles, float score_scale) {
   constexpr int D = T::D, BR = T::BR, BC = T::BC, TM = T::TM, TN = T::TN;
-  constexpr int WC = T::WC, NRG = T::NRG, DV = T::DV;
+  constexpr int WC = T::WC, DV = T::DV;
   constexpr int QS = T::QS, KS = T::KS, VS = T::VS, PS = T::PS;
 
   extern __shared__ __align__(16) float smem[];
@@ -199,6 +229,15 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
 
   const int cg = threadIdx.x % WC;   // column group: score columns cg + j*WC, output columns cg*4 + h*4*WC
   const int rg = threadIdx.x / WC;   // row group: query rows rg + i*NRG
+  // Owned row i is row_base + i*ROW_STEP, score column c is col_base + c*COL_STEP, output float4 h
+  // starts at out_base + h*OUT_STEP (V5_INTERLEAVE says which of the two ownerships).
+#if V5_INTERLEAVE
+  constexpr int ROW_STEP = T::NRG, COL_STEP = WC, OUT_STEP = 4 * WC;
+  const int row_base = rg, col_base = cg, out_base = cg * 4;
+#else
+  constexpr int ROW_STEP = 1, COL_STEP = 1, OUT_STEP = 4;
+  const int row_base = rg * TM, col_base = cg * TN, out_base = cg * 4 * DV;
+#endif
   // Query tiles of one (batch, head) are consecutive block indices, so blocks running at the same time
   // mostly read the same K and V, which then come from L2.
   const int q_tile = blockIdx.x % num_q_tiles;
@@ -245,10 +284,10 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
     for (int d = 0; d < D; d += 4) {
       float4 kf[TN];
 #pragma unroll
-      for (int c = 0; c < TN; ++c) kf[c] = lds128(Ks + (cg + c * WC) * KS + d);
+      for (int c = 0; c < TN; ++c) kf[c] = lds128(Ks + (col_base + c * COL_STEP) * KS + d);
 #pragma unroll
       for (int i = 0; i < TM; ++i) {
-        const float4 qf = lds128(Qs + (rg + i * NRG) * QS + d);
+        const float4 qf = lds128(Qs + (row_base + i * ROW_STEP) * QS + d);
 #pragma unroll
         for (int c = 0; c < TN; ++c) {
           s[i][c] = fmaf(qf.x, kf[c].x, s[i][c]);
@@ -263,7 +302,7 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
     if (kv0 + BC > N) {
 #pragma unroll
       for (int c = 0; c < TN; ++c)
-        if (kv0 + cg + c * WC >= N)
+        if (kv0 + col_base + c * COL_STEP >= N)
 #pragma unroll
           for (int i = 0; i < TM; ++i) s[i][c] = -INFINITY;
     }
@@ -279,17 +318,25 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
       for (int off = WC / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_new = fmaxf(m_i[i], mx);
       const float m_ref = m_new == -INFINITY ? 0.f : m_new;   // a row with no finite score yet
-      const float alpha = exp2_approx((m_i[i] - m_ref) * scale_log2);   // 0 on the first tile
+#if V5_EXP2
+      const float alpha = exp2_approx((m_i[i] - m_ref) * score_scale);   // 0 on the first tile
+#else
+      const float alpha = expf((m_i[i] - m_ref) * score_scale);
+#endif
       m_i[i] = m_new;
-      float* p_row = Ps + (rg + i * NRG) * PS + cg;
+      float* p_row = Ps + (row_base + i * ROW_STEP) * PS + col_base;
       float row_sum = 0.f;
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
         // (s - m) first, then the scale: the subtraction is exact for the scores near the max that
         // dominate the sum, so only one rounding (of the product) reaches the exponent.
-        const float p = exp2_approx((s[i][c] - m_ref) * scale_log2);
+#if V5_EXP2
+        const float p = exp2_approx((s[i][c] - m_ref) * score_scale);
+#else
+        const float p = expf((s[i][c] - m_ref) * score_scale);
+#endif
         row_sum += p;
-        p_row[c * WC] = p;
+        p_row[c * COL_STEP] = p;
       }
       l_i[i] = fmaf(l_i[i], alpha, row_sum);
       alpha_i[i] = alpha;
@@ -328,12 +375,12 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
     for (int c4 = 0; c4 < BC; c4 += 4) {
       float4 pf[TM];
 #pragma unroll
-      for (int i = 0; i < TM; ++i) pf[i] = lds128(Ps + (rg + i * NRG) * PS + c4);
+      for (int i = 0; i < TM; ++i) pf[i] = lds128(Ps + (row_base + i * ROW_STEP) * PS + c4);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
         for (int h = 0; h < DV; ++h) {
-          const float4 vf = lds128(Vs + (c4 + kk) * VS + cg * 4 + h * 4 * WC);
+          const float4 vf = lds128(Vs + (c4 + kk) * VS + out_base + h * OUT_STEP);
 #pragma unroll
           for (int i = 0; i < TM; ++i) {
             const float p = lane_of(pf[i], kk);
@@ -361,12 +408,12 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
 #pragma unroll
     for (int off = WC / 2; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
     const float inv_l = l == 0.f ? 0.f : 1.f / l;
-    const int row = row0 + rg + i * NRG;
+    const int row = row0 + row_base + i * ROW_STEP;
     if (row < M) {
-      float* o_row = o + ((size_t)bh * M + row) * D + cg * 4;
+      float* o_row = o + ((size_t)bh * M + row) * D + out_base;
 #pragma unroll
       for (int h = 0; h < DV; ++h)
-        *reinterpret_cast<float4*>(o_row + h * 4 * WC) =
+        *reinterpret_cast<float4*>(o_row + h * OUT_STEP) =
             make_float4(o_acc[i][4 * h + 0] * inv_l, o_acc[i][4 * h + 1] * inv_l,
                         o_acc[i][4 * h + 2] * inv_l, o_acc[i][4 * h + 3] * inv_l);
     }
@@ -394,9 +441,10 @@ const char* launch(const float* q, const float* k, const float* v, float* o, int
   if (blocks > INT_MAX) return "v5: B * H * ceil(M / B_r) exceeds the grid limit of 2^31 - 1 blocks";
   const auto kernel = flash_v5_kernel<T, V5_UNROLL>;
   if (const char* err = prepare<T>(reinterpret_cast<const void*>(kernel))) return err;
-  const float scale_log2 = (float)(1.4426950408889634 / sqrt((double)T::D));   // log2(e) / sqrt(D)
+  // log2(e) / sqrt(D) for exp2, 1 / sqrt(D) for expf
+  const float score_scale = (float)((V5_EXP2 ? 1.4426950408889634 : 1.0) / sqrt((double)T::D));
   kernel<<<(unsigned)blocks, T::THREADS, T::SMEM_BYTES, stream>>>(q, k, v, o, M, N, (int)num_q_tiles,
-                                                                   scale_log2);
+                                                                   score_scale);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
