@@ -102,8 +102,31 @@ STALL_MEANING = {   # what a warp in each state is waiting for (Kernel Profiling
     "membar": "a memory fence",
     "imc_miss": "a constant-cache miss",
 }
+# Shared memory, collected by flashattn.profile with --metrics on top of the sections (reports recorded
+# before that lack them: None). A bank conflict is an extra wavefront: a warp's shared-memory request
+# that needs k passes through the 32 banks counts k wavefronts and k - 1 conflicts. ldmatrix is a
+# shared load of the LSU pipe, so its wavefronts and conflicts are inside the _op_ld counters.
+SHARED = {
+    "bank_conflicts_ld": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "bank_conflicts_st": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "shared_wavefronts_ld": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+    "shared_wavefronts_st": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+}
+# The per-step counters of `python -m flashattn.sweep KEY-steps --metrics`, beside the stall ratios of
+# WarpStateStats (STALL). OPTIONAL ones are dropped (and the run repeated) if this ncu does not know them.
+STEP_METRICS = {
+    **SHARED,
+    "inst_executed": "smsp__inst_executed.sum",
+    "shared_ld_inst": "smsp__inst_executed_op_shared_ld.sum",
+    "shared_st_inst": "smsp__inst_executed_op_shared_st.sum",
+    "ldsm_inst": "smsp__inst_executed_op_ldsm.sum",
+    "achieved_occupancy_pct": FIELDS["achieved_occupancy_pct"][1],
+    "duration_s": FIELDS["duration_s"][1],
+}
+OPTIONAL_METRICS = ("shared_ld_inst", "shared_st_inst", "ldsm_inst")
 RAW_METRICS = ([m for _, m in FIELDS.values()] + [m for _, m in BLOCK_LIMITS.values()]
-               + [FADD, FMUL, FFMA, SMSP_HZ, SM_HZ, FFMA_PEAK, DRAM_BW, DRAM_PEAK, DRAM_HZ, *TENSOR_PIPE])
+               + [FADD, FMUL, FFMA, SMSP_HZ, SM_HZ, FFMA_PEAK, DRAM_BW, DRAM_PEAK, DRAM_HZ, *TENSOR_PIPE]
+               + list(SHARED.values()))
 
 # ------------------------------------------------------------------------------------------ units
 _PREFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
@@ -250,6 +273,7 @@ def summarize(path, kernel: str | None = None) -> dict:
     parts = [s[k] for k in ("shared_dynamic_bytes", "shared_static_bytes", "shared_driver_bytes")]
     s["shared_total_bytes"] = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
     s["stalls"] = stalls(action)
+    s.update({k: _f(action, m) for k, m in SHARED.items()})
     return s
 
 
@@ -276,6 +300,18 @@ def read_details_csv(path) -> dict[str, tuple[str, str]]:
             if label and label not in out:
                 out[label] = (row.get("Metric Value", ""), row.get("Metric Unit", ""))
     return out
+
+
+def raw_values(raw: dict[str, tuple[str, str]], names: dict[str, str]) -> tuple[dict, dict]:
+    """From a raw page (read_raw_csv): ({key: value in base units or None} for names {key: metric},
+    {stall reason: cycles per issued instruction}, largest first)."""
+    def value(name):
+        text, unit = raw.get(name, ("", ""))
+        x = parse_number(text)
+        return None if x is None else x * unit_scale(unit)
+    found = {k: value(m) for k, m in names.items()}
+    stall = {m.group(1): value(n) for n in raw if (m := STALL.match(n))}
+    return found, dict(sorted(((k, v) for k, v in stall.items() if v), key=lambda kv: -kv[1]))
 
 
 def read_raw_csv(path) -> dict[str, tuple[str, str]]:
@@ -357,6 +393,11 @@ def table_rows(s: dict) -> list[tuple[str, str, str]]:
     launch = f"{s['block_size']:.0f} threads/block, {s['grid_size']:.0f} blocks" \
         if s["block_size"] and s["grid_size"] else "—"
     rows.append(("Registers", f"{s['registers_per_thread']:.0f}/thread" if s["registers_per_thread"] else "—", launch))
+    if s.get("shared_wavefronts_ld") is not None:
+        rows.append(("Shared-memory bank conflicts",
+                     f"{s['bank_conflicts_ld']:,.0f} load, {s['bank_conflicts_st']:,.0f} store",
+                     f"extra wavefronts, out of {s['shared_wavefronts_ld']:,.0f} load and "
+                     f"{s['shared_wavefronts_st']:,.0f} store wavefronts"))
     dyn, drv = s["shared_dynamic_bytes"], s["shared_driver_bytes"]
     total = s["shared_total_bytes"]
     rows.append(("Shared memory", f"{total / 1e3:.2f} KB/block" if total is not None else "—",

@@ -33,6 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_csv
 from .versions import INFO, VERSIONS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -185,6 +186,7 @@ def ncu_command(ncu: str, version: str, args, out_base: Path, sections: list[str
            "--launch-skip", str(args.warmup), "--launch-count", "1", "--force-overwrite", "-o", str(out_base)]
     for s in sections:
         cmd += ["--section", s]
+    cmd += ["--metrics", ",".join(SHARED.values())]           # bank conflicts: flashattn.ncu.SHARED
     cmd += [sys.executable, "-m", "flashattn.profile", "--target", version,
             "--dtype", args.dtype or default_dtype(version),
             "--batch-size", str(args.batch_size), "--num-heads", str(args.num_heads), "--seq-len",
@@ -208,6 +210,35 @@ def profile_one(ncu: str, version: str, args, available: set[str] | None) -> Pat
     export_pages(ncu, report)
     print(f"wrote {report}", flush=True)
     return report
+
+
+def collect_metrics(ncu: str, target: list[str], kernel_regex: str, skip: int, out_base: Path) -> dict:
+    """Run `target` (a command line) under ncu, profile the kernel launch after `skip` matching ones and
+    return flashattn.ncu.STEP_METRICS and the warp-stall ratios of that launch: {"counters": {...},
+    "stalls": {...}} in base units, or {"error": why}. Used by `flashattn.sweep --metrics`."""
+    names = dict(STEP_METRICS)
+    for attempt in range(2):
+        cmd = [ncu, "--clock-control", "none", "--kernel-name", kernel_regex, "--launch-skip", str(skip),
+               "--launch-count", "1", "--force-overwrite", "-o", str(out_base), "--section", "WarpStateStats",
+               "--metrics", ",".join(names.values()), *target]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+        output = proc.stdout + proc.stderr
+        report = out_base.with_name(out_base.name + ".ncu-rep")
+        if proc.returncode == 0 and report.exists():
+            break
+        if attempt == 0 and "metric" in output.lower():       # an unknown optional counter: once without
+            names = {k: v for k, v in names.items() if k not in OPTIONAL_METRICS}
+            continue
+        tail = "\n".join(output.strip().splitlines()[-8:])
+        return {"error": f"{diagnose(output) or 'ncu exit status ' + str(proc.returncode)}: {tail}"}
+    page = subprocess.run([ncu, "--import", str(report), "--page", "raw", "--csv", "--print-units", "base"],
+                          capture_output=True, text=True)
+    if page.returncode != 0:
+        return {"error": f"ncu --import failed: {page.stderr.strip()[-500:]}"}
+    raw_path = out_base.with_name(out_base.name + ".raw.csv")
+    raw_path.write_text(page.stdout)
+    counters, stall = raw_values(read_raw_csv(raw_path), names)
+    return {"counters": counters, "stalls": stall}
 
 
 # ----------------------------------------------------------------------------------------- target

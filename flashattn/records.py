@@ -314,3 +314,95 @@ def sweep_table(version: str, file: str | None = None):
     if doc.get("converted_from"):
         note += f" Recorded in an earlier format ({doc['converted_from']['format']}), same measurements."
     return md("\n".join(lines) + "\n\n" + note)
+
+
+# Columns of step_table: (header, where in a step row, format). Counters come from `--metrics`; SASS counts
+# of the hot loop from flashattn.sass (no GPU).
+STEP_COLUMNS = {
+    "bank conflicts ld": (("metrics", "counters", "bank_conflicts_ld"), "{:,.0f}"),
+    "bank conflicts st": (("metrics", "counters", "bank_conflicts_st"), "{:,.0f}"),
+    "shared wavefronts ld": (("metrics", "counters", "shared_wavefronts_ld"), "{:,.0f}"),
+    "shared wavefronts st": (("metrics", "counters", "shared_wavefronts_st"), "{:,.0f}"),
+    "instructions": (("metrics", "counters", "inst_executed"), "{:,.0f}"),
+    "occupancy %": (("metrics", "counters", "achieved_occupancy_pct"), "{:.1f}"),
+    "stall barrier": (("metrics", "stalls", "barrier"), "{:.2f}"),
+    "stall long scoreboard": (("metrics", "stalls", "long_scoreboard"), "{:.2f}"),
+    "stall short scoreboard": (("metrics", "stalls", "short_scoreboard"), "{:.2f}"),
+    "stall mio throttle": (("metrics", "stalls", "mio_throttle"), "{:.2f}"),
+    "stall math pipe throttle": (("metrics", "stalls", "math_pipe_throttle"), "{:.2f}"),
+    "stall wait": (("metrics", "stalls", "wait"), "{:.2f}"),
+    "stall not selected": (("metrics", "stalls", "not_selected"), "{:.2f}"),
+    "HMMA": (("sass_hot_loop", "HMMA"), "{}"),
+    "LDS": (("sass_hot_loop", "LDS"), "{}"),
+    "LDSM": (("sass_hot_loop", "LDSM"), "{}"),
+    "STS": (("sass_hot_loop", "STS"), "{}"),
+    "BAR/sync": (("sass_hot_loop", "BAR/sync"), "{}"),
+    "MUFU": (("sass_hot_loop", "MUFU"), "{}"),
+    "global loads": (("sass_hot_loop", "global loads"), "{}"),
+}
+
+
+def _dig(row: dict, path: tuple):
+    for k in path:
+        row = row.get(k) if isinstance(row, dict) else None
+    return row
+
+
+def step_rows(version: str, file: str | None = None) -> list[dict]:
+    """The recorded step chain of a chapter (`python -m flashattn.sweep VERSION-steps [--metrics]`,
+    results/h200/VERSION_steps.json), in step order, one dict per step: name, D, step (1-based within its
+    head dim), change, correct, us (median), vs_previous and vs_first (speedups: the earlier step's time
+    over this one's, so above 1 is faster), the references' times, and every STEP_COLUMNS value. [] when
+    nothing is recorded."""
+    doc = _json(RESULTS / (file or f"{version}_steps.json"))
+    if doc is None:
+        return []
+    by_name = {r["name"]: r for r in doc["variants"]}
+    out, last, first = [], {}, {}
+    for name in doc.get("steps") or list(by_name):
+        r = by_name[name]
+        D, us = r["D"], (r.get("timing") or {}).get("median_us")
+        row = dict(name=name, D=D, step=sum(1 for o in out if o["D"] == D) + 1, change=r.get("change", ""),
+                   correct=r.get("correct"), max_rel_error=r.get("max_rel_error"), us=us,
+                   vs_previous=last[D] / us if us and last.get(D) else None,
+                   vs_first=first[D] / us if us and first.get(D) else None,
+                   registers=(r.get("ptxas") or {}).get("registers"), smem=(r.get("geometry") or {}).get("smem"))
+        row.update({col: _dig(r, path) for col, (path, _) in STEP_COLUMNS.items()})
+        out.append(row)
+        if us:
+            last[D] = us
+            first.setdefault(D, us)
+    return out
+
+
+def step_table(version: str, D: int | None = None, columns=("bank conflicts ld", "bank conflicts st"),
+               file: str | None = None):
+    """The step chain as a table: step, change, median µs, speedup over the step before and over the first
+    step, and the chosen STEP_COLUMNS, for one head dim (or all)."""
+    file = file or f"{version}_steps.json"
+    rows = [r for r in step_rows(version, file) if D is None or r["D"] == D]
+    if not rows:
+        return md(f"*No recorded step chain yet (`results/h200/{file}`, from `python -m flashattn.sweep "
+                  f"{version}-steps --metrics`).*")
+    lines = ["| D | step | change | correct | median µs | vs. step before | vs. step 1 | "
+             + " | ".join(columns) + " |", "|--:|--:|---|---|--:|--:|--:|" + "--:|" * len(columns)]
+
+    def cell(x, fmt):
+        return "—" if x is None else fmt.format(x)
+    for r in rows:
+        correct = {True: "yes", False: "NO", None: "—"}[r["correct"]]
+        lines.append(f"| {r['D']} | {r['step']} | {r['change']} | {correct} | {cell(r['us'], '{:,.1f}')} | "
+                     f"{cell(r['vs_previous'], '{:.2f}×')} | {cell(r['vs_first'], '{:.2f}×')} | "
+                     + " | ".join(cell(r[c], STEP_COLUMNS[c][1]) for c in columns) + " |")
+    doc = _json(RESULTS / file)
+    shapes = sorted({(r["D"], tuple(v.get("shape") or ())) for v in doc["variants"] for r in rows
+                     if v["name"] == r["name"]})
+    note = ("Times: " + "; ".join(f"D={d}: B, H, M, N = {', '.join(map(str, s[:4]))}" for d, s in shapes if s)
+            + f", {doc['dtype']}, non-causal; {doc['settings']['timing']}.")
+    metric_shape = next((v["metrics"]["shape"] for v in doc["variants"] if (v.get("metrics") or {}).get("shape")),
+                        None)
+    if metric_shape and any(c in columns for c in STEP_COLUMNS if c.startswith(("bank", "shared", "instr",
+                                                                                   "occ", "stall"))):
+        note += (f" Counters: one launch under Nsight Compute at B, H, M, N, D = "
+                 f"{', '.join(map(str, metric_shape))} (stalls: cycles per issued instruction).")
+    return md("\n".join(lines) + "\n\n" + note)

@@ -1,4 +1,4 @@
-"""Variant sweep of one kernel: `python -m flashattn.sweep VERSION [--only NAME ...] [--out DIR]`.
+"""Variant sweep of one kernel: `python -m flashattn.sweep VERSION [--only NAME ...] [--out DIR] [--metrics]`.
 
 A variant is the kernel file built with a few -D macros (tile shape, pipeline depth, code switches). For
 every variant of VERSION listed in VARIANTS this
@@ -16,6 +16,15 @@ every variant of VERSION listed in VARIANTS this
 
 Writes DIR/<version>_sweep.json in the one format flashattn.records.sweep_table reads, and prints a table.
 A new version needs only its entry in VARIANTS (and, for its geometry columns, a case in `geometry_of`).
+
+Step sets. A key "<version>-steps" (e.g. "v6-steps") is a chapter's chain of steps: the variants in
+order, each one compile-time change (Variant.change says which) away from the step before, the last
+one the file as committed. It builds kernels/<version>.cu like any other set and writes
+DIR/<version>_steps.json (same schema, plus "steps": the order, and each variant's "change").
+`--metrics` then runs every correct variant once more under Nsight Compute at METRICS_SHAPE and stores
+the counters of flashattn.ncu.STEP_METRICS per variant (bank conflicts, shared wavefronts, instructions,
+the warp-stall breakdown, occupancy, duration), and `flashattn.sass` counts the instructions of each
+variant's hot loop (no GPU needed for that part). flashattn.records.step_table reads the result.
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import geometry, loader, resources
+from . import geometry, loader, resources, steps
 from .versions import INFO
 
 SCHEMA = "flashattn.sweep/1"
@@ -41,6 +50,21 @@ SCHEMA = "flashattn.sweep/1"
 class Variant:
     D: int                                            # the head dim the macros affect (and that is timed)
     macros: dict = field(default_factory=dict)        # -D NAME=VALUE; {} builds the file as committed
+    change: str = ""                                  # step sets: the one change from the step before
+
+
+def kernel_version(key: str) -> str:
+    """The kernel file a VARIANTS key builds: "v6-steps" -> "v6"."""
+    return key.removesuffix("-steps")
+
+
+def is_steps(key: str) -> bool:
+    return key.endswith("-steps")
+
+
+def output_name(key: str) -> str:
+    """v6 -> v6_sweep.json; v6-steps -> v6_steps.json."""
+    return f"{kernel_version(key)}_steps.json" if is_steps(key) else f"{key}_sweep.json"
 
 
 def _v5(D, B_r, B_c, TM, TN, **extra) -> Variant:
@@ -102,8 +126,11 @@ VARIANTS: dict[str, dict[str, Variant]] = {
         ("bc176" if D == 128 else "d64wg2", {"V8_D128_BC": 176} if D == 128 else {"V8_D64_WG": 2}),
         ("overlap_nopp", {"V8_PINGPONG": 0}),
     )},
+    # The V6 chapter's steps (issue 12), one interleaved run per head dim; docs/v6_notes.md says why each.
+    "v6-steps": steps.v6_chain(Variant),
 }
 SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7", "v8")}   # (B, H, M, N)
+METRICS_SHAPE = (2, 8, 1024, 1024)   # --metrics: small enough for ncu's replays, 2 x 8 x 8 = 128 blocks
 # Timed beside the variants in the same interleaved run (16-bit dtypes; float32 runs time SDPA only).
 REFERENCES = {"v7": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v6"), "v8": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v7")}
 DEFAULT_REFERENCES = ("sdpa", "sdpa_flash")
@@ -119,11 +146,18 @@ def flags(variant: Variant) -> list[str]:
 
 def geometry_of(version: str, variant: Variant) -> dict | None:
     """Threads and shared memory of the variant's kernel at its head dim, from flashattn.geometry."""
+    version = kernel_version(version)
     if version == "v5":
         return geometry.v5_default_tiles(variant.macros)[variant.D]
     if version == "v6":
         get = lambda k: variant.macros.get(f"V6_D{variant.D}_{k}") or geometry.constant("v6", f"V6_D{variant.D}_{k}")
         B_r, smem = geometry.v6_smem(2, variant.D, get("WM"), get("BC"), get("STAGES"))
+        # the step macros, as kernels/v6.cu's launcher counts them: 16 bytes more per row when padded,
+        # and a [B_r][B_c] tile for P when it goes through shared memory
+        if variant.macros.get("V6_SMEM_LAYOUT") == 1:
+            smem += 16 * (B_r + 2 * get("STAGES") * get("BC"))
+        if variant.macros.get("V6_P_SMEM") == 1:
+            smem += 2 * B_r * get("BC") + (16 * B_r if variant.macros.get("V6_SMEM_LAYOUT") == 1 else 0)
         return dict(D=variant.D, B_r=B_r, B_c=get("BC"), threads=32 * geometry.constant("v6", "kWarps"), smem=smem)
     if version == "v7":
         return geometry.v7_tiles(variant.D, variant.macros)
@@ -241,10 +275,11 @@ def _nullcontext():
     return contextlib.nullcontext()
 
 
-def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
-    """Build every variant and ask ptxas about it, `jobs` compilers at a time: ({name: module},
-    {name: ptxas report or the errors})."""
-    variants = {n: v for n, v in VARIANTS[version].items() if not only or n in only}
+def build_all(key: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
+    """Build every variant of VARIANTS[key] and ask ptxas about it, `jobs` compilers at a time:
+    ({name: module}, {name: ptxas report or the errors})."""
+    variants = {n: v for n, v in VARIANTS[key].items() if not only or n in only}
+    version = kernel_version(key)
     dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
     modules, reports = {}, {n: {} for n in variants}
     same_macros: dict = {}                            # one build per set of macros, for all its variants
@@ -253,12 +288,15 @@ def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         builds = {pool.submit(_build, version, variants[names[0]]): names for names in same_macros.values()}
         ptxas = {pool.submit(_ptxas, version, v, dtype_name): [n] for n, v in variants.items()}
-        for f in cf.as_completed(list(builds) + list(ptxas)):
-            names = builds.get(f) or ptxas[f]
+        counts = {pool.submit(steps.sass_counts, version, v): [n] for n, v in variants.items()} if is_steps(key) else {}
+        for f in cf.as_completed(list(builds) + list(ptxas) + list(counts)):
+            names = builds.get(f) or ptxas.get(f) or counts[f]
             for n in names:
                 try:
                     if f in builds:
                         modules[n] = f.result()
+                    elif f in counts:
+                        reports[n]["sass_hot_loop"] = f.result()
                     else:
                         reports[n]["ptxas"] = f.result()
                 except Exception as err:              # a failed build is a result too; keep going
@@ -266,17 +304,18 @@ def build_all(version: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
     return modules, reports
 
 
-def run(version: str, only=(), jobs: int = 4, args=None) -> dict:
+def run(key: str, only=(), jobs: int = 4, args=None) -> dict:
     import torch
 
     from .bench import DTYPES, environment
-    variants = {n: v for n, v in VARIANTS[version].items() if not only or n in only}
+    variants = {n: v for n, v in VARIANTS[key].items() if not only or n in only}
+    version = kernel_version(key)
     dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
     dtype = DTYPES[dtype_name]
     start = time.perf_counter()
     rows = {n: dict(name=n, D=v.D, macros=v.macros, flags=flags(v), geometry=geometry_of(version, v))
             for n, v in variants.items()}
-    modules, reports = build_all(version, only, jobs)
+    modules, reports = build_all(key, only, jobs)
     for n, report in reports.items():
         rows[n].update(report)
     for n, r in rows.items():
@@ -305,7 +344,10 @@ def run(version: str, only=(), jobs: int = 4, args=None) -> dict:
                 rows[n]["vs"] = {r["name"]: r["timing"]["median_us"] / t["median_us"] for r in refs
                                  if "median_us" in r["timing"]}
         torch.cuda.empty_cache()
-    return {"schema": SCHEMA, "version": version, "dtype": dtype_name, "meta": environment(),
+    steps = {"set": key, "steps": list(variants)} if is_steps(key) else {}
+    for n in rows if steps else ():
+        rows[n]["change"] = variants[n].change
+    return {"schema": SCHEMA, "version": version, **steps, "dtype": dtype_name, "meta": environment(),
             "settings": dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
                              timing="flashattn.timing.time_interleaved: CUDA events, L2 flushed before each "
                                     "call, interleaved rounds, median",
@@ -338,12 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="versions with variants: " + ", ".join(VARIANTS))
     p.add_argument("version", metavar="VERSION", choices=tuple(VARIANTS), help="one of " + ", ".join(VARIANTS))
     p.add_argument("--only", nargs="+", default=(), metavar="NAME", help="these variants only (default: all)")
-    p.add_argument("--out", type=Path, default=Path("."), help="folder for VERSION_sweep.json (default: .)")
+    p.add_argument("--out", type=Path, default=Path("."),
+                   help="folder for VERSION_sweep.json or VERSION_steps.json (default: .)")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 2),
                    help="parallel builds (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10, help="warm-up calls per variant (default: %(default)s)")
     p.add_argument("--repetitions", type=int, default=60, help="timed calls per variant (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    p.add_argument("--metrics", action="store_true",
+                   help="also run every correct variant once under Nsight Compute at "
+                        f"B, H, M, N = {METRICS_SHAPE} and store flashattn.ncu.STEP_METRICS and the warp-stall "
+                        "ratios per variant (default: off)")
+    p.add_argument("--target", metavar="NAME", help=argparse.SUPPRESS)   # internal: what ncu runs
     p.add_argument("--build-only", action="store_true",
                    help="build the variants and record ptxas's reports (no GPU needed), so that a later "
                         "run only times them (default: off)")
@@ -352,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.target:
+        return steps.target(args.version, args.target, args.warmup)
     unknown = set(args.only) - set(VARIANTS[args.version])
     if unknown:
         raise SystemExit(f"unknown variant(s) of {args.version}: {', '.join(sorted(unknown))}")
@@ -370,8 +420,11 @@ def main(argv=None) -> int:
         raise SystemExit("flashattn.sweep needs a CUDA GPU: torch.cuda.is_available() is False")
     doc = run(args.version, args.only, args.jobs, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{args.version}_sweep.json"
+    path = args.out / output_name(args.version)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if args.metrics:
+        steps.attach_metrics(doc, args.version, args.out)
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(format_table(doc) + f"\n\nwrote {path} ({doc['total_seconds']} s)")
     return 0
 
