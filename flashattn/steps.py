@@ -41,16 +41,24 @@ def v6_chain(Variant) -> dict:
     return out
 
 
+def _v6_kernel(name: str, D: int) -> bool:
+    """v6::flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, WITH_LSE>: bf16, non-causal, no lse."""
+    a = geometry.template_args(name) if "<" in name else []
+    return len(a) == 9 and a[0] == "__nv_bfloat16" and a[1] == str(D) and a[5] == "false" and a[8] == "false"
+
+
+KERNEL_OF = {"v6": _v6_kernel}   # version -> which disassembled kernel is the timed one at head dim D
+
+
 def sass_counts(version: str, variant) -> dict:
-    """Instruction classes of the hot loop (flashattn.sass) of the variant's timed kernel: bf16 (the first
-    16-bit dtype of the version), head dim D, non-causal, forward only. No GPU needed."""
+    """Instruction classes of the hot loop (flashattn.sass) of the variant's timed kernel (KERNEL_OF: the
+    instance of the timed dtype, head dim D, non-causal, forward only; the largest kernel whose name
+    carries D for a version without an entry). No GPU needed."""
     from . import sass, sweep
     try:
-        # v6::flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, WITH_LSE>
-        kernels = [f for f in sass.disassemble(version, tuple(sweep.flags(variant))) if "<" in f.pretty]
-        kernels = [f for f in kernels if (lambda a: a[0] == "__nv_bfloat16" and a[1] == str(variant.D)
-                                          and a[5] == "false" and a[-1] == "false")(geometry.template_args(f.pretty))]
-        fn = max(kernels, key=lambda f: len(f.instructions))
+        kernels = sass.disassemble(version, tuple(sweep.flags(variant)))
+        pick = KERNEL_OF.get(version, lambda name, D: f"{D}" in name[name.find("<"):])
+        fn = max([f for f in kernels if pick(f.pretty, variant.D)], key=lambda f: len(f.instructions))
         row = sass.loop_row(fn.hot_loop())
     except (RuntimeError, ValueError, IndexError) as err:
         return {"error": f"{type(err).__name__}: {str(err)[-300:]}"}
@@ -59,15 +67,17 @@ def sass_counts(version: str, variant) -> dict:
 
 def target(key: str, name: str, warmup: int) -> int:
     """What ncu runs for --metrics: the variant's build (from the extension cache), `warmup` calls and
-    one more at sweep.METRICS_SHAPE, bf16, non-causal."""
+    one more at sweep.METRICS_SHAPE, in the version's timed dtype (its first), non-causal."""
     import torch
 
     from . import sweep
+    from .versions import INFO
     variant = sweep.VARIANTS[key][name]
     module = sweep._build(sweep.kernel_version(key), variant)
     B, H, M, N = sweep.METRICS_SHAPE
     g = torch.Generator(device="cuda").manual_seed(11)
-    q, k, v = (torch.randn(B, H, L, variant.D, device="cuda", generator=g).to(torch.bfloat16) for L in (M, N, N))
+    dtype = INFO[sweep.kernel_version(key)].dtypes[0]
+    q, k, v = (torch.randn(B, H, L, variant.D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
     for _ in range(warmup + 1):
         out = module.forward(q, k, v, False)
     torch.cuda.synchronize()
@@ -91,5 +101,5 @@ def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
         stem = "".join(ch if ch.isalnum() else "_" for ch in r["name"])
         target = [sys.executable, "-m", "flashattn.sweep", key, "--target", r["name"], "--warmup", str(warmup)]
         got = profile.collect_metrics(ncu, target, regex, warmup, folder / stem)
-        r["metrics"] = {"shape": [*sweep.METRICS_SHAPE, r["D"]], "dtype": "bfloat16", "causal": False, **got}
+        r["metrics"] = {"shape": [*sweep.METRICS_SHAPE, r["D"]], "dtype": doc["dtype"], "causal": False, **got}
         print(f"metrics {r['name']}: {'ok' if 'counters' in got else got['error'][:200]}", flush=True)
