@@ -182,3 +182,82 @@ def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("
     k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
     args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
     return bench_shape(list(names), q, k, v, causal, args, do=do)
+
+
+# ------------------------------------------------------------------------------------------ layout step
+# The four target configurations of issue 14: (B, H, M = N, D, causal).
+TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64, True),
+           (2, 16, 8192, 128, True))
+
+
+def layout_module(layout: int):
+    """v6's backward built with the atomic mode's dK/dV kernel `layout` at both head dims (0: bwd_dkdv,
+    a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's warp split), under a
+    module name of its own so that both load into one process."""
+    from .loader import build, check_device
+    check_device("v6")
+    flags = [f"-DV6B_D64_LAYOUT={layout}", f"-DV6B_D128_LAYOUT={layout}"]
+    return build(INFO["v6"].backward, extra_cuda_cflags=flags, functions=("backward",),
+                 module_name=f"flashattn_v6_backward_layout{layout}")
+
+
+def compare_layouts(configs=TARGETS, dtype=torch.bfloat16, warmup: int = 25, repetitions: int = 100,
+                    rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
+    """Both dK/dV layouts (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
+    configuration (flashattn.timing.time_interleaved), rows in the benchmark's backward format; each v6
+    row also says whether its dK, dV are bit-identical to layout 0's on the same inputs."""
+    import contextlib
+
+    from .timing import time_interleaved
+    layouts = {f"v6_layout{n}": layout_module(n) for n in (0, 1)}
+    rows = []
+    for B, H, L, D, causal in configs:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, do = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+        k, v = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+        o, lse = forward_module("v6").forward_lse(q, k, v, causal)
+        calls, same = {}, {}
+        for name, module in layouts.items():
+            fn = functools.partial(module.backward, q, k, v, o, lse, do, causal, False)
+            grads = fn()
+            first = same.setdefault("grads", grads)
+            same[name] = bool(torch.equal(grads[1], first[1]) and torch.equal(grads[2], first[2]))
+            calls[name] = (fn, contextlib.nullcontext)
+        del same["grads"]
+        for name in ("sdpa_flash", "sdpa_cudnn"):
+            calls[name] = (backward_call(name, q, k, v, do, causal), contextlib.nullcontext)
+        timings = time_interleaved(calls, warmup=warmup, repetitions=repetitions, rounds=rounds,
+                                   max_seconds=max_seconds)
+        for name, timing in timings.items():
+            row = dict(version=name, batch_size=B, num_heads=H, seq_len_q=L, seq_len_kv=L, head_dim=D,
+                       dtype=str(dtype).replace("torch.", ""), causal=causal, direction="backward",
+                       flops=backward_flops(B, H, L, L, D, causal), dkdv_same_as_layout0=same.get(name))
+            if isinstance(timing, Exception):
+                row.update(status="failed", message=str(timing).strip().splitlines()[0][:300])
+            else:
+                row.update(status="ok", **timing.summary())
+                row["tflops"] = row["flops"] / (row["median_us"] * 1e-6) / 1e12
+            rows.append(row)
+            print(f"{name:>12} B={B} H={H} L={L} D={D} causal={causal}: "
+                  f"{row.get('median_us', float('nan')):,.1f} us", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    """The layout step (compare_layouts) at the four targets: python -c "from flashattn.autograd import
+    main; main(['--json', 'results/h200/backward_layouts.json'])" (not `python -m`: running this file as
+    __main__ would register the custom ops a second time if anything imports flashattn.autograd)."""
+    import argparse
+    from pathlib import Path
+
+    from .bench import environment, write_json
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--json", type=Path, default=None, help="write {schema, runs: [{meta, rows}]} here")
+    args = parser.parse_args(argv)
+    rows = compare_layouts()
+    if args.json:
+        meta = environment(argv)
+        meta["command"] = f"python -c \"from flashattn.autograd import main; main(['--json', '{args.json}'])\""
+        write_json({"meta": meta, "rows": rows}, args.json)
+        print(f"wrote {args.json}")
+    return 0

@@ -94,6 +94,14 @@
 #ifndef V6B_D128_WARPS
 #define V6B_D128_WARPS 8
 #endif
+// Atomic mode's dK/dV kernel per head dim: 0 = bwd_dkdv (a warp owns 16 keys x the whole head dim),
+// 1 = bwd_dkdv_split (FlashAttention-2's split: 8 warps, B_c = 128, P^T and dS^T through shared memory).
+#ifndef V6B_D64_LAYOUT
+#define V6B_D64_LAYOUT 0
+#endif
+#ifndef V6B_D128_LAYOUT
+#define V6B_D128_LAYOUT 0
+#endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
 #endif
@@ -506,6 +514,261 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
   }
 }
 
+// ---------------------------------------------------------------- 2'. dK, dV, dQ atomics: split layout --
+//
+// The same products as bwd_dkdv (atomic mode), with the work of each step split over the 8 warps the
+// way FlashAttention-2's sm80 backward splits it, so that a warp reads fewer shared-memory bytes per mma:
+//   S^T, dP^T (B_c = 128 keys x B_r = 64 queries): warp w owns keys 32*(w/2) .. +32 and queries
+//     32*(w%2) .. +32 -- per k16 step 2 ldmatrix of K_j (or V_j) and 2 of Q_i (or dO_i) for 8 mma, where
+//     bwd_dkdv's 16 keys x 64 queries need 1 + 4 for 8.
+//   P^T and dS^T go to shared memory ([B_c][B_r], 128-byte rows, the dS^T swizzle of bwd_dkdv), because
+//   the next step needs all 64 queries of a key row and a warp computed only 32 of them.
+//   dV_j += P^T dO_i and dK_j += dS^T Q_i: warp w owns keys 32*(w/2) .. +32 (the same keys as above) and
+//     head-dim columns (D/2)*(w%2) .. +D/2 -- per k16 step 2 ldmatrix of P^T (dS^T) and D/32
+//     ldmatrix.trans of dO_i (Q_i) for D/4 mma, where bwd_dkdv reads D/16 for D/8 (its A operand comes
+//     from registers, but every warp reads all of dO_i and Q_i for only 16 keys).
+//   dQ_i += dS K_j: bwd_dkdv's step unchanged (4 query slices x 2 halves of the head dim).
+// Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
+// Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
+// order), so dK and dV come out bit-identical to it and to the deterministic mode.
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(256, 1)
+    bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                   const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
+                   T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
+                   int n_blocks, float scale_log2, float scale) {
+  constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128, BR = kBr;
+  constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, DT = D / 8;
+  constexpr int SROWB = BR * 2;         // bytes per row of P^T and dS^T
+  static_assert(SROWB == 128, "the P^T / dS^T swizzle assumes 8 chunks per row");
+  constexpr int KW = 32, QW = 32;       // S^T step: keys x queries per warp
+  constexpr int DH = D / 2, DHT = DH / 8;   // dK/dV step: head-dim columns per warp, their n8 tiles
+  constexpr int QS = BR / 16, DQT = DT / 2;  // dQ step: query slices, n8 tiles per warp
+  static_assert(BC == KW * (WARPS / 2) && BR == QW * 2 && QS * 2 == WARPS, "warp split of the tile");
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);   // [B_c][D]
+  T* sV = sK + BC * D;                      // [B_c][D]
+  T* sQ = sV + BC * D;                      // 2 buffers of [B_r][D]
+  T* sdO = sQ + 2 * BR * D;                 // 2 buffers of [B_r][D]
+  T* sP = sdO + 2 * BR * D;                 // [B_c][B_r] (P^T)
+  T* sdS = sP + BC * BR;                    // [B_c][B_r] (dS^T)
+  float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
+  float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
+
+  int n_block, bh;
+  if (CAUSAL) {
+    bh = blockIdx.x % BH;
+    n_block = (int)(blockIdx.x / BH);
+  } else {
+    n_block = blockIdx.x % n_blocks;
+    bh = blockIdx.x / n_blocks;
+  }
+  const int n0 = n_block * BC;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int wk = warp >> 1, wq = warp & 1;   // wq: query half in the S^T step, head-dim half in dK/dV
+
+  const T* Qh = Q + (size_t)bh * M * D;
+  const T* Kh = K + (size_t)bh * N * D;
+  const T* Vh = V + (size_t)bh * N * D;
+  const T* dOh = dO + (size_t)bh * M * D;
+  const float* lse2h = lse2 + (size_t)bh * M;
+  const float* Dh = Dvec + (size_t)bh * M;
+
+  const int m_tiles = (M + BR - 1) / BR;
+  int it_begin = 0;
+  if (CAUSAL) {
+    const long long first = (long long)n0 - N + M;
+    it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
+  }
+
+  float dv[2][DHT][4], dk[2][DHT][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int t = 0; t < DHT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv[mi][t][e] = dk[mi][t][e] = 0.f;
+
+  if (it_begin < m_tiles) {   // block-uniform
+    const int x = lane & 7;
+    const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
+    const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
+    const uint32_t sK_a = smem_addr(sK) + (uint32_t)((KW * wk + a_row) * ROWB);
+    const uint32_t sV_a = smem_addr(sV) + (uint32_t)((KW * wk + a_row) * ROWB);
+    const uint32_t sP_a = smem_addr(sP) + (uint32_t)((KW * wk + a_row) * SROWB);
+    const uint32_t sdS_a = smem_addr(sdS) + (uint32_t)((KW * wk + a_row) * SROWB);
+
+    load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
+    load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
+    load_tile<BR, CPR, THREADS>(sQ, Qh, it_begin * BR, M, tid);
+    load_tile<BR, CPR, THREADS>(sdO, dOh, it_begin * BR, M, tid);
+    load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
+    cp_async_commit();
+
+    // [32 keys x 32 queries] acc = A B^T: A = 32 rows at a_base (K_j or V_j), B = 32 rows at b_base.
+    auto keys_times_rows = [&](float (&acc)[2][4][4], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mi][t][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint32_t a[2][4], b[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+#pragma unroll
+        for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            mma<T>(acc[mi][2 * np], a[mi], b[np][0], b[np][1]);
+            mma<T>(acc[mi][2 * np + 1], a[mi], b[np][2], b[np][3]);
+          }
+      }
+    };
+    // acc[32 keys x D/2] += A [32 keys x B_r] (P^T or dS^T at a_base) * tile [B_r x D] (this warp's half
+    // of the head dim, row-major at base, read with .trans)
+    auto keys_times_tile = [&](float (&acc)[2][DHT][4], uint32_t a_base, uint32_t base) {
+#pragma unroll
+      for (int kk = 0; kk < BR / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+          ldmatrix_x4(a[mi], a_base + mi * 16 * SROWB + (((2 * kk + a_chunk) ^ x) << 4));
+#pragma unroll
+        for (int dp = 0; dp < DHT / 2; ++dp) {
+          const int chunk = wq * DHT + 2 * dp + a_chunk;
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, base + kk * 16 * ROWB + ((chunk ^ x) << 4));
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma<T>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+            mma<T>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+    };
+
+    int buf = 0;
+    for (int it = it_begin; it < m_tiles; ++it) {
+      // as in bwd_dkdv: tile it has landed, and every warp is done with tile it - 1 (its Q/dO buffer and
+      // the P^T / dS^T tiles its dK/dV and dQ steps read)
+      cp_async_wait<0>();
+      __syncthreads();
+      if (it + 1 < m_tiles) {
+        const int nb = buf ^ 1;
+        load_tile<BR, CPR, THREADS>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
+        load_tile<BR, CPR, THREADS>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
+        load_row_terms(sL + nb * BR, sDv + nb * BR, lse2h, Dh, (it + 1) * BR, M, tid);
+      }
+      cp_async_commit();
+
+      const int i0 = it * BR;
+      const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
+      const uint32_t sdO_b = smem_addr(sdO + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
+      const float* L = sL + buf * BR + QW * wq;
+      const float* Dv = sDv + buf * BR + QW * wq;
+
+      float s[2][4][4], dp[2][4][4];
+      keys_times_rows(s, sK_a, sQ_b);    // S^T = K_j Q_i^T
+      keys_times_rows(dp, sV_a, sdO_b);  // dP^T = V_j dO_i^T
+
+      // ---- P^T and dS^T, masked where needed, to shared memory: key row r, queries c, c + 1 (c even)
+      //      at chunk (c / 8) ^ (r % 8), byte 2 * (c % 8) ----
+      const bool tail = n0 + BC > N;
+      const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;
+      unsigned char* sPb = reinterpret_cast<unsigned char*>(sP);
+      unsigned char* sdSb = reinterpret_cast<unsigned char*>(sdS);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * t + 2 * q);
+        const float2 d2 = *reinterpret_cast<const float2*>(Dv + 8 * t + 2 * q);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          float p[4], ds[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float lse_e = (e & 1) ? l2.y : l2.x, d_e = (e & 1) ? d2.y : d2.x;
+            p[e] = ex2(fmaf(s[mi][t][e], scale_log2, -lse_e));
+            if (tail || diag) {
+              const int key = n0 + KW * wk + 16 * mi + g + 8 * (e >> 1);
+              const int row = i0 + QW * wq + 8 * t + 2 * q + (e & 1);
+              if (key >= N || (CAUSAL && key - N > row - M)) p[e] = 0.f;
+            }
+            ds[e] = p[e] * (dp[mi][t][e] - d_e);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = KW * wk + 16 * mi + g + 8 * h, chunk = 4 * wq + t;
+            const int off = r * SROWB + ((chunk ^ (r & 7)) << 4) + 4 * q;
+            *reinterpret_cast<uint32_t*>(sPb + off) = pack2<T>(p[2 * h], p[2 * h + 1]);
+            *reinterpret_cast<uint32_t*>(sdSb + off) = pack2<T>(ds[2 * h], ds[2 * h + 1]);
+          }
+        }
+      }
+      __syncthreads();
+
+      const uint32_t sdO_t = smem_addr(sdO + buf * BR * D) + (uint32_t)(a_row * ROWB);
+      const uint32_t sQ_t = smem_addr(sQ + buf * BR * D) + (uint32_t)(a_row * ROWB);
+      keys_times_tile(dv, sP_a, sdO_t);    // dV_j += P^T dO_i
+      keys_times_tile(dk, sdS_a, sQ_t);    // dK_j += dS^T Q_i
+
+      // dQ_i[slice rows, head-dim half] += dS K_j, as in bwd_dkdv
+      const int slice = warp % QS, part = warp / QS;
+      float dq[DQT][4];
+#pragma unroll
+      for (int t = 0; t < DQT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
+      const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
+      const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, sdS_q + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
+#pragma unroll
+        for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
+          const int chunk = part * DQT + 2 * dp2 + a_chunk;
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
+          mma<T>(dq[2 * dp2], a, b[0], b[1]);
+          mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = i0 + slice * 16 + g + 8 * h;
+        if (row < M) {
+          float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
+#pragma unroll
+          for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
+        }
+      }
+      buf ^= 1;
+    }
+  }
+
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + KW * wk + 16 * mi + g + 8 * h;
+      if (key < N) {
+        const size_t off = ((size_t)bh * N + key) * D + DH * wq + 2 * q;
+#pragma unroll
+        for (int t = 0; t < DHT; ++t) {
+          store2<T>(dK + off + 8 * t, dk[mi][t][2 * h] * scale, dk[mi][t][2 * h + 1] * scale);
+          store2<T>(dV + off + 8 * t, dv[mi][t][2 * h], dv[mi][t][2 * h + 1]);
+        }
+      }
+    }
+}
+
 // ---------------------------------------------------------------- 3a. dQ = scale * accumulator --------
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -711,7 +974,24 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int WARPS, int DET_WARPS, bool CAUSAL>
+template <typename T, int D, bool CAUSAL>
+const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
+  constexpr int BC = 128;
+  const long long BH = (long long)a.B * a.H;
+  const int n_blocks = (a.N + BC - 1) / BC;
+  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
+  constexpr size_t smem = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + 2 * BC * kBr * sizeof(T) +
+                          4 * kBr * sizeof(float);
+  auto kernel = bwd_dkdv_split<T, D, CAUSAL>;
+  if (const char* err = set_smem(kernel, smem)) return err;
+  kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
+      static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+      static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
+      (int)BH, a.M, a.N, n_blocks, scale_log2, scale);
+  return nullptr;
+}
+
+template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
   const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
@@ -727,8 +1007,13 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  const char* err_dkdv = atomic ? launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale)
-                                : launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
+  const char* err_dkdv;
+  if (!atomic)
+    err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
+  else if constexpr (LAYOUT == 1)
+    err_dkdv = launch_dkdv_split<T, D, CAUSAL>(a, scale_log2, scale);
+  else
+    err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
   if (err_dkdv != nullptr) return err_dkdv;
 
   if (atomic) {
@@ -752,11 +1037,11 @@ const char* run(const Args& a) {
 template <typename T>
 const char* dispatch(const Args& a, int D, bool causal) {
   if (D == 64)
-    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, true>(a)
-                  : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, false>(a);
+    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, true>(a)
+                  : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, false>(a);
   if (D == 128)
-    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, true>(a)
-                  : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, false>(a);
+    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, true>(a)
+                  : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, false>(a);
   return "v6 backward supports head_dim 64 and 128 only";
 }
 
