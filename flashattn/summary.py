@@ -196,3 +196,157 @@ def backend_table():
                      f"{' | '.join(cells[:3])} | {label(match) if match else '—'} | {cells[3]} |")
     return md("\n".join(lines) + "\n\nOne recorded run (`results/h200/bench_v6.json`); a backend that does not "
               "take a dtype (FlashAttention-2 and cuDNN take no float32) has no entry.")
+
+
+# ------------------------------------------------------------------------------- the staircase by phase
+# Versions recorded as plain sweeps list alternatives beside their steps; these variants (D=64, in
+# order, one compile-time change apart) are the chapter's chain. v5 and v6 have step files
+# (`python -m flashattn.sweep v5-steps|v6-steps`, results/h200/<v>_steps.json) whose "steps" give the order.
+# {version: ((variant, the change it makes), ...)}; kernels/v7.cu and v8.cu describe each macro.
+SWEEP_CHAINS = {
+    "v7": (("d64 plain loads, 1 stage", "wgmma; tiles copied by every thread (V7_TMA=0), one stage"),
+           ("d64 TMA, 1 stage", "tiles copied by TMA (V7_TMA=1)"),
+           ("d64 TMA, 2 stages (default)", "two K/V stages (V7_STAGES=2)")),
+    "v8": (("d64 spec0", "V7's loop on V8's barriers (V8_SPECIALIZE=0)"),
+           ("d64 spec", "a producer warpgroup issues the copies (V8_SPECIALIZE=1)"),
+           ("d64 setmaxnreg", "registers moved from producer to consumers (V8_SETMAXNREG=1)"),
+           ("d64 pingpong", "consumer warpgroups take turns on the tensor cores (V8_PINGPONG=1)"),
+           ("d64 overlap (default)", "softmax of one tile under the products of the next (V8_OVERLAP=1)")),
+}
+PHASES = {
+    "fp32": dict(title="float32 on CUDA cores", roof="fp32", dtype="float32", file="bench.json",
+                 versions=("v0", "v1", "v2", "v3", "v4", "v5")),
+    "bf16": dict(title="bf16 on tensor cores", roof="bf16", dtype="bfloat16", file="bench_v6.json",
+                 versions=("v6", "v7", "v8")),
+}
+
+
+def _chain(version: str) -> tuple[str, list[dict]] | None:
+    """(file, the D=64 variants of `version`'s recorded step chain, in order), None when not recorded."""
+    from .records import RESULTS, _json
+    chain = dict(SWEEP_CHAINS.get(version, ()))
+    for file, names in ((f"{version}_steps.json", None), (f"{version}_sweep.json", list(chain) or None)):
+        doc = _json(RESULTS / file)
+        if doc is None or (names is None and "steps" not in doc):
+            continue
+        by_name = {r["name"]: r for r in doc["variants"]}
+        order = [n for n in (names or doc["steps"]) if n in by_name and by_name[n]["D"] == 64]
+        if order:
+            return file, [dict(by_name[n], change=by_name[n].get("change") or chain.get(n, "")) for n in order]
+    return None
+
+
+def _flops(shape) -> float:
+    B, H, M, N, D = shape
+    return 4.0 * B * H * M * N * D
+
+
+def phase_steps(phase: str) -> list[dict]:
+    """Every step of a phase at D=64 in book order: versions without a step chain as one step from the
+    phase's benchmark file, versions with one as each of its steps. Each step: version, name, change,
+    us, tflops, share (of the phase's measured roof), error (and what it is), file, vs_previous (the
+    previous step's time over this one's) and same_run (whether both times come from one run)."""
+    p, c = PHASES[phase], ceilings()
+    bench = _primary(p["file"], p["dtype"])
+    out = []
+    for v in p["versions"]:
+        chain = _chain(v)
+        if chain is None:
+            if v not in bench:
+                continue
+            r = bench[v]
+            err, at = _recorded_error(p["file"], p["dtype"], v)
+            out.append(dict(version=v, name=label(v), change="", us=r["median_us"], tflops=r["tflops"], error=err,
+                            error_kind=f"at N={at}" if at else "", file=p["file"], run=p["file"]))
+            continue
+        file, variants = chain
+        for r in variants:
+            us = (r.get("timing") or {}).get("median_us")
+            if us is None:
+                continue
+            out.append(dict(version=v, name=f"{label(v)}: {r['name'].removeprefix('d64 ')}", change=r.get("change", ""),
+                            us=us, tflops=_flops(r["shape"]) / us / 1e6, error=r.get("max_rel_error"),
+                            error_kind="max over odd shapes", file=file, run=file, correct=r.get("correct")))
+    for i, s in enumerate(out):
+        s["share"] = s["tflops"] * 1e12 / c[p["roof"]]
+        s["vs_previous"] = out[i - 1]["us"] / s["us"] if i else None
+        s["same_run"] = bool(i) and out[i - 1]["run"] == s["run"]
+    return out
+
+
+def phase_table(phase: str):
+    """The steps of a phase as a table: latency, speedup over the step before (marked † when the two come
+    from different runs), TFLOP/s, share of the measured roof, relative error against float64."""
+    from .notebook import md
+    p, rows = PHASES[phase], phase_steps(phase)
+    if not rows:
+        return md(f"*Nothing recorded yet for the {p['title']} phase.*")
+    lines = ["| # | step | one change | median µs | vs. step before | TFLOP/s | share of roof | rel. error "
+             "vs float64 | record |", "|--:|---|---|--:|--:|--:|--:|--:|---|"]
+    for i, r in enumerate(rows, 1):
+        vs = "—" if r["vs_previous"] is None else f"{r['vs_previous']:.2f}×" + ("" if r["same_run"] else " †")
+        err = "—" if r["error"] is None else f"{r['error']:.1e} ({r['error_kind']})"
+        lines.append(f"| {i} | {r['name']} | {r['change'] or '—'} | {r['us']:,.1f} | {vs} | {r['tflops']:.1f} | "
+                     f"{100 * r['share']:.1f}% | {err} | `{r['file']}` |")
+    roof = ceilings()[p["roof"]] / 1e12
+    return md("\n".join(lines) + f"\n\nB=4, H=12, M=N=2048, D=64, {p['dtype']}; FLOP = 4·B·H·M·N·D. Roof: the "
+              f"measured {ROOF_OF[(p['dtype'], p['roof'] != 'fp32')][1]} GEMM ceiling, {roof:,.1f} TFLOP/s "
+              "(`results/h200/ceilings.json`). Within one record the steps were timed in one interleaved run; "
+              "† marks a ratio between two different runs, which also carries their run-to-run spread.")
+
+
+def phase_summary(phase: str) -> str:
+    """A paragraph of the phase's numbers, read from the record: first and last step, the largest single
+    step, the share of the roof reached."""
+    p, rows = PHASES[phase], phase_steps(phase)
+    if len(rows) < 2:
+        return f"Not enough recorded steps for the {p['title']} phase yet."
+    first, last = rows[0], rows[-1]
+    big = max(rows[1:], key=lambda r: r["vs_previous"])
+    worst = min(rows[1:], key=lambda r: r["vs_previous"])
+    title = p["title"][0].upper() + p["title"][1:]
+    text = (f"{title}: {len(rows)} steps take the forward pass from {first['us']:,.1f} µs "
+            f"({first['name']}) to {last['us']:,.1f} µs ({last['name']}), {first['us'] / last['us']:,.1f}× "
+            f"faster, from {100 * first['share']:.1f}% to {100 * last['share']:.1f}% of the measured roof. The "
+            f"largest single step is {big['name']} ({big['vs_previous']:.2f}× over the step before")
+    text += ")." if big["same_run"] else ", across two runs)."
+    if worst["vs_previous"] < 1:
+        text += (f" Not every step is a gain on its own: {worst['name']} runs at {worst['vs_previous']:.2f}× the "
+                 "speed of the step before" + ("." if worst["same_run"] else " (across two runs)."))
+    return text
+
+
+def fig_phase(phase: str, show: bool = True):
+    """The steps of a phase as horizontal bars on a log axis, each labelled with its latency and its
+    speedup over the step before; versions alternate in shade, SDPA in the same dtype dashed."""
+    import matplotlib.pyplot as plt
+    p, rows = PHASES[phase], phase_steps(phase)
+    if not rows:
+        print(f"Nothing recorded yet for the {p['title']} phase.")
+        return None
+    fig, ax = plt.subplots(figsize=(11, 0.42 * len(rows) + 1.4), constrained_layout=True)
+    y = list(range(len(rows)))[::-1]
+    versions = list(dict.fromkeys(r["version"] for r in rows))
+    colors = [ROOF_COLORS[p["roof"]] for _ in rows]
+    alphas = [0.9 if versions.index(r["version"]) % 2 == 0 else 0.55 for r in rows]
+    for yi, r, col, a in zip(y, rows, colors, alphas):
+        ax.barh(yi, r["us"], color=col, alpha=a, height=0.7)
+        vs = "" if r["vs_previous"] is None else f"   {r['vs_previous']:.2f}×" + ("" if r["same_run"] else " †")
+        share = f"{100 * r['share']:.{1 if r['share'] < 0.1 else 0}f}%"
+        ax.text(r["us"] * 1.04, yi, f"{r['us']:,.1f} µs{vs}   ({share} of roof)", va="center", fontsize=9,
+                bbox=dict(fc="white", ec="none", pad=0.3, alpha=0.8))
+    ref = _primary(p["file"], p["dtype"]).get("sdpa")
+    if ref:
+        ax.axvline(ref["median_us"], color="black", ls="--", lw=1.2)
+        ax.text(ref["median_us"], len(rows) - 0.4, f" SDPA {p['dtype']}: {ref['median_us']:,.0f} µs", fontsize=8,
+                va="bottom")
+    ax.set_yticks(y, [r["name"] for r in rows], fontsize=9)
+    ax.set_xscale("log")
+    lo, hi = min(r["us"] for r in rows), max(r["us"] for r in rows)
+    ax.set_xlim(lo / 1.5, hi * (4 if hi / lo > 20 else 2.6))
+    ax.set_ylim(-0.6, len(rows) + 0.2)
+    ax.set(xlabel="latency [µs], log scale",
+           title=f"{p['title']}, B=4, H=12, M=N=2048, D=64: every step\n× speedup over the step before "
+                 "(† across two runs), share of the measured roof")
+    ax.grid(True, axis="x", which="both", alpha=0.25)
+    return _done(fig, show)
