@@ -72,6 +72,16 @@ def _v5(D, B_r, B_c, TM, TN, **extra) -> Variant:
     return Variant(D, {"V5_ONLY_D": D, **tile, **extra})
 
 
+# kernels/v5.cu's steps: (name, macros set by the step, the one change from the step before).
+V5_STEPS = (
+    ("register tiles", {"V5_CP_ASYNC": 0, "V5_EXP2": 0, "V5_BLOCKED_PV": 0, "V5_INTERLEAVE": 0},
+     "T_M x T_N register tiles for both products, plain loads, expf, one running sum, compact ownership"),
+    ("cp.async", {"V5_CP_ASYNC": 1}, "K/V copies with cp.async behind half a tile of arithmetic"),
+    ("exp2", {"V5_EXP2": 1}, "p = 2^((s - m) log2(e)/sqrt(D)) with ex2.approx instead of expf"),
+    ("blocked PV sum", {"V5_BLOCKED_PV": 1}, "P_ij V_j summed per tile, then added to O_i"),
+    ("interleaved (default)", {"V5_INTERLEAVE": 1}, "rows and columns owned with stride B_r/T_M and B_c/T_N"),
+)
+
 # The variants of each version, by name. Why each one is there: docs/v5_notes.md and docs/v6_notes.md.
 VARIANTS: dict[str, dict[str, Variant]] = {
     "v5": {
@@ -128,6 +138,11 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     )},
     # The V6 chapter's steps (issue 12), one interleaved run per head dim; docs/v6_notes.md says why each.
     "v6-steps": steps.v6_chain(Variant),
+    # The V5 chapter's steps (issue 12), one interleaved run per head dim at DEFAULT_SHAPE: every step macro of
+    # kernels/v5.cu off, then on one at a time in the chapter's order; the last step is the committed build.
+    "v5-steps": {f"d{D} {name}": Variant(D, {m: on for _, flips, _ in V5_STEPS[:k + 1] for m, on in flips.items()},
+                                        change)
+                 for D in (64, 128) for k, (name, _, change) in enumerate(V5_STEPS)},
 }
 SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7", "v8")}   # (B, H, M, N)
 METRICS_SHAPE = (2, 8, 1024, 1024)   # --metrics: small enough for ncu's replays, 2 x 8 x 8 = 128 blocks
