@@ -192,8 +192,9 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 
 def layout_module(layout: int):
     """v6's backward built with the atomic mode's dK/dV kernel `layout` at both head dims (0: bwd_dkdv,
-    a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's warp split), under a
-    module name of its own so that both load into one process."""
+    a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's warp split; 2: the
+    same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ), under a module name of its own
+    so that all of them load into one process."""
     from .loader import build, check_device
     check_device("v6")
     flags = [f"-DV6B_D64_LAYOUT={layout}", f"-DV6B_D128_LAYOUT={layout}"]
@@ -201,15 +202,15 @@ def layout_module(layout: int):
                  module_name=f"flashattn_v6_backward_layout{layout}")
 
 
-def compare_layouts(configs=TARGETS, dtype=torch.bfloat16, warmup: int = 25, repetitions: int = 100,
-                    rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
-    """Both dK/dV layouts (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
+def compare_layouts(configs=TARGETS, layouts=(0, 1, 2), dtype=torch.bfloat16, warmup: int = 25,
+                    repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
+    """The dK/dV layouts (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
     configuration (flashattn.timing.time_interleaved), rows in the benchmark's backward format; each v6
-    row also says whether its dK, dV are bit-identical to layout 0's on the same inputs."""
+    row also says whether its dK, dV are bit-identical to the first layout's on the same inputs."""
     import contextlib
 
     from .timing import time_interleaved
-    layouts = {f"v6_layout{n}": layout_module(n) for n in (0, 1)}
+    modules = {f"v6_layout{n}": layout_module(n) for n in layouts}
     rows = []
     for B, H, L, D, causal in configs:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -217,7 +218,7 @@ def compare_layouts(configs=TARGETS, dtype=torch.bfloat16, warmup: int = 25, rep
         k, v = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for _ in range(2))
         o, lse = forward_module("v6").forward_lse(q, k, v, causal)
         calls, same = {}, {}
-        for name, module in layouts.items():
+        for name, module in modules.items():
             fn = functools.partial(module.backward, q, k, v, o, lse, do, causal, False)
             grads = fn()
             first = same.setdefault("grads", grads)
@@ -231,7 +232,7 @@ def compare_layouts(configs=TARGETS, dtype=torch.bfloat16, warmup: int = 25, rep
         for name, timing in timings.items():
             row = dict(version=name, batch_size=B, num_heads=H, seq_len_q=L, seq_len_kv=L, head_dim=D,
                        dtype=str(dtype).replace("torch.", ""), causal=causal, direction="backward",
-                       flops=backward_flops(B, H, L, L, D, causal), dkdv_same_as_layout0=same.get(name))
+                       flops=backward_flops(B, H, L, L, D, causal), dkdv_same_as_first=same.get(name))
             if isinstance(timing, Exception):
                 row.update(status="failed", message=str(timing).strip().splitlines()[0][:300])
             else:

@@ -95,7 +95,8 @@
 #define V6B_D128_WARPS 8
 #endif
 // Atomic mode's dK/dV kernel per head dim: 0 = bwd_dkdv (a warp owns 16 keys x the whole head dim),
-// 1 = bwd_dkdv_split (FlashAttention-2's split: 8 warps, B_c = 128, P^T and dS^T through shared memory).
+// 1 = bwd_dkdv_split (FlashAttention-2's split: 8 warps, B_c = 128, P^T and dS^T through shared memory),
+// 2 = bwd_dkdv_split storing P^T and dS^T with stmatrix (sm_90) and splitting dQ 2 x 4 over the warps.
 #ifndef V6B_D64_LAYOUT
 #define V6B_D64_LAYOUT 0
 #endif
@@ -149,6 +150,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// The inverse of ldmatrix_x4 (sm_90): lanes 8i..8i+7 address the rows of matrix i, and register i of
+// lane l holds row l/4, elements 2(l%4), 2(l%4)+1 of matrix i -- the packed accumulator layout of mma.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+#endif
 }
 
 // D = A * B + D for one 16x8 tile (k = 16); fragment layouts of the PTX ISA (lane l: g = l/4, q = l%4).
@@ -531,7 +542,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 // Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, int LAYOUT, bool CAUSAL>
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
@@ -678,12 +689,13 @@ __global__ void __launch_bounds__(256, 1)
       keys_times_rows(s, sK_a, sQ_b);    // S^T = K_j Q_i^T
       keys_times_rows(dp, sV_a, sdO_b);  // dP^T = V_j dO_i^T
 
-      // ---- P^T and dS^T, masked where needed, to shared memory: key row r, queries c, c + 1 (c even)
-      //      at chunk (c / 8) ^ (r % 8), byte 2 * (c % 8) ----
+      // ---- P^T and dS^T, masked where needed, packed, to shared memory ([key][query], 128-byte rows,
+      //      16-byte chunk c of row r at chunk c ^ (r % 8)) ----
       const bool tail = n0 + BC > N;
       const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;
       unsigned char* sPb = reinterpret_cast<unsigned char*>(sP);
       unsigned char* sdSb = reinterpret_cast<unsigned char*>(sdS);
+      uint32_t p_pk[2][4][2], ds_pk[2][4][2];   // [m16 tile][n8 tile][key row g, g + 8]
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * t + 2 * q);
@@ -704,12 +716,44 @@ __global__ void __launch_bounds__(256, 1)
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int r = KW * wk + 16 * mi + g + 8 * h, chunk = 4 * wq + t;
-            const int off = r * SROWB + ((chunk ^ (r & 7)) << 4) + 4 * q;
-            *reinterpret_cast<uint32_t*>(sPb + off) = pack2<T>(p[2 * h], p[2 * h + 1]);
-            *reinterpret_cast<uint32_t*>(sdSb + off) = pack2<T>(ds[2 * h], ds[2 * h + 1]);
+            p_pk[mi][t][h] = pack2<T>(p[2 * h], p[2 * h + 1]);
+            ds_pk[mi][t][h] = pack2<T>(ds[2 * h], ds[2 * h + 1]);
           }
         }
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      constexpr bool kStmatrix = LAYOUT == 2;
+#else
+      constexpr bool kStmatrix = false;
+#endif
+      if constexpr (kStmatrix) {
+        // one stmatrix.x4 per 16 keys x 16 queries: matrix i = lane / 8 is key rows 8 * (i % 2) + 0..7,
+        // queries 8 * (2 * tp + i / 2) + 0..7; lane l addresses row l % 8 of it
+        const int i = lane >> 3, j = lane & 7;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int tp = 0; tp < 2; ++tp) {
+            const int r = KW * wk + 16 * mi + 8 * (i & 1) + j, chunk = 4 * wq + 2 * tp + (i >> 1);
+            const uint32_t off = (uint32_t)(r * SROWB + ((chunk ^ j) << 4));
+            stmatrix_x4(smem_addr(sPb) + off, p_pk[mi][2 * tp][0], p_pk[mi][2 * tp][1], p_pk[mi][2 * tp + 1][0],
+                        p_pk[mi][2 * tp + 1][1]);
+            stmatrix_x4(smem_addr(sdSb) + off, ds_pk[mi][2 * tp][0], ds_pk[mi][2 * tp][1],
+                        ds_pk[mi][2 * tp + 1][0], ds_pk[mi][2 * tp + 1][1]);
+          }
+      } else {
+        // 4-byte stores: key row r, queries c, c + 1 at chunk (c / 8) ^ (r % 8), byte 2 * (c % 8)
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = KW * wk + 16 * mi + g + 8 * h, chunk = 4 * wq + t;
+              const int off = r * SROWB + ((chunk ^ (r & 7)) << 4) + 4 * q;
+              *reinterpret_cast<uint32_t*>(sPb + off) = p_pk[mi][t][h];
+              *reinterpret_cast<uint32_t*>(sdSb + off) = ds_pk[mi][t][h];
+            }
       }
       __syncthreads();
 
@@ -718,35 +762,80 @@ __global__ void __launch_bounds__(256, 1)
       keys_times_tile(dv, sP_a, sdO_t);    // dV_j += P^T dO_i
       keys_times_tile(dk, sdS_a, sQ_t);    // dK_j += dS^T Q_i
 
-      // dQ_i[slice rows, head-dim half] += dS K_j, as in bwd_dkdv
-      const int slice = warp % QS, part = warp / QS;
-      float dq[DQT][4];
+      if constexpr (LAYOUT == 2) {
+        // dQ_i += dS K_j, warp w: queries 32 * (w % 2) .. +32, head-dim columns (D/4) * (w/2) .. +D/4 --
+        // per k16 step 2 + D/64 ldmatrix for D/8 mma (layout 1: 1 + D/32 for D/16)
+        constexpr int QT = D / 32;   // n8 tiles per warp
+        const int qh = warp & 1, dq4 = warp >> 1;
+        float dq[2][QT][4];
 #pragma unroll
-      for (int t = 0; t < DQT; ++t)
+        for (int mq = 0; mq < 2; ++mq)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
-      const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
-      const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
+          for (int t = 0; t < QT; ++t)
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, sdS_q + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
+            for (int e = 0; e < 4; ++e) dq[mq][t][e] = 0.f;
+        const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
+        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
 #pragma unroll
-        for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
-          const int chunk = part * DQT + 2 * dp2 + a_chunk;
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
-          mma<T>(dq[2 * dp2], a, b[0], b[1]);
-          mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mq = 0; mq < 2; ++mq)
+            ldmatrix_x4_trans(a[mq], sdS_q + kk * 16 * SROWB + (((2 * (2 * qh + mq) + b_chunk) ^ x) << 4));
+#pragma unroll
+          for (int dp2 = 0; dp2 < QT / 2; ++dp2) {
+            const int chunk = dq4 * QT + 2 * dp2 + a_chunk;
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
+#pragma unroll
+            for (int mq = 0; mq < 2; ++mq) {
+              mma<T>(dq[mq][2 * dp2], a[mq], b[0], b[1]);
+              mma<T>(dq[mq][2 * dp2 + 1], a[mq], b[2], b[3]);
+            }
+          }
         }
-      }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = i0 + slice * 16 + g + 8 * h;
-        if (row < M) {
-          float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
+        for (int mq = 0; mq < 2; ++mq)
 #pragma unroll
-          for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const int row = i0 + 32 * qh + 16 * mq + g + 8 * h;
+            if (row < M) {
+              float* dst = dq_acc + ((size_t)bh * M + row) * D + dq4 * QT * 8 + 2 * q;
+#pragma unroll
+              for (int t = 0; t < QT; ++t) red_add2(dst + 8 * t, dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
+            }
+          }
+      } else {
+        // layout 1: dQ_i[slice rows, head-dim half] += dS K_j, as in bwd_dkdv
+        const int slice = warp % QS, part = warp / QS;
+        float dq[DQT][4];
+#pragma unroll
+        for (int t = 0; t < DQT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
+        const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
+        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, sdS_q + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
+#pragma unroll
+          for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
+            const int chunk = part * DQT + 2 * dp2 + a_chunk;
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
+            mma<T>(dq[2 * dp2], a, b[0], b[1]);
+            mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i0 + slice * 16 + g + 8 * h;
+          if (row < M) {
+            float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
+#pragma unroll
+            for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
+          }
         }
       }
       buf ^= 1;
@@ -974,7 +1063,7 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, int LAYOUT, bool CAUSAL>
 const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 128;
   const long long BH = (long long)a.B * a.H;
@@ -982,7 +1071,7 @@ const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
   constexpr size_t smem = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + 2 * BC * kBr * sizeof(T) +
                           4 * kBr * sizeof(float);
-  auto kernel = bwd_dkdv_split<T, D, CAUSAL>;
+  auto kernel = bwd_dkdv_split<T, D, LAYOUT, CAUSAL>;
   if (const char* err = set_smem(kernel, smem)) return err;
   kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -1010,8 +1099,8 @@ const char* run(const Args& a) {
   const char* err_dkdv;
   if (!atomic)
     err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
-  else if constexpr (LAYOUT == 1)
-    err_dkdv = launch_dkdv_split<T, D, CAUSAL>(a, scale_log2, scale);
+  else if constexpr (LAYOUT != 0)
+    err_dkdv = launch_dkdv_split<T, D, LAYOUT, CAUSAL>(a, scale_log2, scale);
   else
     err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
   if (err_dkdv != nullptr) return err_dkdv;

@@ -1,7 +1,9 @@
 """Runs v6's forward_lse and backward (atomic and deterministic dQ) on small and odd shapes;
 tests/test_backward.py runs this file under compute-sanitizer (memcheck, then racecheck). The kernels are
-built by the test before the sanitizer starts."""
+built by the test before the sanitizer starts. `--layout N` runs the backward built with the atomic
+mode's dK/dV layout N (flashattn.autograd.layout_module) instead of the default build."""
 import itertools
+import sys
 
 import torch
 
@@ -16,8 +18,10 @@ def cases():
         yield B, H, M, N, D, causal, dtype
 
 
-def run():
-    fwd, bwd = forward_module("v6"), backward_module("v6")
+def run(layout=None):
+    from flashattn.autograd import layout_module
+    fwd = forward_module("v6")
+    bwd = backward_module("v6") if layout is None else layout_module(layout)
     for B, H, M, N, D, causal, dtype in cases():
         q, do = (torch.randn(B, H, M, D, device="cuda", dtype=dtype) for _ in range(2))
         k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(2))
@@ -30,4 +34,4 @@ def run():
 
 
 if __name__ == "__main__":
-    run()
+    run(int(sys.argv[sys.argv.index("--layout") + 1]) if "--layout" in sys.argv else None)

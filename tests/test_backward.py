@@ -86,6 +86,29 @@ def test_split_layout_tiles_emulated():
                         mem[byte // 2], mem[byte // 2 + 1] = bits[r, col], bits[r, col + 1]
                         addrs.append(byte)
                     assert len({(a // 4) % 32 for a in addrs}) == 32, "P^T store has a bank conflict"
+    # layout 2 writes the same tile with stmatrix.x4: lane l addresses row l % 8 of matrix i = l / 8 (key
+    # rows 16mi + 8(i % 2) + 0..7, queries 8(2tp + i / 2) + 0..7); register i of lane l holds that
+    # matrix's row l / 4, elements 2(l % 4), +1 -- the accumulator pair of key row g + 8h, n8 tile t
+    stm = np.zeros_like(mem)
+    for w in range(8):
+        wk, wq = divmod(w, 2)
+        for mi in range(2):
+            for tp in range(2):
+                rows = []
+                for lane in range(32):
+                    i, j = divmod(lane, 8)
+                    r, chunk = 32 * wk + 16 * mi + 8 * (i & 1) + j, 4 * wq + 2 * tp + (i >> 1)
+                    rows.append(r * 2 * BR + ((chunk ^ j) << 4))
+                for i in range(4):   # one phase per matrix: its 8 rows must cover the 32 banks
+                    assert len({(a // 4 + b) % 32 for a in rows[8 * i:8 * i + 8] for b in range(4)}) == 32
+                for lane in range(32):
+                    g, q = divmod(lane, 4)
+                    for i in range(4):
+                        h, t = i & 1, 2 * tp + (i >> 1)
+                        r, col = 32 * wk + 16 * mi + g + 8 * h, 32 * wq + 8 * t + 2 * q
+                        dst = rows[8 * i + g] // 2 + 2 * q   # row g of matrix i, elements 2q, 2q + 1
+                        stm[dst], stm[dst + 1] = bits[r, col], bits[r, col + 1]
+    assert np.array_equal(stm, mem), "stmatrix addresses do not reproduce the 4-byte stores' tile"
     for wk in range(4):
         for mi in range(2):
             for kk in range(BR // 16):
@@ -252,9 +275,9 @@ def test_bad_inputs_refused(bwd, fwd):
 @pytest.mark.parametrize("M,N", [(17, 17), (113, 203), (203, 113), (1, 203), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("layout", [0, 1])
-def test_both_dkdv_layouts(fwd, layout, causal, D, M, N):
-    """The atomic mode's two dK/dV kernels (V6B_D*_LAYOUT, built side by side by
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_all_dkdv_layouts(fwd, layout, causal, D, M, N):
+    """The atomic mode's dK/dV kernels (V6B_D*_LAYOUT, built side by side by
     flashattn.autograd.layout_module, whichever is the default): gradients within the tolerance, and dK,
     dV bit-identical to the deterministic mode (same sums in the same order)."""
     from flashattn.autograd import layout_module
