@@ -85,6 +85,29 @@
 #ifndef V5_D128_TN
 #define V5_D128_TN 4
 #endif
+// Short sequences at D=64 (an experiment, off by default): a grid of few 128-row query tiles leaves SMs
+// idle in its last (or only) wave. V5_D64_SMALL=1 compiles a second D=64 instance with the tile below
+// (3 blocks per SM) and the launcher picks the instance its wave count predicts to finish first;
+// V5_D64S_SPEED is the small tile's throughput per SM in thousandths of the big one's (the tile sweep at
+// M=N=2048, results/h200/v5_sweep.json: 1,226.7 us for 128x64 against 1,320.8 us for 64x64).
+#ifndef V5_D64_SMALL
+#define V5_D64_SMALL 0
+#endif
+#ifndef V5_D64S_BR
+#define V5_D64S_BR 64
+#endif
+#ifndef V5_D64S_BC
+#define V5_D64S_BC 64
+#endif
+#ifndef V5_D64S_TM
+#define V5_D64S_TM 4
+#endif
+#ifndef V5_D64S_TN
+#define V5_D64S_TN 8
+#endif
+#ifndef V5_D64S_SPEED
+#define V5_D64S_SPEED 929
+#endif
 // How many 4-deep steps of the inner dimension one trip of the product loops covers. Full unrolling
 // (16 for D=64) makes the loop body long enough to strain the instruction cache; 4 already gives the
 // scheduler 500+ independent instructions to interleave.
@@ -422,6 +445,22 @@ flash_v5_kernel(const float* __restrict__ q, const float* __restrict__ k, const 
 
 using Tiles64 = Tiles<64, V5_D64_BR, V5_D64_BC, V5_D64_TM, V5_D64_TN>;
 using Tiles128 = Tiles<128, V5_D128_BR, V5_D128_BC, V5_D128_TM, V5_D128_TN>;
+using Tiles64Small = Tiles<64, V5_D64S_BR, V5_D64S_BC, V5_D64S_TM, V5_D64S_TN>;
+
+// Whether the Small tile should finish first: waves of resident blocks times the rows an SM holds per
+// wave, divided by the tile's relative throughput (V5_D64S_SPEED for Small, 1 for Big).
+template <class Big, class Small>
+bool small_tile_first(int B, int H, int M) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1)
+    return false;
+  const auto cost = [&](int rows, int per_sm) {
+    const long long blocks = (long long)((M + rows - 1) / rows) * B * H, slots = (long long)sms * per_sm;
+    return (double)((blocks + slots - 1) / slots) * rows * per_sm;
+  };
+  return cost(Small::BR, Small::MIN_BLOCKS) * 1000.0 / V5_D64S_SPEED < cost(Big::BR, Big::MIN_BLOCKS);
+}
 
 template <class T>
 const char* prepare(const void* kernel) {
@@ -500,6 +539,10 @@ const char* flash_attention_forward(const float* q, const float* k, const float*
     return "v5 copies 16-byte chunks: q, k, v and o must start at 16-byte aligned addresses "
            "(a tensor sliced at an odd offset is not; pass a .clone())";
 #if V5_HAS_D64
+#if V5_D64_SMALL
+  if (D == 64 && v5::small_tile_first<v5::Tiles64, v5::Tiles64Small>(B, H, M))
+    return v5::launch<v5::Tiles64Small>(q, k, v, o, B, H, M, N, stream);
+#endif
   if (D == 64) return v5::launch<v5::Tiles64>(q, k, v, o, B, H, M, N, stream);
 #endif
 #if V5_HAS_D128

@@ -118,10 +118,10 @@ _BUILT: dict = {}
 
 
 def build(step: str):
+    """The step's extension, under the module name `python -m flashattn.sweep v5-steps` builds it as (one
+    build serves both)."""
     if step not in _BUILT:
-        from flashattn.loader import build as load
-        tag = "_".join(str(v) for v in MACROS[step].values())
-        _BUILT[step] = load("v5", list(step_flags(step)), module_name=f"flashattn_v5_step_{tag}")
+        _BUILT[step] = sweep._build("v5", sweep.VARIANTS["v5-steps"][f"d64 {step}"])
     return _BUILT[step]
 
 
