@@ -134,6 +134,31 @@
 #define V6_D128_STAGES 2
 #endif
 
+// The chapter's steps (python -m flashattn.sweep v6-steps), bf16/fp16 only; each default is the final
+// kernel, so a build without -D flags is the committed one. TF32 keeps the default code in every step.
+//   V6_P_SMEM       1: P_ij is stored to shared memory and reloaded as the A operand of P_ij V_j
+//                   (the plain way to feed one mma's output to the next); 0: P_ij stays in registers.
+//   V6_SMEM_LAYOUT  how rows of Q_i, K_j, V_j (and P_ij) sit in shared memory: 0 plain row-major,
+//                   1 each row padded by 16 bytes, 2 the XOR swizzle described below.
+//   V6_LDMATRIX     1: fragments are read with ldmatrix.x4; 0: each thread reads its own fragment
+//                   elements with 32-bit loads (16-bit ones for V, whose fragment pairs keys).
+//   V6_BARRIERS     1: one barrier per tile, the prefetch issued after it; 2: the prefetch issued first
+//                   into the buffer freed by a second barrier at the end of the previous tile.
+//   V6_D64_STAGES / V6_D128_STAGES = 1 (above) loads each tile after the previous one is consumed: the
+//                   one-buffer loop always needs the two barriers.
+#ifndef V6_P_SMEM
+#define V6_P_SMEM 0
+#endif
+#ifndef V6_SMEM_LAYOUT
+#define V6_SMEM_LAYOUT 2
+#endif
+#ifndef V6_LDMATRIX
+#define V6_LDMATRIX 1
+#endif
+#ifndef V6_BARRIERS
+#define V6_BARRIERS 1
+#endif
+
 namespace v6 {
 
 constexpr int kWarps = 4;
@@ -170,6 +195,60 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// The per-thread loads of the V6_LDMATRIX=0 step: each lane reads the fragment elements that ldmatrix.x4
+// would have handed it. Rows are RSB bytes apart and counted from a tile row that is a multiple of 8, so
+// the swizzle term of row r is r % 8; chunks are 16 bytes.
+template <int L>
+__device__ __forceinline__ int swz(int chunk, int x) { return L == 2 ? chunk ^ x : chunk; }
+
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+// Two 16-bit elements of different rows into one register (low half first), as a .trans fragment pairs
+// two keys of one column.
+__device__ __forceinline__ uint32_t lds16x2(uint32_t lo, uint32_t hi) {
+  unsigned short a, b;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(a) : "r"(lo));
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(b) : "r"(hi));
+  return (uint32_t)a | ((uint32_t)b << 16);
+}
+template <int RSB, int L>
+__device__ __forceinline__ uint32_t lds_word(uint32_t tile, int row, int chunk, int word) {
+  return lds32(tile + row * RSB + (swz<L>(chunk, row & 7) << 4) + 4 * word);
+}
+// A operand (Q_i, P_ij) of the 16 rows at `tile`, chunks c0, c0 + 1: {g, c0}, {g+8, c0}, {g, c0+1}, {g+8, c0+1}.
+template <int RSB, int L>
+__device__ __forceinline__ void lds_a(uint32_t (&r)[4], uint32_t tile, int c0, int g, int q) {
+  r[0] = lds_word<RSB, L>(tile, g, c0, q);
+  r[1] = lds_word<RSB, L>(tile, g + 8, c0, q);
+  r[2] = lds_word<RSB, L>(tile, g, c0 + 1, q);
+  r[3] = lds_word<RSB, L>(tile, g + 8, c0 + 1, q);
+}
+// B operands of two n8 tiles of K_j (16 keys at `tile`): {g, c0}, {g, c0+1}, then keys g+8.
+template <int RSB, int L>
+__device__ __forceinline__ void lds_b(uint32_t (&r)[4], uint32_t tile, int c0, int g, int q) {
+  r[0] = lds_word<RSB, L>(tile, g, c0, q);
+  r[1] = lds_word<RSB, L>(tile, g, c0 + 1, q);
+  r[2] = lds_word<RSB, L>(tile, g + 8, c0, q);
+  r[3] = lds_word<RSB, L>(tile, g + 8, c0 + 1, q);
+}
+// B operands of P_ij V_j from V_j (16 keys at `tile`), what ldmatrix .trans gives: register i holds keys
+// 2q + 8(i % 2) and the one after, dimension 8(c0 + i / 2) + g.
+template <int RSB, int L>
+__device__ __forceinline__ void lds_v(uint32_t (&r)[4], uint32_t tile, int c0, int g, int q) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = 2 * q + 8 * (i & 1), chunk = c0 + (i >> 1);
+    r[i] = lds16x2(tile + key * RSB + (swz<L>(chunk, key & 7) << 4) + 2 * g,
+                   tile + (key + 1) * RSB + (swz<L>(chunk, (key + 1) & 7) << 4) + 2 * g);
+  }
 }
 
 // D = A * B + D for one 16x8 tile. A: 4 registers, B: 2 registers, C/D: 4 floats, in the fragment
@@ -254,7 +333,7 @@ template <> __device__ __forceinline__ void store2<float>(float* dst, float a, f
 // rows r0 = tid / CPR, r0 + kRowStep, ... . Only the row moves from one copy to the next, so the
 // addresses are a per-thread base plus compile-time offsets, and the row check is needed only on a
 // tile that crosses the end of the matrix (the last one).
-template <int ROWS, int CPR, typename T>
+template <int ROWS, int CPR, int L, typename T>
 __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gmem, int row0, int rows,
                                           int tid) {
   constexpr int kElemsPerChunk = 16 / sizeof(T);
@@ -269,9 +348,12 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
   for (int it = 0; it < ROWS * CPR / kThreads; ++it) {
     const int r = r0 + it * kRowStep;
     const bool valid = whole || row0 + r < rows;
-    // An out-of-range row still needs a legal address; row 0 of this (batch, head) is one.
-    cp_async_16(base + (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u, valid ? src + it * kRowStep * kD : gmem,
-                valid);
+    // An out-of-range row still needs a legal address; row 0 of this (batch, head) is one. Layouts
+    // (V6_SMEM_LAYOUT): 2 swizzled, 1 one spare chunk per row, 0 plain.
+    const uint32_t off = L == 2   ? (uint32_t)(r * CPR + (c ^ (r & 7))) * 16u
+                         : L == 1 ? (uint32_t)(r * (CPR + 1) + c) * 16u
+                                  : (uint32_t)(r * CPR + c) * 16u;
+    cp_async_16(base + off, valid ? src + it * kRowStep * kD : gmem, valid);
   }
 }
 
@@ -295,12 +377,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(CPR >= 8, "the swizzle needs rows of at least 128 bytes");
   static_assert(BC % 16 == 0 && D % 16 == 0, "tile sizes must be multiples of 16");
   static_assert(QKS >= 0 && QKS <= KSTEPS, "QKS counts k steps of Q kept in registers");
-  static_assert(STAGES >= 2, "the pipeline needs a buffer to fill while another is read");
+  static_assert(STAGES >= 1, "at least one K/V buffer");
+  // The step switches (see V6_P_SMEM above); TF32 always takes the final kernel's code.
+  constexpr int LAYOUT = kTF32 ? 2 : V6_SMEM_LAYOUT;
+  constexpr bool kLdmatrix = kTF32 || V6_LDMATRIX;
+  constexpr bool kPSmem = !kTF32 && V6_P_SMEM;
+  constexpr bool kTwoBarriers = STAGES == 1 || (!kTF32 && V6_BARRIERS == 2);
+  constexpr int PAD = LAYOUT == 1 ? 16 / (int)sizeof(T) : 0;   // elements of padding per row
+  constexpr int LD = D + PAD, RSB = LD * (int)sizeof(T);       // row stride in elements and bytes
+  constexpr int RSBP = (BC + PAD) * (int)sizeof(T);            // rows of P_ij (V6_P_SMEM)
+  static_assert(!kPSmem || LAYOUT != 2 || BC * sizeof(T) >= 128, "the swizzle needs rows of >= 128 bytes");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);   // [B_r][D]
-  T* sK = sQ + BR * D;                      // STAGES buffers of [B_c][D]
-  T* sV = sK + STAGES * BC * D;             // STAGES buffers of [B_c][D]
+  T* sK = sQ + BR * LD;                     // STAGES buffers of [B_c][D]
+  T* sV = sK + STAGES * BC * LD;            // STAGES buffers of [B_c][D]
+  T* sP = sV + STAGES * BC * LD;            // V6_P_SMEM only: [B_r][B_c]
 
   // Non-causal: consecutive blocks walk the query blocks of one head, so they share K/V in L2.
   // Causal: the longest query blocks (most key tiles) start first, all heads at once, so the short ones
@@ -348,7 +440,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int x = lane & 7;
     const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;   // Q (A operand) and V (.trans)
     const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;   // K (B operand)
-    const uint32_t sQ_addr = smem_addr(sQ) + (uint32_t)((warp * WM * 16 + a_row) * ROWB);
+    const uint32_t sQ_addr = smem_addr(sQ) + (uint32_t)((warp * WM * 16 + a_row) * RSB);
+    const uint32_t sQ_warp = smem_addr(sQ) + (uint32_t)(warp * WM * 16 * RSB);   // V6_LDMATRIX=0
 
     // The first QKS k steps of Q_i as A fragments, loaded once; the rest is re-read from shared memory
     // with ldmatrix on every tile (registers are what limits this at D = 128).
@@ -357,12 +450,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Pipeline: tile j lives in buffer j % STAGES; STAGES - 1 tiles are in flight while one is read.
     // Every tile is one cp.async commit group (an empty one past the last tile keeps the count uniform);
     // Q_i travels with K_0, V_0.
-    load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
+    load_tile<BR, CPR, LAYOUT>(sQ, Qh, m0, M, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
       if (st < n_tiles) {
-        load_tile<BC, CPR>(sK + st * BC * D, Kh, st * BC, N, tid);
-        load_tile<BC, CPR>(sV + st * BC * D, Vh, st * BC, N, tid);
+        load_tile<BC, CPR, LAYOUT>(sK + st * BC * LD, Kh, st * BC, N, tid);
+        load_tile<BC, CPR, LAYOUT>(sV + st * BC * LD, Vh, st * BC, N, tid);
       }
       cp_async_commit();
     }
@@ -373,7 +466,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int s = 0; s < WM; ++s)
 #pragma unroll
         for (int ks = 0; ks < QKS; ++ks) {
-          ldmatrix_x4(q_frag[s][ks], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+          if constexpr (kLdmatrix)
+            ldmatrix_x4(q_frag[s][ks], sQ_addr + s * 16 * RSB + (swz<LAYOUT>(2 * ks + a_chunk, x) << 4));
+          else
+            lds_a<RSB, LAYOUT>(q_frag[s][ks], sQ_warp + s * 16 * RSB, 2 * ks, g, q);
           if constexpr (kTF32)
 #pragma unroll
             for (int r = 0; r < 4; ++r) q_frag[s][ks][r] = to_tf32(q_frag[s][ks][r]);
@@ -383,7 +479,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     // S = Q_i K_j^T for the K_j tile in buffer kbuf (raw scores; the scale is folded into the exponent
     // later).
     auto qk = [&](float (&acc)[WM][NT][4], int kbuf) {
-      const uint32_t sK_addr = smem_addr(sK + kbuf * BC * D) + (uint32_t)(b_row * ROWB);
+      const uint32_t sK_tile = smem_addr(sK + kbuf * BC * LD);   // V6_LDMATRIX=0
+      const uint32_t sK_addr = smem_addr(sK + kbuf * BC * LD) + (uint32_t)(b_row * RSB);
 #pragma unroll
       for (int s = 0; s < WM; ++s)
 #pragma unroll
@@ -396,7 +493,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (ks >= QKS) {
 #pragma unroll
           for (int s = 0; s < WM; ++s) {
-            ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+            if constexpr (kLdmatrix)
+              ldmatrix_x4(a_tmp[s], sQ_addr + s * 16 * RSB + (swz<LAYOUT>(2 * ks + a_chunk, x) << 4));
+            else
+              lds_a<RSB, LAYOUT>(a_tmp[s], sQ_warp + s * 16 * RSB, 2 * ks, g, q);
             if constexpr (kTF32)
 #pragma unroll
               for (int r = 0; r < 4; ++r) a_tmp[s][r] = to_tf32(a_tmp[s][r]);
@@ -408,7 +508,10 @@ __global__ void __launch_bounds__(kThreads, 2)
           // 2ks+1 -> (b0, b1) of n8 tile 2np, then of tile 2np+1. K rows are the n dimension and are
           // contiguous in k, which is exactly the "col" B layout: no transpose needed.
           uint32_t b[4];
-          ldmatrix_x4(b, sK_addr + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+          if constexpr (kLdmatrix)
+            ldmatrix_x4(b, sK_addr + np * 16 * RSB + (swz<LAYOUT>(2 * ks + b_chunk, x) << 4));
+          else
+            lds_b<RSB, LAYOUT>(b, sK_tile + np * 16 * RSB, 2 * ks, g, q);
           if constexpr (kTF32)
 #pragma unroll
             for (int r = 0; r < 4; ++r) b[r] = to_tf32(b[r]);
@@ -427,19 +530,31 @@ __global__ void __launch_bounds__(kThreads, 2)
       // STAGES - 2 groups were committed after tile j's, so this waits for tile j only. The barrier then
       // publishes every thread's copies, and proves that every warp has finished tile j - 1: its buffer
       // is free for the prefetch below. One barrier per tile.
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      {
+      if constexpr (kTwoBarriers) {
+        // V6_BARRIERS=2 or one stage: the barrier at the end of tile j - 1 freed its buffer, so the
+        // prefetch goes first; STAGES - 1 groups (this one included) were committed after tile j's.
         const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
         if (jn < n_tiles) {
-          load_tile<BC, CPR>(sK + nbuf * BC * D, Kh, jn * BC, N, tid);
-          load_tile<BC, CPR>(sV + nbuf * BC * D, Vh, jn * BC, N, tid);
+          load_tile<BC, CPR, LAYOUT>(sK + nbuf * BC * LD, Kh, jn * BC, N, tid);
+          load_tile<BC, CPR, LAYOUT>(sV + nbuf * BC * LD, Vh, jn * BC, N, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+      } else {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
+        if (jn < n_tiles) {
+          load_tile<BC, CPR, LAYOUT>(sK + nbuf * BC * LD, Kh, jn * BC, N, tid);
+          load_tile<BC, CPR, LAYOUT>(sV + nbuf * BC * LD, Vh, jn * BC, N, tid);
         }
         cp_async_commit();
       }
 
       const int j0 = jt * BC;
-      const uint32_t sV_addr = smem_addr(sV + buf * BC * D) + (uint32_t)(a_row * ROWB);
+      const uint32_t sV_addr = smem_addr(sV + buf * BC * LD) + (uint32_t)(a_row * RSB);
+      const uint32_t sV_tile = smem_addr(sV + buf * BC * LD);   // V6_LDMATRIX=0
       if (QKS > 0 && jt == 0) load_q_frags();
       float s_acc[WM][NT][4];
       qk(s_acc, buf);
@@ -518,6 +633,23 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
       }
 
+      // V6_P_SMEM: P_ij goes to this warp's rows of sP in the accumulator layout (row g or g + 8 of
+      // slice s, keys 8t + 2q and 8t + 2q + 1: chunk t, word q) and comes back as A fragments below.
+      // Only the warp itself reads its rows, so warp barriers suffice.
+      const uint32_t sP_warp = smem_addr(sP) + (uint32_t)(warp * WM * 16 * RSBP);
+      const uint32_t sP_addr = sP_warp + (uint32_t)(a_row * RSBP);
+      if constexpr (kPSmem) {
+        __syncwarp();   // every lane is done reading the previous tile's P_ij
+#pragma unroll
+        for (int s = 0; s < WM; ++s)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              sts32(sP_warp + (s * 16 + g + 8 * h) * RSBP + (swz<LAYOUT>(t, g) << 4) + 4 * q, p_pack[s][t][h]);
+        __syncwarp();   // this tile's P_ij is visible to the whole warp
+      }
+
       // ---- O_i += P_ij V_j, P_ij straight from the accumulator registers ----
       if constexpr (!kTF32) {
 #pragma unroll
@@ -526,17 +658,27 @@ __global__ void __launch_bounds__(kThreads, 2)
           uint32_t p_frag[WM][4];
 #pragma unroll
           for (int s = 0; s < WM; ++s) {
-            p_frag[s][0] = p_pack[s][2 * kk][0];
-            p_frag[s][1] = p_pack[s][2 * kk][1];
-            p_frag[s][2] = p_pack[s][2 * kk + 1][0];
-            p_frag[s][3] = p_pack[s][2 * kk + 1][1];
+            if constexpr (kPSmem) {
+              if constexpr (kLdmatrix)
+                ldmatrix_x4(p_frag[s], sP_addr + s * 16 * RSBP + (swz<LAYOUT>(2 * kk + a_chunk, x) << 4));
+              else
+                lds_a<RSBP, LAYOUT>(p_frag[s], sP_warp + s * 16 * RSBP, 2 * kk, g, q);
+            } else {
+              p_frag[s][0] = p_pack[s][2 * kk][0];
+              p_frag[s][1] = p_pack[s][2 * kk][1];
+              p_frag[s][2] = p_pack[s][2 * kk + 1][0];
+              p_frag[s][3] = p_pack[s][2 * kk + 1][1];
+            }
           }
 #pragma unroll
           for (int dp = 0; dp < D / 16; ++dp) {
             // .trans matrices: keys 0..7 / dims 16dp..+7, keys 8..15 / same dims, keys 0..7 / dims
             // +8..15, keys 8..15 / dims +8..15 -> (b0, b1) of n8 tile 2dp, then of tile 2dp+1.
             uint32_t b[4];
-            ldmatrix_x4_trans(b, sV_addr + kk * 16 * ROWB + (((2 * dp + a_chunk) ^ x) << 4));
+            if constexpr (kLdmatrix)
+              ldmatrix_x4_trans(b, sV_addr + kk * 16 * RSB + (swz<LAYOUT>(2 * dp + a_chunk, x) << 4));
+            else
+              lds_v<RSB, LAYOUT>(b, sV_tile + kk * 16 * RSB, 2 * dp, g, q);
 #pragma unroll
             for (int s = 0; s < WM; ++s) {
               mma<T>(o[s][2 * dp], p_frag[s], b[0], b[1]);
@@ -573,6 +715,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         }
       }
+      if constexpr (kTwoBarriers) __syncthreads();   // every warp is done with this tile's buffer
       buf = buf + 1 == STAGES ? 0 : buf + 1;
     }
   }
@@ -621,7 +764,11 @@ template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, b
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
                    int N, cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
-  constexpr size_t smem = (size_t)(BR + 2 * STAGES * BC) * D * sizeof(T);   // Q_i + STAGES x (K_j, V_j)
+  // Q_i + STAGES x (K_j, V_j), rows padded by 16 bytes in the V6_SMEM_LAYOUT=1 step, + P_ij for V6_P_SMEM
+  constexpr bool kTF32 = sizeof(T) == 4;
+  constexpr int PAD = !kTF32 && V6_SMEM_LAYOUT == 1 ? 16 / (int)sizeof(T) : 0;
+  constexpr size_t smem = (size_t)(BR + 2 * STAGES * BC) * (D + PAD) * sizeof(T) +
+                          (!kTF32 && V6_P_SMEM ? (size_t)BR * (BC + PAD) * sizeof(T) : 0);
   auto kernel = flash_fwd_mma<T, D, WM, BC, QKS, CAUSAL, STAGES, LAZY, WITH_LSE>;
 
   int dev = 0, optin = 0;

@@ -12,15 +12,27 @@ compute-sanitizer covers v6 with every other kernel: tests/test_sanitizer_gpu.py
 """
 from __future__ import annotations
 
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import HALF_DTYPES, assert_refused, bad_inputs, every_half_case, needs_gpu, poison_allocator
+from conftest import (
+    HALF_DTYPES,
+    assert_refused,
+    bad_inputs,
+    every_half_case,
+    needs_gpu,
+    poison_allocator,
+    run_sanitized,
+    sanitizer_cases,
+)
 
 import flashattn
-from flashattn.reference import attention_reference
+from flashattn import sweep
+from flashattn.reference import attention_reference, relative_error, sdpa
 
 
 # ================================================================ CPU emulation of the fragment maps
@@ -336,3 +348,96 @@ def test_bad_inputs_refused_then_good_call_works(v6):
     out = v6.forward(q, k, v, False)
     ref = attention_in(q, k, v, False, torch.float32)
     assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+# ================================================================ the chapter's steps (V6_* step macros)
+# Every step of `python -m flashattn.sweep v6-steps` but the last (the committed build, tested above), built
+# under the sweep's own module names so that a sweep after the tests reuses the builds. Steps share one
+# build for both head dims, so the d64 names stand for both.
+STEPS = {n.removeprefix("d64 "): v for n, v in sweep.VARIANTS["v6-steps"].items() if n.startswith("d64 ")}
+FINAL = list(STEPS)[-1]
+STEP_SHAPES = [(2, 3, 113, 203, 1.0), (2, 3, 203, 113, 1.0), (1, 1, 1, 1, 1.0), (1, 2, 1023, 1025, 1.0),
+               (3, 2, 17, 1, 1.0), (2, 2, 300, 517, 25.0)]   # (B, H, M, N, logit scale): 25 overflows exp alone
+SANITIZE_STEP_SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67)]
+
+
+def build_step(name: str):
+    return sweep._build("v6", STEPS[name])
+
+
+def test_steps_are_one_change_each_and_end_at_the_committed_build():
+    chain = list(sweep.VARIANTS["v6-steps"].items())
+    for D in (64, 128):
+        mine = [(n, v) for n, v in chain if v.D == D]
+        assert len(mine) == len(STEPS) >= 6
+        for (_, before), (name, after) in zip(mine, mine[1:]):
+            changed = set(before.macros.items()) ^ set(after.macros.items())
+            stages = {k for k, _ in changed if k.endswith("_STAGES")}   # one switch, set for both head dims
+            assert len({k for k, _ in changed} - stages) + bool(stages) == 1, (name, changed)
+            assert after.change and after.change != before.change
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "v6.cu").read_text()
+    for macro, value in STEPS[FINAL].macros.items():   # the last step sets every switch to its default
+        assert f"#define {macro} {value}\n" in text, macro
+
+
+def test_steps_default_build_is_the_same_machine_code():
+    """The last step spells every step macro out at its default; the file without -D flags must compile to
+    the same instructions, kernel by kernel (so the step macros cost the committed kernel nothing)."""
+    from flashattn import sass
+    if sass.tool_missing_reason():
+        pytest.skip(sass.tool_missing_reason())
+    def code(flags):
+        return {f.name: [i.text for i in f.instructions] for f in sass.disassemble("v6", tuple(flags))}
+    plain, spelled = code(()), code(sweep.flags(STEPS[FINAL]))
+    assert plain.keys() == spelled.keys() and len(plain) == 24
+    assert [n for n in plain if plain[n] != spelled[n]] == []
+
+
+def check_step(module, B, H, M, N, D, dtype, causal, seed, scale):
+    """Float64 reference, relative error at most twice SDPA's in the same dtype (floor 1e-2 for bf16,
+    1e-3 for fp16, as flashattn.sweep), poisoned output."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for L in (M, N, N))
+    q, k, v = (q * scale).to(dtype), k.to(dtype), v.to(dtype)
+    out = run_poisoned(module, q, k, v, causal)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN element)"
+    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    ours, theirs = relative_error(out, ref), relative_error(sdpa(q, k, v, causal), ref)
+    bound = max(sweep.FLOOR[str(dtype).removeprefix("torch.")], 2 * theirs)
+    assert ours <= bound, f"relative error {ours:.3e} > {bound:.3e} (SDPA: {theirs:.3e})"
+    if causal and M > N:
+        assert (out[:, :, :M - N] == 0).all()
+
+
+@needs_gpu
+@pytest.mark.parametrize("step", [s for s in STEPS if s != FINAL])
+def test_steps_match_float64(step):
+    """Each step is a complete kernel: odd shapes, M != N both ways, large logits, both head dims, both
+    masks, bf16 and fp16."""
+    module = build_step(step)
+    for B, H, M, N, scale in STEP_SHAPES:
+        for D in (64, 128):
+            for causal in (False, True):
+                for dtype in DTYPES.values():
+                    seed = zlib.crc32(repr((step, B, H, M, N, D, causal, dtype)).encode())
+                    check_step(module, B, H, M, N, D, dtype, causal, seed, scale)
+
+
+def sanitize_step(step: str) -> None:
+    """What compute-sanitizer runs (`python tests/test_v6.py --sanitize-step STEP`): bf16 and fp16 share
+    every address and barrier, so bf16 only."""
+    sanitizer_cases(build_step(step).forward, "v6-steps", SANITIZE_STEP_SHAPES, [torch.bfloat16])
+
+
+@needs_gpu
+@pytest.mark.parametrize("step", [s for s in STEPS if s != FINAL])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_steps_sanitizer_clean(tool, step):
+    build_step(step)   # outside the sanitizer: nvcc under it is slow
+    out, ran = run_sanitized(tool, Path(__file__).resolve(), "--sanitize-step", step, tag="ran v6-steps ")
+    assert len(ran) == len(SANITIZE_STEP_SHAPES) * 2 * 2, out[-4000:]
+
+
+if __name__ == "__main__" and "--sanitize-step" in sys.argv:
+    sanitize_step(sys.argv[sys.argv.index("--sanitize-step") + 1])
