@@ -62,3 +62,20 @@ def test_each_step_changes_one_choice(step):
         assert changed == {f"V7_D{D}_BC", f"V7_D{D}_MINB"}, f"{before} -> {after} changes {sorted(changed)}"
     else:
         assert len(changed) == 1, f"{before} -> {after} changes {sorted(changed) or 'nothing'}"
+
+
+def _code_cells() -> list[str]:
+    book = json.loads((ROOT / "book" / "v7.ipynb").read_text())
+    return ["".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code"]
+
+
+def test_chapter_builds_and_disassembles_through_the_package():
+    """The build cell is the shared one (live.build, then the printed load_inline call), and the machine
+    code comes from flashattn.sass: no load_inline call, cuobjdump lookup or SASS regex of its own."""
+    code = _code_cells()
+    build = next(i for i, s in enumerate(code) if 'live.build("v7")' in s)
+    assert 'loader.load_inline_call("v7")' in code[build + 1]
+    joined = "\n".join(code)
+    for own in ("load_inline(", "cuobjdump", "CUOBJDUMP", "--dump-sass", "Function : "):
+        assert own not in joined, f"book/v7.ipynb still has its own {own!r}"
+    assert "sass.disassemble(\"v7\")" in joined and "hot_loop()" in joined
