@@ -317,10 +317,15 @@ def raw_values(raw: dict[str, tuple[str, str]], names: dict[str, str]) -> tuple[
 def read_raw_csv(path) -> dict[str, tuple[str, str]]:
     """`ncu --import R --page raw --csv --print-units base`: metric -> (printed value, unit), first kernel.
     The file has a header row of metric names, a row of units, then one row per kernel."""
+    return read_raw_rows(path)[0]
+
+
+def read_raw_rows(path) -> list[dict[str, tuple[str, str]]]:
+    """Every kernel of a raw page (see read_raw_csv), in the report's order."""
     with open(path, newline="") as fh:
-        rows = list(csv.reader(_skip_preamble(fh)))
-    names, units, values = rows[0], rows[1], rows[2]
-    return {n: (v, u) for n, u, v in zip(names, units, values)}
+        rows = [r for r in csv.reader(_skip_preamble(fh)) if r]
+    names, units = rows[0], rows[1]
+    return [{n: (v, u) for n, u, v in zip(names, units, values)} for values in rows[2:] if len(values) == len(names)]
 
 
 def _skip_preamble(fh):

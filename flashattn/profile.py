@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_csv
+from .ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_rows
 from .versions import INFO, VERSIONS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -212,14 +212,16 @@ def profile_one(ncu: str, version: str, args, available: set[str] | None) -> Pat
     return report
 
 
-def collect_metrics(ncu: str, target: list[str], kernel_regex: str, skip: int, out_base: Path) -> dict:
-    """Run `target` (a command line) under ncu, profile the kernel launch after `skip` matching ones and
-    return flashattn.ncu.STEP_METRICS and the warp-stall ratios of that launch: {"counters": {...},
-    "stalls": {...}} in base units, or {"error": why}. Used by `flashattn.sweep --metrics`."""
+def collect_metrics(ncu: str, target: list[str], kernel_regex: str, count: int, out_base: Path) -> dict:
+    """Run `target` (a command line) under ncu, profile its first `count` launches of the kernels matching
+    `kernel_regex`, and return {"launches": [{"counters": {...}, "stalls": {...}}, ...]} in launch order
+    (flashattn.ncu.STEP_METRICS and the warp-stall ratios, base units), or {"error": why}. One process
+    for many launches: starting Python and CUDA under ncu costs far more than the replays of a small
+    kernel. Used by `flashattn.sweep --metrics`."""
     names = dict(STEP_METRICS)
     for attempt in range(2):
-        cmd = [ncu, "--clock-control", "none", "--kernel-name", kernel_regex, "--launch-skip", str(skip),
-               "--launch-count", "1", "--force-overwrite", "-o", str(out_base), "--section", "WarpStateStats",
+        cmd = [ncu, "--clock-control", "none", "--kernel-name", kernel_regex, "--launch-count", str(count),
+               "--force-overwrite", "-o", str(out_base), "--section", "WarpStateStats",
                "--metrics", ",".join(names.values()), *target]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
         output = proc.stdout + proc.stderr
@@ -237,8 +239,11 @@ def collect_metrics(ncu: str, target: list[str], kernel_regex: str, skip: int, o
         return {"error": f"ncu --import failed: {page.stderr.strip()[-500:]}"}
     raw_path = out_base.with_name(out_base.name + ".raw.csv")
     raw_path.write_text(page.stdout)
-    counters, stall = raw_values(read_raw_csv(raw_path), names)
-    return {"counters": counters, "stalls": stall}
+    launches = []
+    for raw in read_raw_rows(raw_path):
+        counters, stall = raw_values(raw, names)
+        launches.append({"counters": counters, "stalls": stall})
+    return {"launches": launches}
 
 
 # ----------------------------------------------------------------------------------------- target

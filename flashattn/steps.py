@@ -6,7 +6,12 @@ and the last step is the kernel file as committed. flashattn.records.step_table 
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 from . import geometry
@@ -50,56 +55,93 @@ def _v6_kernel(name: str, D: int) -> bool:
 KERNEL_OF = {"v6": _v6_kernel}   # version -> which disassembled kernel is the timed one at head dim D
 
 
+_LOCK = threading.Lock()
+_IN_FLIGHT: dict = {}
+
+
 def sass_counts(version: str, variant) -> dict:
     """Instruction classes of the hot loop (flashattn.sass) of the variant's timed kernel (KERNEL_OF: the
     instance of the timed dtype, head dim D, non-causal, forward only; the largest kernel whose name
-    carries D for a version without an entry). No GPU needed."""
-    from . import sass, sweep
+    carries D for a version without an entry). No GPU needed. Remembered next to the builds
+    (TORCH_EXTENSIONS_DIR) under a hash of the kernel text and flags, and computed once per set of
+    macros, so the head dims of one build and a later timed run share the compile."""
+    from . import loader, sweep
+    flags = tuple(sweep.flags(variant))
+    key = hashlib.sha256(f"{version}|{list(flags)}|{loader.source(version)}".encode()).hexdigest()
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or tempfile.gettempdir()) / "flashattn_steps_sass.json"
+    with _LOCK:
+        lock = _IN_FLIGHT.setdefault(key, threading.Lock())
+    with lock:                                          # one compile per set of macros, the others wait
+        with _LOCK:
+            cache = json.loads(path.read_text()) if path.exists() else {}
+        if f"{key}|{variant.D}" not in cache:
+            rows = _hot_loops(version, flags, sorted({v.D for vs in sweep.VARIANTS.values() for v in vs.values()}))
+            with _LOCK:
+                cache = json.loads(path.read_text()) if path.exists() else {}
+                cache.update({f"{key}|{D}": row for D, row in rows.items()})
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(cache))
+    return cache.get(f"{key}|{variant.D}") or {"error": f"no kernel of {version} at D={variant.D}"}
+
+
+def _hot_loops(version: str, flags: tuple, head_dims) -> dict:
+    from . import sass
     try:
-        kernels = sass.disassemble(version, tuple(sweep.flags(variant)))
-        pick = KERNEL_OF.get(version, lambda name, D: f"{D}" in name[name.find("<"):])
-        fn = max([f for f in kernels if pick(f.pretty, variant.D)], key=lambda f: len(f.instructions))
-        row = sass.loop_row(fn.hot_loop())
-    except (RuntimeError, ValueError, IndexError) as err:
-        return {"error": f"{type(err).__name__}: {str(err)[-300:]}"}
-    return {"kernel": fn.pretty, **{k: v for k, v in row.items() if k != "FFMA share"}}
+        kernels = sass.disassemble(version, flags)
+    except (RuntimeError, ValueError) as err:
+        return {D: {"error": f"{type(err).__name__}: {str(err)[-300:]}"} for D in head_dims}
+    pick = KERNEL_OF.get(version, lambda name, D: f"{D}" in name[name.find("<"):])
+    out = {}
+    for D in head_dims:
+        mine = [f for f in kernels if pick(f.pretty, D)]
+        if mine:
+            fn = max(mine, key=lambda f: len(f.instructions))
+            row = sass.loop_row(fn.hot_loop())
+            out[D] = {"kernel": fn.pretty, **{k: v for k, v in row.items() if k != "FFMA share"}}
+    return out
 
 
-def target(key: str, name: str, warmup: int) -> int:
-    """What ncu runs for --metrics: the variant's build (from the extension cache), `warmup` calls and
-    one more at sweep.METRICS_SHAPE, in the version's timed dtype (its first), non-causal."""
+def target(key: str, names: list[str], warmup: int = 1) -> int:
+    """What ncu runs for --metrics: for each variant in `names`, its build (from the extension cache),
+    `warmup` calls and one more at sweep.METRICS_SHAPE, in the version's timed dtype (its first),
+    non-causal. ncu profiles every launch; attach_metrics keeps each variant's last."""
     import torch
 
     from . import sweep
     from .versions import INFO
-    variant = sweep.VARIANTS[key][name]
-    module = sweep._build(sweep.kernel_version(key), variant)
     B, H, M, N = sweep.METRICS_SHAPE
-    g = torch.Generator(device="cuda").manual_seed(11)
     dtype = INFO[sweep.kernel_version(key)].dtypes[0]
-    q, k, v = (torch.randn(B, H, L, variant.D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
-    for _ in range(warmup + 1):
-        out = module.forward(q, k, v, False)
-    torch.cuda.synchronize()
-    return 0 if torch.isfinite(out).all().item() else 1
+    finite = True
+    for name in names:
+        variant = sweep.VARIANTS[key][name]
+        module = sweep._build(sweep.kernel_version(key), variant)
+        g = torch.Generator(device="cuda").manual_seed(11)
+        q, k, v = (torch.randn(B, H, L, variant.D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
+        for _ in range(warmup + 1):
+            out = module.forward(q, k, v, False)
+        torch.cuda.synchronize()
+        finite &= bool(torch.isfinite(out).all().item())
+    return 0 if finite else 1
 
 
 def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
-    """--metrics: every correct variant once under Nsight Compute (flashattn.profile.collect_metrics);
-    the counters land in each row's "metrics". Reports are kept in out_dir/<key>_ncu/."""
+    """--metrics: every correct variant under Nsight Compute in one process
+    (flashattn.profile.collect_metrics); the counters of each variant's last launch land in its row's
+    "metrics". The report and its raw page stay in out_dir/<version>_steps_ncu.*."""
     from . import profile, sweep
+    rows = [r for r in doc["variants"] if r.get("correct")]
     ncu = profile.find_ncu()
-    folder = out_dir / f"{sweep.kernel_version(key)}_steps_ncu"
-    folder.mkdir(parents=True, exist_ok=True)
-    regex = profile.kernel_filter(sweep.kernel_version(key))
-    for r in doc["variants"]:
-        if not r.get("correct"):
-            continue
-        if ncu is None:
+    if ncu is None or not rows:
+        for r in rows:
             r["metrics"] = {"error": profile.MISSING_NCU}
-            continue
-        stem = "".join(ch if ch.isalnum() else "_" for ch in r["name"])
-        target = [sys.executable, "-m", "flashattn.sweep", key, "--target", r["name"], "--warmup", str(warmup)]
-        got = profile.collect_metrics(ncu, target, regex, warmup, folder / stem)
-        r["metrics"] = {"shape": [*sweep.METRICS_SHAPE, r["D"]], "dtype": doc["dtype"], "causal": False, **got}
-        print(f"metrics {r['name']}: {'ok' if 'counters' in got else got['error'][:200]}", flush=True)
+        return
+    target = [sys.executable, "-m", "flashattn.sweep", key, "--warmup", str(warmup),
+              "--target", *[r["name"] for r in rows]]
+    got = profile.collect_metrics(ncu, target, profile.kernel_filter(sweep.kernel_version(key)),
+                                  len(rows) * (warmup + 1), out_dir / f"{sweep.kernel_version(key)}_steps_ncu")
+    launches = got.get("launches", [])
+    for i, r in enumerate(rows):
+        one = launches[i * (warmup + 1) + warmup] if len(launches) == len(rows) * (warmup + 1) else \
+            {"error": got.get("error") or f"ncu profiled {len(launches)} launches, expected {len(rows) * (warmup + 1)}"}
+        r["metrics"] = {"shape": [*sweep.METRICS_SHAPE, r["D"]], "dtype": doc["dtype"], "causal": False, **one}
+        print(f"metrics {r['name']}: {'ok' if 'counters' in one else one['error'][:300]}", flush=True)

@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run every correct variant once under Nsight Compute at "
                         f"B, H, M, N = {METRICS_SHAPE} and store flashattn.ncu.STEP_METRICS and the warp-stall "
                         "ratios per variant (default: off)")
-    p.add_argument("--target", metavar="NAME", help=argparse.SUPPRESS)   # internal: what ncu runs
+    p.add_argument("--target", nargs="+", metavar="NAME", help=argparse.SUPPRESS)   # internal: what ncu runs
     p.add_argument("--build-only", action="store_true",
                    help="build the variants and record ptxas's reports (no GPU needed), so that a later "
                         "run only times them (default: off)")
