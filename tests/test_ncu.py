@@ -106,3 +106,42 @@ def test_parsed_values_equal_ncu_pages(report):
     assert sum(s["stalls"].values()) == pytest.approx(s["warp_cycles_per_issue"], rel=0.01)
     if ncu.version_of(report.name) == "v6":
         assert s["tensor_ops_per_s"] or s["tensor_pipe_pct"], "v6 runs on tensor cores"
+
+
+def test_raw_rows_of_several_kernels_and_their_step_metrics(tmp_path):
+    """flashattn.sweep --metrics reads one raw page with a row per profiled launch."""
+    conflicts = ncu.SHARED["bank_conflicts_ld"]
+    stall = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+    raw = tmp_path / "r.raw.csv"
+    raw.write_text(f'==PROF== note\n"ID","Kernel Name","{conflicts}","gpu__time_duration.sum","{stall}"\n'
+                   '"","","","nsecond","ratio"\n"0","k","1,024","2,000","0.50"\n"1","k","0","1,000","0"\n')
+    rows = ncu.read_raw_rows(raw)
+    assert len(rows) == 2 and ncu.read_raw_csv(raw) == rows[0]
+    names = {"bank_conflicts_ld": conflicts, "duration_s": "gpu__time_duration.sum", "absent": "no.such"}
+    counters, stalls = ncu.raw_values(rows[0], names)
+    assert counters == {"bank_conflicts_ld": 1024, "duration_s": pytest.approx(2e-6), "absent": None}
+    assert stalls == {"barrier": 0.5}
+    assert ncu.raw_values(rows[1], names)[1] == {}     # a zero stall is left out, like ncu.stalls
+
+
+def test_bank_conflict_row_only_when_the_report_has_the_counters():
+    s = dict(duration_s=1e-3, fp32_flops_per_s=None, fp32_peak_flops_per_s=None, fp32_pct_of_peak=None,
+             tensor_ops_per_s=None, tensor_pipe_pct=None, arithmetic_intensity=None, fp32_ridge=None,
+             dram_bytes_per_s=None, dram_peak_bytes_per_s=None, achieved_occupancy_pct=None,
+             theoretical_occupancy_pct=None, blocks_per_sm=None, limited_by=[], registers_per_thread=None,
+             block_size=None, grid_size=None, shared_total_bytes=None, shared_dynamic_bytes=None,
+             shared_static_bytes=None, shared_driver_bytes=None)
+    assert "bank conflicts" not in ncu.markdown_table(s)
+    s.update(bank_conflicts_ld=12.0, bank_conflicts_st=3.0, shared_wavefronts_ld=1000.0, shared_wavefronts_st=40.0)
+    row = "| Shared-memory bank conflicts | 12 load, 3 store | extra wavefronts, out of 1,000 load"
+    assert row in ncu.markdown_table(s)
+
+
+def test_every_profile_collects_the_bank_conflict_counters():
+    from types import SimpleNamespace
+
+    from flashattn import profile
+    args = SimpleNamespace(kernel_regex=None, warmup=1, dtype=None, batch_size=1, num_heads=1, seq_len=64,
+                           head_dim=64, causal=False)
+    cmd = profile.ncu_command("ncu", "v6", args, Path("/tmp/x"), ["WarpStateStats"])
+    assert cmd[cmd.index("--metrics") + 1].split(",") == list(ncu.SHARED.values())

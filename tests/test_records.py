@@ -115,3 +115,34 @@ def test_readme_block_is_replaced_between_its_markers(tmp_path):
     table.main(["--gpu-tests", str(tmp_path / "none.xml"), "--update-readme", str(readme)])
     body = readme.read_text()
     assert "old" not in body and "No GPU test run is recorded yet" in body and body.endswith("b\n")
+
+
+def test_step_table_of_a_recorded_chain(results):
+    """records.step_rows/step_table on a small v6_steps.json: speedups against the step before and the first
+    step of the same head dim, metric and SASS columns, the order of "steps"."""
+    def variant(name, D, us, change, conflicts=None, lds=None):
+        r = dict(name=name, D=D, change=change, correct=True, max_rel_error=1e-3, shape=[4, 12, 2048, 2048],
+                 timing={"median_us": us}, geometry={"smem": 1024}, ptxas={"registers": 200})
+        if conflicts is not None:
+            r["metrics"] = {"shape": [2, 8, 1024, 1024, D], "counters": {"bank_conflicts_ld": conflicts},
+                            "stalls": {"barrier": 0.25}}
+        if lds is not None:
+            r["sass_hot_loop"] = {"LDS": lds, "LDSM": 0}
+        return r
+    doc = {"schema": "flashattn.sweep/1", "version": "v6", "set": "v6-steps", "dtype": "bfloat16",
+           "steps": ["d64 a", "d64 b", "d64 c", "d128 a"],
+           "settings": {"timing": "interleaved"},
+           "variants": [variant("d128 a", 128, 900.0, "first"), variant("d64 c", 64, 100.0, "third", 0, 3),
+                        variant("d64 b", 64, 150.0, "second", 4096, 227), variant("d64 a", 64, 300.0, "first")],
+           "references": []}
+    (results / "v6_steps.json").write_text(json.dumps(doc))
+    rows = records.step_rows("v6")
+    assert [r["name"] for r in rows] == doc["steps"] and [r["step"] for r in rows] == [1, 2, 3, 1]
+    assert rows[1]["vs_previous"] == pytest.approx(2.0) and rows[2]["vs_previous"] == pytest.approx(1.5)
+    assert rows[2]["vs_first"] == pytest.approx(3.0) and rows[3]["vs_previous"] is None
+    assert rows[1]["bank conflicts ld"] == 4096 and rows[1]["LDS"] == 227 and rows[0]["stall barrier"] is None
+    t = text(records.step_table("v6", D=64, columns=("bank conflicts ld", "LDS", "stall barrier")))
+    assert "| 64 | 2 | second | yes | 150.0 | 2.00× | 2.00× | 4,096 | 227 | 0.25 |" in t
+    assert "| 128 |" not in t and "1024" in t.replace(",", "")
+    (results / "v6_steps.json").unlink()
+    assert "No recorded step chain" in text(records.step_table("v6"))

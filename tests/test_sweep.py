@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_variant_names_macros_its_kernel_file_defines():
-    for version, variants in sweep.VARIANTS.items():
+    for key, variants in sweep.VARIANTS.items():
+        version = sweep.kernel_version(key)     # "v6-steps" builds kernels/v6.cu
         assert INFO[version].kernel
         text = (ROOT / "kernels" / f"{version}.cu").read_text()
         for name, variant in variants.items():
@@ -90,3 +91,17 @@ def test_v8_variants_are_the_chapter_steps_and_fit_one_sm():
         assert geo["threads"] == 128 * (geo["warpgroups"] + geo["producer"]), name
         assert geo["B_r"] == 64 * geo["warpgroups"] and geo["D"] == variant.D, name
         assert geo["smem"] <= SM90["smem_per_block_max"], name
+
+
+def test_step_sets_name_their_file_kernel_and_fit_one_sm():
+    from flashattn.resources import SM90
+    assert sweep.kernel_version("v6-steps") == "v6" and sweep.output_name("v6-steps") == "v6_steps.json"
+    assert sweep.output_name("v6") == "v6_sweep.json" and not sweep.is_steps("v6")
+    for name, variant in sweep.VARIANTS["v6-steps"].items():
+        assert variant.change, name
+        geo = sweep.geometry_of("v6-steps", variant)
+        assert geo["D"] == variant.D and geo["smem"] <= SM90["smem_per_block_max"], name
+    # the first step carries P through shared memory: B_r x B_c more bytes than the second
+    first, second = (sweep.geometry_of("v6-steps", sweep.VARIANTS["v6-steps"][f"d64 {n}"])["smem"]
+                     for n in ("P via shared memory", "P in registers"))
+    assert first - second == 2 * 128 * 64
