@@ -376,11 +376,11 @@ def step_rows(version: str, file: str | None = None) -> list[dict]:
 
 
 def step_table(version: str, D: int | None = None, columns=("bank conflicts ld", "bank conflicts st"),
-               file: str | None = None):
+               file: str | None = None, steps=None):
     """The step chain as a table: step, change, median µs, speedup over the step before and over the first
-    step, and the chosen STEP_COLUMNS, for one head dim (or all)."""
+    step, and the chosen STEP_COLUMNS, for one head dim (or all) and the step numbers in `steps` (or all)."""
     file = file or f"{version}_steps.json"
-    rows = [r for r in step_rows(version, file) if D is None or r["D"] == D]
+    rows = [r for r in step_rows(version, file) if (D is None or r["D"] == D) and (not steps or r["step"] in steps)]
     if not rows:
         return md(f"*No recorded step chain yet (`results/h200/{file}`, from `python -m flashattn.sweep "
                   f"{version}-steps --metrics`).*")
@@ -406,3 +406,22 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
         note += (f" Counters: one launch under Nsight Compute at B, H, M, N, D = "
                  f"{', '.join(map(str, metric_shape))} (stalls: cycles per issued instruction).")
     return md("\n".join(lines) + "\n\n" + note)
+
+
+def step_sentence(version: str, step: int, file: str | None = None) -> str:
+    """What step `step` of the recorded chain did to the time, per head dim, as a sentence read from the
+    record (so that prose never carries a typed number)."""
+    rows = [r for r in step_rows(version, file) if r["step"] == step]
+    if not rows:
+        return f"(step {step}: no recorded step chain yet, results/h200/{file or version + '_steps.json'})"
+    parts = []
+    for r in rows:
+        before = next((o for o in step_rows(version, file) if o["D"] == r["D"] and o["step"] == step - 1), None)
+        if r["us"] is None or (before and before["us"] is None):
+            parts.append(f"at D = {r['D']} it was not timed ({'incorrect' if r['correct'] is False else 'no time'})")
+        elif before is None:
+            parts.append(f"at D = {r['D']} it takes {r['us']:,.1f} µs")
+        else:
+            parts.append(f"at D = {r['D']} it goes from {before['us']:,.1f} µs to {r['us']:,.1f} µs "
+                         f"({r['vs_previous']:.2f}× the speed of the step before)")
+    return f"Step {step} ({rows[0]['change']}): " + "; ".join(parts) + "."

@@ -145,3 +145,147 @@ def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
             {"error": got.get("error") or f"ncu profiled {len(launches)} launches, expected {len(rows) * (warmup + 1)}"}
         r["metrics"] = {"shape": [*sweep.METRICS_SHAPE, r["D"]], "dtype": doc["dtype"], "causal": False, **one}
         print(f"metrics {r['name']}: {'ok' if 'counters' in one else one['error'][:300]}", flush=True)
+
+
+# ----------------------------------------------------------------------------- shared-memory banks
+LAYOUTS = {0: "plain", 1: "padded", 2: "swizzled"}
+
+
+def smem_address(layout: int, row: int, chunk: int, byte: int, row_bytes: int) -> int:
+    """Byte address of `byte` of 16-byte chunk `chunk` of row `row` in a kernels/v6.cu tile
+    (V6_SMEM_LAYOUT): plain row-major, rows padded by one chunk, or chunk c stored at c ^ (row % 8)."""
+    if layout == 1:
+        return row * (row_bytes + 16) + chunk * 16 + byte
+    return row * row_bytes + (chunk ^ (row & 7) if layout == 2 else chunk) * 16 + byte
+
+
+def wavefronts(addresses: list[int]) -> int:
+    """Passes one group of accesses needs through the 32 four-byte banks: the most distinct 4-byte words
+    that fall into one bank (threads reading the same word share it)."""
+    per_bank: dict[int, set] = {}
+    for a in addresses:
+        per_bank.setdefault((a // 4) % 32, set()).add(a // 4)
+    return max(len(words) for words in per_bank.values())
+
+
+def bank_model(D: int = 64, elem: int = 2) -> list[dict]:
+    """Shared-memory wavefronts per warp instruction of each access kernels/v6.cu makes in the steps,
+    per layout, from the lane -> address formulas of the kernel (lane l: g = l // 4, q = l % 4; first
+    chunk of the tile). 32- and 16-bit accesses are one group of 32 lanes; 16-byte accesses (cp.async,
+    ldmatrix's row addresses) go in phases of 8 lanes. `ideal` is the count without a conflict."""
+    row_bytes, lanes = D * elem, range(32)
+
+    def a(layout, row, chunk, byte):
+        return smem_address(layout, row, chunk, byte, row_bytes)
+
+    accesses = {
+        "Q_i or K_j fragment, 32-bit load (LDS, V6_LDMATRIX=0)":
+            (1, [lambda L, l: a(L, l // 4, 0, 4 * (l % 4))]),
+        "V_j fragment, 16-bit loads (LDS.U16, V6_LDMATRIX=0)":
+            (1, [lambda L, l: a(L, 2 * (l % 4), 0, 2 * (l // 4))]),
+        "P_ij store, 32-bit (STS, V6_P_SMEM=1)":
+            (1, [lambda L, l: a(L, l // 4, 0, 4 * (l % 4))]),
+        "ldmatrix.x4 of Q_i or V_j (four 8x8 matrices)":
+            (4, [lambda L, l, i=i: a(L, l % 8 + 8 * (i % 2), i // 2, 0) for i in range(4)]),
+        "cp.async 16-byte copy into the tile":
+            (4, [lambda L, l, p=p: a(L, (8 * p + l % 8) // (row_bytes // 16), (8 * p + l % 8) % (row_bytes // 16), 0)
+                 for p in range(4)]),
+    }
+    rows = []
+    for name, (ideal, groups) in accesses.items():
+        row = {"access": name, "ideal": ideal}
+        for layout, label in LAYOUTS.items():
+            if len(groups) == 1:
+                row[label] = wavefronts([groups[0](layout, l) for l in lanes])
+            else:   # phases of 8 lanes (the 16-byte accesses), one group per phase
+                row[label] = sum(wavefronts([g(layout, l) for l in range(8)]) for g in groups)
+        rows.append(row)
+    return rows
+
+
+def bank_table(D: int = 64) -> str:
+    """bank_model as Markdown: wavefronts per warp instruction in each layout (ideal: no conflict)."""
+    lines = [f"| access (D = {D}, 16-bit) | no conflict | plain | padded | swizzled |", "|---|--:|--:|--:|--:|"]
+    for r in bank_model(D):
+        lines.append(f"| {r['access']} | {r['ideal']} | {r['plain']} | {r['padded']} | {r['swizzled']} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- accuracy
+# (dtype, logit scale, causal, (B, H, M, N, D)): the chapter's accuracy cell. Scale 25 multiplies q, so the
+# scores reach several hundred and exp overflows without the running max. float32 runs V6's TF32 mode.
+ACCURACY_CASES = [(dtype, scale, causal, shape)
+                  for dtype in ("bfloat16", "float16", "float32") for scale in (1.0, 25.0)
+                  for causal, shape in ((False, (2, 3, 203, 113, 64)), (True, (1, 2, 1023, 1025, 128)))]
+
+
+def accuracy_rows(version: str, cases=ACCURACY_CASES) -> list[dict]:
+    """Relative error against float64 (flashattn.reference) of `version` and of SDPA on the same inputs,
+    per case; needs a GPU."""
+    import torch
+
+    from .reference import attention_reference, relative_error, sdpa
+    from .validate import plan
+    rows = []
+    for i, (dtype, scale, causal, (B, H, M, N, D)) in enumerate(cases):
+        g = torch.Generator(device="cuda").manual_seed(1000 + i)
+        q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for L in (M, N, N))
+        q, k, v = (q * scale).to(getattr(torch, dtype)), k.to(getattr(torch, dtype)), v.to(getattr(torch, dtype))
+        ref = attention_reference(q, k, v, causal=causal)
+        call = plan(q, k, v, version, causal)
+        ours, theirs = relative_error(call.run(q, k, v), ref), relative_error(sdpa(q, k, v, causal), ref)
+        rows.append(dict(dtype=dtype, logit_scale=scale, causal=causal, shape=[B, H, M, N, D],
+                         runs_as=call.runs_as, rel_error=ours, sdpa_rel_error=theirs))
+    return rows
+
+
+def accuracy_table(version: str = "v6", file: str = "v6_accuracy.json"):
+    """The accuracy cell: live on a GPU, else the H200 record (`python -m flashattn.steps accuracy VERSION
+    --out results/h200`)."""
+    from .notebook import NO_GPU, gpu, md
+    from .records import RESULTS, _json
+    if gpu():
+        rows, note = accuracy_rows(version), "Measured now."
+    else:
+        print(NO_GPU.format(what="the errors"))
+        doc = _json(RESULTS / file)
+        if doc is None:
+            return md(f"*No recorded accuracy yet (`results/h200/{file}`).*")
+        rows, note = doc["rows"], f"Recorded on {doc.get('device', 'the H200')} (`results/h200/{file}`)."
+    lines = ["| input dtype | logit scale | causal | B, H, M, N, D | ran as | relative error | SDPA's | ratio |",
+             "|---|--:|---|---|---|--:|--:|--:|"]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['logit_scale']:g} | {r['causal']} | {', '.join(map(str, r['shape']))} | "
+                     f"{r['runs_as']} | {r['rel_error']:.1e} | {r['sdpa_rel_error']:.1e} | "
+                     f"{r['rel_error'] / r['sdpa_rel_error']:.2f} |")
+    return md("\n".join(lines) + "\n\nRelative error ||O - O_ref|| / ||O_ref|| against float64 attention on the "
+              "same inputs; SDPA is PyTorch's own attention in the same dtype (for float32 its float32 path, "
+              "so the last rows compare TF32 with float32 accuracy). " + note)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    import torch
+    p = argparse.ArgumentParser(prog="python -m flashattn.steps", description="Record the V6 chapter's "
+                                "accuracy cell on a GPU: VERSION_accuracy.json in OUT.")
+    p.add_argument("what", choices=("accuracy",))
+    p.add_argument("version", nargs="?", default="v6")
+    p.add_argument("--out", type=Path, default=Path("."))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashattn.steps accuracy needs a CUDA GPU")
+    rows = accuracy_rows(args.version)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.version}_accuracy.json"
+    path.write_text(json.dumps({"version": args.version, "device": torch.cuda.get_device_name(),
+                                "git_commit": os.environ.get("FLASHATTN_GIT_COMMIT"), "rows": rows}, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['dtype']:9} x{r['logit_scale']:<4g} causal={r['causal']!s:5} {r['shape']} ours {r['rel_error']:.2e} "
+              f"sdpa {r['sdpa_rel_error']:.2e}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
