@@ -441,3 +441,22 @@ def test_steps_sanitizer_clean(tool, step):
 
 if __name__ == "__main__" and "--sanitize-step" in sys.argv:
     sanitize_step(sys.argv[sys.argv.index("--sanitize-step") + 1])
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_steps_bank_model(D):
+    """flashattn.steps.bank_model, the chapter's prediction for the layout step: with plain rows a multiple
+    of 128 bytes apart every fragment access of a warp piles onto a few banks; padding and the swizzle
+    both make every access conflict-free; the swizzled address is the one geometry.swizzle (and the
+    emulation above) uses."""
+    from flashattn import geometry, steps
+    rows = {r["access"].split(" (")[0].split(",")[0]: r for r in steps.bank_model(D)}
+    for r in rows.values():
+        assert r["padded"] == r["swizzled"] == r["ideal"], r
+    assert rows["Q_i or K_j fragment"]["plain"] == 8 and rows["P_ij store"]["plain"] == 8
+    assert rows["V_j fragment"]["plain"] == 4
+    assert rows["ldmatrix.x4 of Q_i or V_j"]["plain"] == 32
+    assert rows["cp.async 16-byte copy into the tile"]["plain"] == 4
+    for r in range(16):
+        for c in range(8):
+            assert steps.smem_address(2, r, c, 0, 2 * D) == r * 2 * D + 16 * geometry.swizzle(r, c)
