@@ -366,7 +366,8 @@ def step_rows(version: str, file: str | None = None) -> list[dict]:
                    correct=r.get("correct"), max_rel_error=r.get("max_rel_error"), us=us,
                    vs_previous=last[D] / us if us and last.get(D) else None,
                    vs_first=first[D] / us if us and first.get(D) else None,
-                   registers=(r.get("ptxas") or {}).get("registers"), smem=(r.get("geometry") or {}).get("smem"))
+                   registers=(r.get("ptxas") or {}).get("registers"), smem=(r.get("geometry") or {}).get("smem"),
+                   spills=(r.get("ptxas") or {}).get("spill_store_bytes"))
         row.update({col: _dig(r, path) for col, (path, _) in STEP_COLUMNS.items()})
         out.append(row)
         if us:
@@ -378,7 +379,8 @@ def step_rows(version: str, file: str | None = None) -> list[dict]:
 def step_table(version: str, D: int | None = None, columns=("bank conflicts ld", "bank conflicts st"),
                file: str | None = None, steps=None):
     """The step chain as a table: step, change, median µs, speedup over the step before and over the first
-    step, and the chosen STEP_COLUMNS, for one head dim (or all) and the step numbers in `steps` (or all)."""
+    step, and the chosen columns (STEP_COLUMNS, or a key of step_rows such as "registers" or "smem"), for
+    one head dim (or all) and the step numbers in `steps` (or all)."""
     file = file or f"{version}_steps.json"
     rows = [r for r in step_rows(version, file) if (D is None or r["D"] == D) and (not steps or r["step"] in steps)]
     if not rows:
@@ -393,7 +395,7 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
         correct = {True: "yes", False: "NO", None: "—"}[r["correct"]]
         lines.append(f"| {r['D']} | {r['step']} | {r['change']} | {correct} | {cell(r['us'], '{:,.1f}')} | "
                      f"{cell(r['vs_previous'], '{:.2f}×')} | {cell(r['vs_first'], '{:.2f}×')} | "
-                     + " | ".join(cell(r[c], STEP_COLUMNS[c][1]) for c in columns) + " |")
+                     + " | ".join(cell(r.get(c), STEP_COLUMNS.get(c, ((), "{:,}"))[1]) for c in columns) + " |")
     doc = _json(RESULTS / file)
     shapes = sorted({(r["D"], tuple(v.get("shape") or ())) for v in doc["variants"] for r in rows
                      if v["name"] == r["name"]})

@@ -263,16 +263,67 @@ def accuracy_table(version: str = "v6", file: str = "v6_accuracy.json"):
               "so the last rows compare TF32 with float32 accuracy). " + note)
 
 
+BEGIN, END = "// steps-table-begin", "// steps-table-end"
+
+
+def header_lines(version: str = "v6") -> list[str]:
+    """The kernel header's step table, from results/h200/<version>_steps.json (flashattn.records.step_rows):
+    one line per step with both head dims' median time, speedup over the step before, registers and
+    spills (ptxas), and whether the odd-shape check passed."""
+    from .records import RESULTS, _json, step_rows
+    rows = step_rows(version)
+    if not rows:
+        return [f"//   No step chain is recorded yet (results/h200/{version}_steps.json)."]
+    doc = _json(RESULTS / f"{version}_steps.json")
+    by = {(r["D"], r["step"]): r for r in rows}
+    Ds = sorted({r["D"] for r in rows})
+    shapes = {v["D"]: v.get("shape") for v in doc["variants"] if v.get("shape")}
+    out = ["//   " + "; ".join(f"D={D}: B,H,M,N = {','.join(map(str, shapes[D][:4]))}" for D in Ds if shapes.get(D))
+           + f", {doc['dtype']}, non-causal, one interleaved run per D (us: median; x: vs the step before;",
+           "//   regs/spill: ptxas; ok: odd-shape check against float64). "
+           + f"{doc['meta'].get('device', {}).get('name', '')} {doc['meta'].get('git_commit', '')}".rstrip() + ":"]
+    out.append("//   step  change" + " " * 50 + "".join(f"   D={D:<3} us      x  regs spill ok" for D in Ds))
+    for step in sorted({r["step"] for r in rows}):
+        line = f"//   {step:>4}  {by[(Ds[0], step)]['change'][:54]:54}"
+        for D in Ds:
+            r = by.get((D, step)) or {}
+            us, x = r.get("us"), r.get("vs_previous")
+            line += (f" {us:>10,.1f}" if us else f" {'-':>10}") + (f" {x:6.2f}" if x else f" {'-':>6}")
+            line += f" {r.get('registers') or '-':>5} {r.get('spills') if r.get('spills') is not None else '-':>5}"
+            line += f" {'yes' if r.get('correct') else 'NO':>3}"
+        out.append(line.rstrip())
+    return out
+
+
+def update_header(version: str = "v6") -> bool:
+    """Rewrite the lines between BEGIN and END in kernels/<version>.cu (comments only: the machine code
+    does not change). True when the file changed."""
+    from .loader import KERNELS_DIR
+    path = KERNELS_DIR / f"{version}.cu"
+    text = path.read_text()
+    start, end = text.index(BEGIN), text.index(END)
+    new = text[:start] + BEGIN + "\n" + "\n".join(header_lines(version)) + "\n" + text[end:]
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
 def main(argv=None) -> int:
     import argparse
 
     import torch
     p = argparse.ArgumentParser(prog="python -m flashattn.steps", description="Record the V6 chapter's "
-                                "accuracy cell on a GPU: VERSION_accuracy.json in OUT.")
-    p.add_argument("what", choices=("accuracy",))
+                                "accuracy cell on a GPU (VERSION_accuracy.json in OUT), or write the step table "
+                                "of the kernel header.")
+    p.add_argument("what", choices=("accuracy", "header"),
+                   help="accuracy: record the accuracy cell (GPU); header: rewrite kernels/VERSION.cu's step "
+                        "table from results/h200/VERSION_steps.json")
     p.add_argument("version", nargs="?", default="v6")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args(argv)
+    if args.what == "header":
+        print(f"kernels/{args.version}.cu {'updated' if update_header(args.version) else 'unchanged'}")
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.steps accuracy needs a CUDA GPU")
     rows = accuracy_rows(args.version)

@@ -70,6 +70,16 @@
 //     "Measured on H200" line at the end of this header. At that shape the H200 hits its power cap and lowers its clock, and what a kernel loses
 //     depends on what ran before it (results/h200/gpu_clocks.csv; README, "V6 ... SDPA's backends").
 //
+// The chapter's steps (issue 12): the V6_P_SMEM, V6_SMEM_LAYOUT, V6_LDMATRIX, V6_BARRIERS and
+// V6_D*_STAGES macros below rebuild this file as it was before each change, one switch per step
+// (flashattn.steps.v6_chain; tests/test_v6.py builds and checks every step, and that the default build
+// is the same machine code with or without the switches spelled out). `python -m flashattn.sweep
+// v6-steps --metrics` times them (results/h200/v6_steps.json); the table between the markers is written
+// from that record by `python -m flashattn.steps header v6`, never by hand.
+// steps-table-begin
+//   No step chain is recorded yet (results/h200/v6_steps.json).
+// steps-table-end
+//
 // Training: forward_lse(q, k, v, causal) returns (o, lse) with lse float32 [B, H, M], the natural log of
 // row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf for a
 // row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template instance
