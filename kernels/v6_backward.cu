@@ -257,6 +257,58 @@ __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const f
   cp_async_4(smem_addr(dst + r), valid ? src + row : src, valid);
 }
 
+// dQ_i rows [q0, q0 + 16 MQ) x head-dim columns [8 t0, 8 (t0 + NT)) += dS K_j over the block's BC keys,
+// added into the fp32 accumulator (rows past M skipped). A = dS [16 queries x 16 keys] through
+// ldmatrix.trans of the stored dS^T [keys][B_r queries]: matrices (keys 0-7, queries 0-7), (keys 0-7,
+// queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15), transposed. B = K_j [keys][D]
+// through ldmatrix.trans. acc_rows = the accumulator of this (batch, head), i0 = the tile's first row.
+template <typename T, int D, int BC, int MQ, int NT>
+__device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restrict__ acc_rows, int q0, int t0,
+                                       int i0, int M, int lane) {
+  constexpr int ROWB = D * 2, SROWB = kBr * 2;
+  const int x = lane & 7, g = lane >> 2, q = lane & 3;
+  const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
+  const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
+  float dq[MQ][NT][4];
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[mq][t][e] = 0.f;
+  const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
+  const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) {
+    uint32_t a[MQ][4];
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+      ldmatrix_x4_trans(a[mq], sdS_q + kk * 16 * SROWB + (((q0 / 8 + 2 * mq + b_chunk) ^ x) << 4));
+#pragma unroll
+    for (int dp2 = 0; dp2 < NT / 2; ++dp2) {
+      const int chunk = t0 + 2 * dp2 + a_chunk;
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
+#pragma unroll
+      for (int mq = 0; mq < MQ; ++mq) {
+        mma<T>(dq[mq][2 * dp2], a[mq], b[0], b[1]);
+        mma<T>(dq[mq][2 * dp2 + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = i0 + q0 + 16 * mq + g + 8 * h;
+      if (row < M) {
+        float* dst = acc_rows + (size_t)row * D + 8 * t0 + 2 * q;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) red_add2(dst + 8 * t, dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- 1. pre-pass -------------------------
 // CPR threads per row (16-byte chunks), rows = B * H * M.
 template <typename T, int D>
@@ -472,39 +524,9 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
             *reinterpret_cast<uint32_t*>(sdSb + r * SROWB + ((t ^ (r & 7)) << 4) + 4 * q) = ds_pk[t][h];
           }
         __syncthreads();
-        // dQ_i[slice rows, head-dim part] += dS K_j over the block's 64 keys.
-        const int slice = warp % QS, part = warp / QS;
-        float dq[DQT][4];
-#pragma unroll
-        for (int t = 0; t < DQT; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
-        const uint32_t sdS_a = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
-        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-          // A = dS [16 queries x 16 keys] from dS^T [keys][queries]: matrices (keys 0-7, queries 0-7),
-          // (keys 0-7, queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15), transposed.
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, sdS_a + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
-#pragma unroll
-          for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
-            const int chunk = part * DQT + 2 * dp2 + a_chunk;
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
-            mma<T>(dq[2 * dp2], a, b[0], b[1]);
-            mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = i0 + slice * 16 + g + 8 * h;
-          if (row < M) {
-            float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
-#pragma unroll
-            for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
-          }
-        }
+        // dQ_i[slice rows, head-dim part] += dS K_j over the block's keys
+        dq_add<T, D, BC, 1, DQT>(sdS, sK, dq_acc + (size_t)bh * M * D, 16 * (warp % QS), (warp / QS) * DQT, i0, M,
+                                 lane);
       }
       buf ^= 1;
     }
@@ -762,82 +784,14 @@ __global__ void __launch_bounds__(256, 1)
       keys_times_tile(dv, sP_a, sdO_t);    // dV_j += P^T dO_i
       keys_times_tile(dk, sdS_a, sQ_t);    // dK_j += dS^T Q_i
 
-      if constexpr (LAYOUT == 2) {
-        // dQ_i += dS K_j, warp w: queries 32 * (w % 2) .. +32, head-dim columns (D/4) * (w/2) .. +D/4 --
-        // per k16 step 2 + D/64 ldmatrix for D/8 mma (layout 1: 1 + D/32 for D/16)
-        constexpr int QT = D / 32;   // n8 tiles per warp
-        const int qh = warp & 1, dq4 = warp >> 1;
-        float dq[2][QT][4];
-#pragma unroll
-        for (int mq = 0; mq < 2; ++mq)
-#pragma unroll
-          for (int t = 0; t < QT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dq[mq][t][e] = 0.f;
-        const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
-        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-          uint32_t a[2][4];
-#pragma unroll
-          for (int mq = 0; mq < 2; ++mq)
-            ldmatrix_x4_trans(a[mq], sdS_q + kk * 16 * SROWB + (((2 * (2 * qh + mq) + b_chunk) ^ x) << 4));
-#pragma unroll
-          for (int dp2 = 0; dp2 < QT / 2; ++dp2) {
-            const int chunk = dq4 * QT + 2 * dp2 + a_chunk;
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
-#pragma unroll
-            for (int mq = 0; mq < 2; ++mq) {
-              mma<T>(dq[mq][2 * dp2], a[mq], b[0], b[1]);
-              mma<T>(dq[mq][2 * dp2 + 1], a[mq], b[2], b[3]);
-            }
-          }
-        }
-#pragma unroll
-        for (int mq = 0; mq < 2; ++mq)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = i0 + 32 * qh + 16 * mq + g + 8 * h;
-            if (row < M) {
-              float* dst = dq_acc + ((size_t)bh * M + row) * D + dq4 * QT * 8 + 2 * q;
-#pragma unroll
-              for (int t = 0; t < QT; ++t) red_add2(dst + 8 * t, dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
-            }
-          }
-      } else {
-        // layout 1: dQ_i[slice rows, head-dim half] += dS K_j, as in bwd_dkdv
-        const int slice = warp % QS, part = warp / QS;
-        float dq[DQT][4];
-#pragma unroll
-        for (int t = 0; t < DQT; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
-        const uint32_t sdS_q = smem_addr(sdS) + (uint32_t)(b_row * SROWB);
-        const uint32_t sK_t = smem_addr(sK) + (uint32_t)(a_row * ROWB);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, sdS_q + kk * 16 * SROWB + (((2 * slice + b_chunk) ^ x) << 4));
-#pragma unroll
-          for (int dp2 = 0; dp2 < DQT / 2; ++dp2) {
-            const int chunk = part * DQT + 2 * dp2 + a_chunk;
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, sK_t + kk * 16 * ROWB + ((chunk ^ x) << 4));
-            mma<T>(dq[2 * dp2], a, b[0], b[1]);
-            mma<T>(dq[2 * dp2 + 1], a, b[2], b[3]);
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = i0 + slice * 16 + g + 8 * h;
-          if (row < M) {
-            float* dst = dq_acc + ((size_t)bh * M + row) * D + part * DQT * 8 + 2 * q;
-#pragma unroll
-            for (int t = 0; t < DQT; ++t) red_add2(dst + 8 * t, dq[t][2 * h], dq[t][2 * h + 1]);
-          }
-        }
-      }
+      // dQ_i += dS K_j. Layout 1: bwd_dkdv's split, warp w: queries 16 * (w % 4) .. +16, head-dim columns
+      // (D/2) * (w/4) .. +D/2 -- per k16 step 1 + D/32 ldmatrix for D/16 mma. Layout 2: queries
+      // 32 * (w % 2) .. +32, columns (D/4) * (w/2) .. +D/4 -- 2 + D/64 ldmatrix for D/8 mma.
+      float* acc_rows = dq_acc + (size_t)bh * M * D;
+      if constexpr (LAYOUT == 2)
+        dq_add<T, D, BC, 2, D / 32>(sdS, sK, acc_rows, 32 * (warp & 1), (warp >> 1) * (D / 32), i0, M, lane);
+      else
+        dq_add<T, D, BC, 1, DQT>(sdS, sK, acc_rows, 16 * (warp % QS), (warp / QS) * DQT, i0, M, lane);
       buf ^= 1;
     }
   }
