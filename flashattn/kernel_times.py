@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 SCHEMA = "flashattn.kernel_times/1"
@@ -64,6 +65,19 @@ def label_roles(version: str, names: list[str]) -> list[str]:
     for i in gemms:
         roles[i] = "QK^T" if i == gemms[0] else "PV" if i == gemms[-1] else "GEMM"
     return roles
+
+
+def add_model(run: dict) -> dict:
+    """Put the traffic model on each kernel of a run: bytes and FLOPs of its step. A step that PyTorch
+    splits over several launches (the scaling of a score matrix over 2^31 bytes runs as two) gives each
+    launch an equal share, so the launches of one step add up to the step's model."""
+    launches = Counter(k["role"] for k in run["kernels"])
+    for k in run["kernels"]:
+        b, f = traffic(k["role"], run["B"], run["H"], run["M"], run["N"], run["D"])
+        n = launches[k["role"]]
+        k["bytes"], k["flops"], k["launches_in_step"] = (None if b is None else b / n,
+                                                         None if f is None else f / n, n)
+    return run
 
 
 def traffic(what: str, B: int, H: int, M: int, N: int, D: int, itemsize: int = 4) -> tuple[int | None, int | None]:
@@ -163,11 +177,10 @@ def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAP
     kernels = profile_call(fn, calls)
     for kern, what in zip(kernels, label_roles(version, [k["name"] for k in kernels])):
         kern["role"] = what
-        kern["bytes"], kern["flops"] = traffic(what, B, H, L, L, D)
     whole = time_cuda(fn, warmup=3, repetitions=calls, max_seconds=10)
-    return dict(version=version, runs_as=runs_as, B=B, H=H, M=L, N=L, D=D, dtype="float32", calls=calls,
-                kernels=kernels, kernel_sum_us=sum(k["median_us"] for k in kernels),
-                end_to_end=whole.summary())
+    return add_model(dict(version=version, runs_as=runs_as, B=B, H=H, M=L, N=L, D=D, dtype="float32", calls=calls,
+                          kernels=kernels, kernel_sum_us=sum(k["median_us"] for k in kernels),
+                          end_to_end=whole.summary()))
 
 
 # ------------------------------------------------------------------------------------------- ncu part
@@ -198,15 +211,16 @@ def run_ncu(out: Path, L: int = 2048) -> Path:
 
 
 def read_ncu_rows(path: Path) -> list[dict]:
-    """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, numbers
-    as floats where they parse (the row of units is skipped)."""
-    from .ncu import _skip_preamble, parse_number
+    """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, the
+    metrics as floats in base units (seconds, bytes; the second row of the file gives each unit)."""
+    from .ncu import _skip_preamble, parse_number, unit_scale
     with open(path, newline="") as fh:
         rows = list(csv.reader(_skip_preamble(fh)))
-    header, out = rows[0], []
+    header, units, out = rows[0], dict(zip(rows[0], rows[1])), []
     for row in rows[2:]:
         d = dict(zip(header, row))
-        out.append({k: (parse_number(v) if k in NCU_METRICS else v) for k, v in d.items()})
+        out.append({k: (parse_number(v) * unit_scale(units.get(k)) if k in NCU_METRICS and parse_number(v) is not None
+                        else v) for k, v in d.items()})
     return out
 
 
@@ -269,8 +283,40 @@ def recorded_run(version: str, L: int = 2048, path: Path | None = None) -> dict 
     return next((r for r in json.loads(path.read_text())["runs"] if r["version"] == version and r["M"] == L), None)
 
 
-ROLE_TEXT = {"QK^T": "S = Q K^T (cuBLAS)", "scale": "S / sqrt(D), elementwise", "softmax": "P = softmax(S)",
-             "PV": "O = P V (cuBLAS)", "scores": "S = Q K^T / sqrt(D)", "other": "other"}
+ROLE_TEXT = {"QK^T": "S = Q K^T", "scale": "S / sqrt(D), elementwise", "softmax": "P = softmax(S)",
+             "PV": "O = P V", "scores": "S = Q K^T / sqrt(D)", "other": "other"}
+
+
+def short_name(name: str, width: int = 32) -> str:
+    """A kernel's function name without 'void', namespaces, template arguments and parameters, cut to
+    `width` characters (cuBLAS's names spell out the whole tile configuration)."""
+    base = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    base = base.split("<")[0].split("(")[0].split("::")[-1]
+    return base if len(base) <= width else base[:width - 1] + "…"
+
+
+def kernel_names(version: str, L: int = 2048) -> str:
+    """The full names of the recorded kernels of `version`, one a line, in launch order."""
+    run = recorded_run(version, L)
+    if run is None:
+        return "Not recorded yet (results/h200/kernel_times.json)."
+    return "\n".join(f"{k['role']:8s} {k['name']}" for k in run["kernels"])
+
+
+def steps_of(run: dict) -> list[dict]:
+    """The run's kernels with the consecutive launches of one step (same role) merged: times, bytes and
+    FLOPs added, `launches` counting them."""
+    out = []
+    for k in run["kernels"]:
+        if out and out[-1]["role"] == k["role"] and k.get("launches_in_step", 1) > 1:
+            last = out[-1]
+            last["median_us"] += k["median_us"]
+            last["launches"] += 1
+            for key in ("bytes", "flops"):
+                last[key] = None if last[key] is None else last[key] + k[key]
+        else:
+            out.append(dict(k, launches=1))
+    return out
 
 
 def table_lines(run: dict, dram: float, fp32: float) -> list[str]:
@@ -279,9 +325,9 @@ def table_lines(run: dict, dram: float, fp32: float) -> list[str]:
     lines = ["| kernel | computes | median µs | share | min. bytes | GB/s | of DRAM roof | TFLOP/s | "
              "of FP32 roof |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     total = run["kernel_sum_us"]
-    for k in run["kernels"]:
+    for k in steps_of(run):
         sec = k["median_us"] * 1e-6
-        short = k["name"].split("(")[0].split("<")[0][-40:]
+        short = short_name(k["name"]) + (f" (× {k['launches']})" if k["launches"] > 1 else "")
         bw = "—" if k["bytes"] is None else f"{k['bytes'] / sec / 1e9:,.0f}"
         bw_share = "—" if k["bytes"] is None else f"{100 * k['bytes'] / sec / dram:.0f}%"
         rate = "—" if k["flops"] is None else f"{k['flops'] / sec / 1e12:.2f}"
@@ -344,6 +390,7 @@ def ncu_rows(path: Path | None = None) -> list[dict]:
         ld = r[NCU_METRICS[0]] / r[NCU_METRICS[1]] if r[NCU_METRICS[1]] else None
         st = r[NCU_METRICS[2]] / r[NCU_METRICS[3]] if r[NCU_METRICS[3]] else None
         out.append(dict(kernel=name, load_sectors_per_request=ld, store_sectors_per_request=st,
+                        l1_load_bytes=32 * r[NCU_METRICS[0]],
                         l1_hit_pct=r["l1tex__t_sector_hit_rate.pct"], l2_bytes=r["lts__t_bytes.sum"],
                         dram_read=r["dram__bytes_read.sum"], dram_write=r["dram__bytes_write.sum"],
                         time_s=r["gpu__time_duration.sum"]))
@@ -358,16 +405,33 @@ def ncu_table():
     if not rows:
         return md(MISSING.format(name=NCU_FILE))
     lines = ["| kernel | load sectors / request (measured) | expected from the mapping | store sectors / request "
-             "| L1 hit rate | L2 traffic | DRAM read | DRAM written | duration µs |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "| global-load sectors through L1 | L1 hit rate | L2 traffic | DRAM read | DRAM written | duration µs |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         exp = expected_sectors(r["kernel"])
         lines.append(f"| `{r['kernel']}` | {r['load_sectors_per_request']:.2f} | {exp['load']:.1f} | "
-                     f"{r['store_sectors_per_request']:.2f} | {r['l1_hit_pct']:.1f}% | {r['l2_bytes'] / 1e9:,.2f} GB | "
+                     f"{r['store_sectors_per_request']:.2f} | {r['l1_load_bytes'] / 1e9:,.1f} GB | "
+                     f"{r['l1_hit_pct']:.1f}% | {r['l2_bytes'] / 1e9:,.2f} GB | "
                      f"{r['dram_read'] / 1e9:,.2f} GB | {r['dram_write'] / 1e9:,.2f} GB | {r['time_s'] * 1e6:,.1f} |")
     return md("\n".join(lines) + "\n\nNsight Compute, the three kernels of V0's second forward at B=4, H=12, "
               "M=N=2048, D=64 (`results/h200/v0_memory.raw.csv`, written by `python -m flashattn.kernel_times "
               "--ncu`). A sector is 32 bytes; a warp's 32 four-byte loads need 4 sectors when they are contiguous.")
+
+
+def ncu_sentence() -> str:
+    """What the counters say about V0's score kernel, against the bytes it must read (Q and K once)."""
+    rows = {r["kernel"]: r for r in ncu_rows()}
+    if "scores_kernel" not in rows:
+        return "Not recorded yet (results/h200/v0_memory.raw.csv)."
+    r, B, H, D, L = rows["scores_kernel"], SHAPE["B"], SHAPE["H"], SHAPE["D"], 2048
+    qk = 2 * B * H * L * D * 4                     # Q and K, once
+    asked = B * H * L * L * 2 * D * 4              # every thread reads a query row and a key row
+    return (f"scores_kernel: its {B * H * L * L:,} threads ask for {asked / 1e9:,.1f} GB (a query row and a key row "
+            f"each), and their loads touch {r['l1_load_bytes'] / 1e9:,.1f} GB of 32-byte sectors in L1, "
+            f"{r['l1_load_bytes'] / asked:.2f}× the bytes asked for. L1 serves {r['l1_hit_pct']:.1f}% of those "
+            f"sectors, so only {r['dram_read'] / 1e6:,.0f} MB come from DRAM (Q and K are {qk / 1e6:,.0f} MB). In "
+            f"{r['time_s'] * 1e6:,.0f} µs that is {r['l1_load_bytes'] / r['time_s'] / 1e12:,.1f} TB/s of sectors "
+            "through the L1 caches.")
 
 
 if __name__ == "__main__":

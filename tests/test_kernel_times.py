@@ -64,19 +64,21 @@ def _write_ncu_csv(path, rows):
         fh.write("==PROF== Disconnected\n")
         w = csv.writer(fh, quoting=csv.QUOTE_ALL)
         w.writerow(header)
-        w.writerow(["", "", "sector", "request", "sector", "request", "%", "byte", "byte", "byte", "second"])
+        w.writerow(["", "", "sector", "request", "sector", "request", "%", "byte", "byte", "byte", "ns"])
         for i, (name, values) in enumerate(rows):
             w.writerow([str(i), name, *values])
 
 
 def test_ncu_rows_parse_the_raw_page(tmp_path):
     path = tmp_path / kt.NCU_FILE
-    _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 0.01]),
-                          ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 0.02])])
+    _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 1e7]),
+                          ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 2e7])])
     rows = kt.ncu_rows(path)
     assert [r["kernel"] for r in rows] == ["scores_kernel", "pv_kernel"]
     assert rows[0]["load_sectors_per_request"] == 9.0 and rows[1]["load_sectors_per_request"] == 2.0
     assert rows[0]["store_sectors_per_request"] == 4.0 and rows[1]["dram_read"] == 8e8
+    assert rows[0]["l1_load_bytes"] == 900 * 32
+    assert rows[0]["time_s"] == pytest.approx(0.01) and rows[1]["time_s"] == pytest.approx(0.02)   # ns -> s
     assert kt.ncu_rows(tmp_path / "absent.csv") == []
 
 
@@ -90,6 +92,21 @@ def test_table_lines_shares_add_up():
     assert "10,000" in lines[2] and "250%" in lines[2]      # 3e9 B in 300 us = 10 TB/s = 250% of 4 TB/s
     assert "10.00 | 20% |" in lines[2]                      # 3e9 FLOP in 300 us = 10 TFLOP/s
     assert lines[3].endswith("| — | — |")
+
+
+def test_a_step_split_over_launches_is_one_row_with_the_whole_model():
+    run = dict(B=4, H=12, M=4096, N=4096, D=64, kernel_sum_us=40.0, kernels=[
+        dict(name="gemm_tn", role="QK^T", median_us=10.0), dict(name="elementwise<Div>", role="scale", median_us=5.0),
+        dict(name="elementwise<Div>", role="scale", median_us=6.0), dict(name="softmax", role="softmax", median_us=9.0),
+        dict(name="gemm_nn", role="PV", median_us=10.0)])
+    kt.add_model(run)
+    full, _ = kt.traffic("scale", 4, 12, 4096, 4096, 64)
+    assert [k["bytes"] for k in run["kernels"][1:3]] == [full / 2, full / 2]
+    merged = kt.steps_of(run)
+    assert [(k["role"], k["launches"], k["median_us"]) for k in merged] == [
+        ("QK^T", 1, 10.0), ("scale", 2, 11.0), ("softmax", 1, 9.0), ("PV", 1, 10.0)]
+    assert merged[1]["bytes"] == full
+    assert "(× 2)" in kt.table_lines(run, dram=4e12, fp32=50e12)[3]
 
 
 def test_cli_needs_a_gpu(monkeypatch):
@@ -131,3 +148,23 @@ def test_cli_writes_a_record_the_readers_take(tmp_path):
     run = kt.recorded_run("v0", 64, tmp_path / "kernel_times.json")
     assert [k["role"] for k in run["kernels"]] == ["scores", "softmax", "PV"]
     assert len(kt.table_lines(run, dram=4e12, fp32=50e12)) == 5
+
+
+def test_short_names():
+    assert kt.short_name("void (anonymous namespace)::softmax_warp_forward<float, float, 11>(float*, int)") == \
+        "softmax_warp_forward"
+    assert kt.short_name("scores_kernel(float const*, float const*, float*, int, int, float)") == "scores_kernel"
+    long = kt.short_name("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x256x8_stage3_warpsize1x4x1_ffma")
+    assert len(long) == 32 and long.endswith("…")
+
+
+def test_recorded_table_agrees_with_its_record():
+    """The committed record (when there is one) gives a table whose shares add up and whose rows are the
+    record's kernels in launch order."""
+    run = kt.recorded_run("v0", 2048)
+    if run is None:
+        pytest.skip("results/h200/kernel_times.json is not recorded yet")
+    lines = kt.table_lines(run, dram=4e12, fp32=50e12)[2:]
+    assert [line.split("`")[1] for line in lines] == ["scores_kernel", "softmax_kernel", "pv_kernel"]
+    shares = [int(line.split("|")[4].strip().rstrip("%")) for line in lines]
+    assert 98 <= sum(shares) <= 102
