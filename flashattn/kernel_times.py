@@ -37,6 +37,21 @@ NCU_METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_reque
                "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
                "l1tex__t_sector_hit_rate.pct", "lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
                "gpu__time_duration.sum")
+# Which unit sets the pace: each level's throughput as a share of its peak, and where warps wait (cycles per
+# issued instruction in each stall state, the WarpStateStats ratios), all names this ncu records in
+# every profile of results/h200 (*.raw.csv).
+PACE_METRICS = {"L1 throughput": "l1tex__throughput.avg.pct_of_peak_sustained_active",
+                "L2 throughput": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+                "DRAM throughput": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                "warp cycles per instruction": "smsp__average_warp_latency_per_inst_issued.ratio",
+                "stall: global-load queue full (lg_throttle)":
+                    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio",
+                "stall: waiting for a load (long_scoreboard)":
+                    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+                "stall: MIO queue full (mio_throttle)":
+                    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
+                "stall: MIO result (short_scoreboard)":
+                    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"}
 NCU_FILE = "v0_memory.raw.csv"
 
 
@@ -202,7 +217,8 @@ def run_ncu(out: Path, L: int = 2048) -> Path:
         target = Path(tmp) / "v0_target.py"
         target.write_text(NCU_TARGET.format(L=L, **SHAPE))
         subprocess.run([ncu, "--kernel-name", "regex:scores_kernel|softmax_kernel|pv_kernel", "--launch-skip", "3",
-                        "--launch-count", "3", "--clock-control", "none", "--metrics", ",".join(NCU_METRICS),
+                        "--launch-count", "3", "--clock-control", "none", "--metrics",
+                        ",".join(NCU_METRICS + tuple(PACE_METRICS.values())),
                         "-f", "-o", str(rep.with_suffix("")), sys.executable, str(target)], check=True)
     raw = subprocess.run([ncu, "--import", str(rep), "--page", "raw", "--csv", "--print-units", "base"],
                          check=True, capture_output=True, text=True).stdout
@@ -219,7 +235,8 @@ def read_ncu_rows(path: Path) -> list[dict]:
     header, units, out = rows[0], dict(zip(rows[0], rows[1])), []
     for row in rows[2:]:
         d = dict(zip(header, row))
-        out.append({k: (parse_number(v) * unit_scale(units.get(k)) if k in NCU_METRICS and parse_number(v) is not None
+        metrics = NCU_METRICS + tuple(PACE_METRICS.values())
+        out.append({k: (parse_number(v) * unit_scale(units.get(k)) if k in metrics and parse_number(v) is not None
                         else v) for k, v in d.items()})
     return out
 
@@ -393,8 +410,27 @@ def ncu_rows(path: Path | None = None) -> list[dict]:
                         l1_load_bytes=32 * r[NCU_METRICS[0]],
                         l1_hit_pct=r["l1tex__t_sector_hit_rate.pct"], l2_bytes=r["lts__t_bytes.sum"],
                         dram_read=r["dram__bytes_read.sum"], dram_write=r["dram__bytes_write.sum"],
-                        time_s=r["gpu__time_duration.sum"]))
+                        time_s=r["gpu__time_duration.sum"],
+                        pace={k: r.get(m) for k, m in PACE_METRICS.items() if isinstance(r.get(m), float)}))
     return out
+
+
+def pace_table():
+    """Throughput of each memory level as a share of its peak and the main stall ratios, per V0 kernel
+    (Markdown); the rows a recorded file lacks are left out."""
+    from .notebook import md
+    rows = ncu_rows()
+    names = [k for k in PACE_METRICS if any(k in r["pace"] for r in rows)]
+    if not names:
+        return md(MISSING.format(name=NCU_FILE))
+    lines = ["| | " + " | ".join(f"`{r['kernel']}`" for r in rows) + " |", "|---|" + "--:|" * len(rows)]
+    for k in names:
+        unit = "%" if "throughput" in k else ""
+        lines.append(f"| {k} | " + " | ".join("—" if k not in r["pace"] else f"{r['pace'][k]:,.1f}{unit}"
+                                              for r in rows) + " |")
+    return md("\n".join(lines) + "\n\nSame Nsight Compute run (`results/h200/v0_memory.raw.csv`). Throughputs are "
+              "shares of each unit's peak; stall rows are cycles per issued instruction that a warp spends in that "
+              "state (they add up, with the states not shown, to the warp cycles per instruction).")
 
 
 def ncu_table():

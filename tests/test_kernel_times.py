@@ -59,25 +59,26 @@ def test_expected_sectors_follow_the_thread_mapping():
 
 
 def _write_ncu_csv(path, rows):
-    header = ["ID", "Kernel Name", *kt.NCU_METRICS]
+    header = ["ID", "Kernel Name", *kt.NCU_METRICS, kt.PACE_METRICS["L1 throughput"]]
     with open(path, "w", newline="") as fh:
         fh.write("==PROF== Disconnected\n")
         w = csv.writer(fh, quoting=csv.QUOTE_ALL)
         w.writerow(header)
-        w.writerow(["", "", "sector", "request", "sector", "request", "%", "byte", "byte", "byte", "ns"])
+        w.writerow(["", "", "sector", "request", "sector", "request", "%", "byte", "byte", "byte", "ns", "%"])
         for i, (name, values) in enumerate(rows):
             w.writerow([str(i), name, *values])
 
 
 def test_ncu_rows_parse_the_raw_page(tmp_path):
     path = tmp_path / kt.NCU_FILE
-    _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 1e7]),
-                          ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 2e7])])
+    _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 1e7, 61.5]),
+                          ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 2e7, 20.0])])
     rows = kt.ncu_rows(path)
     assert [r["kernel"] for r in rows] == ["scores_kernel", "pv_kernel"]
     assert rows[0]["load_sectors_per_request"] == 9.0 and rows[1]["load_sectors_per_request"] == 2.0
     assert rows[0]["store_sectors_per_request"] == 4.0 and rows[1]["dram_read"] == 8e8
     assert rows[0]["l1_load_bytes"] == 900 * 32
+    assert rows[0]["pace"] == {"L1 throughput": 61.5}              # the pace counters the file has
     assert rows[0]["time_s"] == pytest.approx(0.01) and rows[1]["time_s"] == pytest.approx(0.02)   # ns -> s
     assert kt.ncu_rows(tmp_path / "absent.csv") == []
 
