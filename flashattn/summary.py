@@ -304,7 +304,7 @@ def phase_summary(phase: str) -> str:
     first, last = rows[0], rows[-1]
     big = max(rows[1:], key=lambda r: r["vs_previous"])
     worst = min(rows[1:], key=lambda r: r["vs_previous"])
-    title = p["title"][0].upper() + p["title"][1:]
+    title = f"Phase {list(PHASES).index(phase) + 1}, {p['title']}"
     text = (f"{title}: {len(rows)} steps take the forward pass from {first['us']:,.1f} µs "
             f"({first['name']}) to {last['us']:,.1f} µs ({last['name']}), {first['us'] / last['us']:,.1f}× "
             f"faster, from {100 * first['share']:.1f}% to {100 * last['share']:.1f}% of the measured roof. The "
