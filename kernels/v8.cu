@@ -126,6 +126,34 @@
 #ifndef V8_STAGES
 #define V8_STAGES 2
 #endif
+// Candidates measured against the default (each off unless set):
+//   V8_D*_PERSISTENT  grid = one block per SM, each looping over work items (a Q_i block of one head):
+//                     the producer loads the next item's Q_i and first K/V tiles while the consumers
+//                     finish the last P V and write O_i; the ping-pong turns run on across items
+//                     (V8_PERSISTENT sets both head dims);
+//   V8_D64_CAUSAL_WG  consumer warpgroups of the causal D=64 kernel (default: V8_D64_WG);
+//   V8_CLOCK_FENCE    a clock read after the overlapped softmax: ptxas no longer schedules part of it
+//                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same).
+#ifndef V8_PERSISTENT
+#define V8_PERSISTENT 0
+#endif
+#ifndef V8_D64_PERSISTENT
+#define V8_D64_PERSISTENT V8_PERSISTENT
+#endif
+#ifndef V8_D128_PERSISTENT
+#define V8_D128_PERSISTENT V8_PERSISTENT
+#endif
+#ifndef V8_D64_CAUSAL_WG
+#define V8_D64_CAUSAL_WG V8_D64_WG
+#endif
+#ifndef V8_CLOCK_FENCE
+#define V8_CLOCK_FENCE 0
+#endif
+// V8_TRACE=1: an instrumented build. One lane of the producer and of every consumer warpgroup writes
+// clock64 stamps at its events per key tile into a buffer (forward_trace); see flashattn/trace.py.
+#ifndef V8_TRACE
+#define V8_TRACE 0
+#endif
 
 namespace v8 {
 
@@ -315,6 +343,52 @@ template <> struct Wgmma<176, __half> {
   }
 };
 
+// ---------------------------------------------------------------- trace (V8_TRACE) ------------------
+// Buffer [items][TRACE_ROLES][1 + tiles][TRACE_WORDS] of 64-bit words: role 0 the producer, 1.. the
+// consumer warpgroups; row 0 a header, row 1 + t the stamps (clock64) of key tile t. flashattn/trace.py
+// reads it with these same indices.
+enum TraceShape { TRACE_ROLES = 4, TRACE_WORDS = 10 };
+enum TraceHeader { H_SMID, H_GT0, H_CLK0, H_GT1, H_CLK1, H_TILES, H_M_BLOCK, H_BH, H_Q, H_END };
+enum TraceConsumer { C_KWAIT, C_KREADY, C_VREADY, C_TURNWAIT, C_TURN, C_S_ISSUED, C_S_DONE, C_SOFTMAX_END,
+                     C_PV_ISSUED, C_PV_DONE };
+enum TraceProducer { P_KWAIT, P_K_ISSUED, P_VWAIT, P_V_ISSUED };
+__device__ __forceinline__ uint64_t clock_now() {
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
+  return c;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+  return id;
+}
+// A predicated store, not a branch: ptxas keeps no wgmma in flight across a branch that may diverge, so
+// an `if (lane == 0)` here would change the schedule being measured.
+__device__ __forceinline__ void trace_store(unsigned long long* p, uint64_t v, bool on) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(p), "l"(v),
+               "r"((int)on)
+               : "memory");
+}
+
+#if V8_TRACE
+// In a role's code: its row of the buffer for `item`, and whether this thread writes (`on`).
+#define V8_TRACE_ROW(role, item, on)                                                                     \
+  unsigned long long* const trace_row =                                                                  \
+      trace + ((size_t)(item) * TRACE_ROLES + (role)) * (1 + trace_tiles) * TRACE_WORDS;                \
+  const bool traced = (int)(item) < trace_items && (on)
+#define V8_STAMP(t, ev) trace_store(trace_row + (1 + (t)) * TRACE_WORDS + (ev), clock_now(), traced)
+#define V8_HEAD(field, value) trace_store(trace_row + (field), (uint64_t)(value), traced)
+#else
+#define V8_TRACE_ROW(role, item, on) ((void)0)
+#define V8_STAMP(t, ev) ((void)0)
+#define V8_HEAD(field, value) ((void)0)
+#endif
+
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -348,7 +422,7 @@ struct Layout {
   static constexpr uint32_t Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
   static constexpr uint32_t K_OFF = Q_BYTES, V_OFF = K_OFF + STAGES * KV_BYTES;
   static constexpr uint32_t BAR_OFF = V_OFF + STAGES * KV_BYTES;
-  static constexpr uint32_t BYTES = BAR_OFF + 8 * (1 + 4 * STAGES);
+  static constexpr uint32_t BYTES = BAR_OFF + 8 * (2 + 4 * STAGES);   // the last: Q_i empty (persistent)
   static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
   // Blocks per SM the register budget must allow: one with a producer (setmaxnreg hands registers
   // between the warpgroups of one block); without, two where two fit in shared memory, as v7 got at D=64.
@@ -368,12 +442,17 @@ struct Registers {
 };
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP>
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT>
 __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
                                   Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
-                 float scale_log2) {
+                 float scale_log2
+#if V8_TRACE
+                 , unsigned long long* trace, int trace_items, int trace_tiles
+#endif
+                 ) {
+  static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
   static_assert(!PINGPONG || NWG >= 2, "ping-pong needs two consumer warpgroups or more");
@@ -391,47 +470,71 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
   auto full_v = [&](int s) { return bar_q + 8u * (1 + STAGES + s); };
   auto empty_k = [&](int s) { return bar_q + 8u * (1 + 2 * STAGES + s); };
   auto empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
+  const uint32_t empty_q = bar_q + 8u * (1 + 4 * STAGES);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
 
-  // Causal: the blocks with the most key tiles (last row blocks) go first, as in v6.
-  int m_block, bh;
-  if (CAUSAL) {
-    bh = blockIdx.x % BH;
-    m_block = m_blocks - 1 - (int)(blockIdx.x / BH);
-  } else {
-    m_block = blockIdx.x % m_blocks;
-    bh = blockIdx.x / m_blocks;
-  }
-  const int m0 = m_block * BR;
-  T* Oh = O + (size_t)bh * M * D;
-
-  int n_tiles = (N + BC - 1) / BC;
-  if (CAUSAL) {
-    // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M: later tiles are skipped
-    const long long last_key = (long long)min(m0 + BR, M) - 1 + N - M;
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
-  }
-  if (n_tiles == 0) {   // block-uniform: no row of this block sees a key, its output is 0
-    for (int idx = tid; idx < BR * D / 8; idx += THREADS) {
+  // One work item: Q_i's row block m_block of head bh. Causal: the items with the most key tiles (last
+  // row blocks) go first, as in v6.
+  int m_block = 0, bh = 0, m0 = 0, n_tiles = 0;
+  T* Oh = O;
+  auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
+    if (CAUSAL) {
+      bh = item % BH;
+      m_block = m_blocks - 1 - (int)(item / BH);
+    } else {
+      m_block = item % m_blocks;
+      bh = item / m_blocks;
+    }
+    m0 = m_block * BR;
+    Oh = O + (size_t)bh * M * D;
+    n_tiles = (N + BC - 1) / BC;
+    if (CAUSAL) {
+      // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M: later tiles are skipped
+      const long long last_key = (long long)min(m0 + BR, M) - 1 + N - M;
+      n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+    }
+  };
+  // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it)
+  auto write_zeros = [&](int first, int count) {
+    for (int idx = first; idx < BR * D / 8; idx += count) {
       const int row = m0 + idx / (D / 8);
       if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * D + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
     }
-    return;
+  };
+  const int items = m_blocks * BH;
+  // the first item of this block after `item` that has a key tile (items when none is left)
+  auto next_item = [&](int item) {
+    for (item += gridDim.x; item < items; item += gridDim.x) {
+      set_item(item);
+      if (n_tiles > 0) break;
+    }
+    return min(item, items);
+  };
+  // K/V tiles loaded (producer) or used (consumers) by this block before the current item: tile t of the
+  // item is the block's tile kv_base + t of the ring (slot and phase). Always 0 without PERSISTENT.
+  int kv_base = 0;
+  if constexpr (!PERSISTENT) {
+    set_item(blockIdx.x);
+    if (n_tiles == 0) {   // block-uniform
+      write_zeros(tid, THREADS);
+      return;
+    }
   }
 
-  // Tile t of K (or V) into slot t % STAGES, once the consumers have let go of tile t - STAGES there.
+  // Tile t of K (or V) into slot u % STAGES (u = kv_base + t), once the consumers have let go of ring
+  // tile u - STAGES there.
   auto load_k = [&](int t) {
-    const int s = t % STAGES;
-    if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) - 1) & 1);
+    const int u = kv_base + t, s = u % STAGES;
+    if (u >= STAGES) mbar_wait(empty_k(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_k(s), L::KV_BYTES);
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh, full_k(s));
   };
   auto load_v = [&](int t) {
-    const int s = t % STAGES;
-    if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) - 1) & 1);
+    const int u = kv_base + t, s = u % STAGES;
+    if (u >= STAGES) mbar_wait(empty_v(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_v(s), L::KV_BYTES);
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh, full_v(s));
@@ -450,13 +553,24 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       mbar_init(empty_k(s), 4 * NWG);   // lane 0 of every consumer warp
       mbar_init(empty_v(s), 4 * NWG);
     }
+    if constexpr (PERSISTENT) mbar_init(empty_q, 4 * NWG);
     // make the initialised barriers visible to the copy engine (the async proxy)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
   // ---------------- the consumer: one warpgroup, 64 rows of Q_i, every key tile ----------------
-  auto consume = [&](const int cwg) {
+  // cwg: which consumer; item: the work item (set_item done); q_phase: parity of its Q_i load; first /
+  // last_item: the block's first / last item with a key tile (the ping-pong turns run on across items).
+  auto consume = [&](const int cwg, const int item, const uint32_t q_phase, const bool first_item,
+                     const bool last_item) {
+    V8_TRACE_ROW(1 + cwg, item, wq == 0 && lane == 0);
+    V8_HEAD(H_SMID, sm_id());
+    V8_HEAD(H_GT0, global_ns());
+    V8_HEAD(H_CLK0, clock_now());
+    V8_HEAD(H_TILES, n_tiles);
+    V8_HEAD(H_M_BLOCK, m_block);
+    V8_HEAD(H_BH, bh);
     const int g = lane >> 2, q = lane & 3;
     const int warp_row0 = m0 + cwg * 64 + wq * 16;   // first of this warp's 16 rows
     const uint32_t q_base = sQ + cwg * 64 * 128;      // this warpgroup's rows start 64 x 128 bytes in
@@ -476,7 +590,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     auto turn_pass = [&](bool last) {
       // the last warpgroup's last pass would be to nobody: skip it so that every barrier ends balanced
       if constexpr (PINGPONG)
-        if (!(last && cwg == NWG - 1)) named_bar_arrive(1 + (cwg + 1) % NWG, 256);
+        if (!(last && last_item && cwg == NWG - 1)) named_bar_arrive(1 + (cwg + 1) % NWG, 256);
     };
 
     float o[D / 2];
@@ -488,7 +602,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     float alpha[2];
 
     auto issue_s = [&](int t) {   // S_it = Q_i K_t^T: D / 16 k steps, both operands from shared memory
-      const uint32_t k_base = sK + (t % STAGES) * L::KV_BYTES;
+      const uint32_t k_base = sK + ((kv_base + t) % STAGES) * L::KV_BYTES;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t panel = kk / 4, within = (kk % 4) * 32;
@@ -498,7 +612,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       wgmma_commit();
     };
     auto issue_pv = [&](int t) {   // O_i += P_it V_t: P from registers, V_t MN-major from shared memory
-      const uint32_t v_base = sV + (t % STAGES) * L::KV_BYTES;
+      const uint32_t v_base = sV + ((kv_base + t) % STAGES) * L::KV_BYTES;
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         // A fragment of keys [16kk, 16kk + 16): rows g / g + 8, keys 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)
@@ -507,10 +621,10 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       }
       wgmma_commit();
     };
-    auto release_k = [&](int t) { if (lane == 0) mbar_arrive(empty_k(t % STAGES)); };
-    auto release_v = [&](int t) { if (lane == 0) mbar_arrive(empty_v(t % STAGES)); };
-    auto wait_k = [&](int t) { mbar_wait(full_k(t % STAGES), (t / STAGES) & 1); };
-    auto wait_v = [&](int t) { mbar_wait(full_v(t % STAGES), (t / STAGES) & 1); };
+    auto release_k = [&](int t) { if (lane == 0) mbar_arrive(empty_k((kv_base + t) % STAGES)); };
+    auto release_v = [&](int t) { if (lane == 0) mbar_arrive(empty_v((kv_base + t) % STAGES)); };
+    auto wait_k = [&](int t) { mbar_wait(full_k((kv_base + t) % STAGES), ((kv_base + t) / STAGES) & 1); };
+    auto wait_v = [&](int t) { mbar_wait(full_v((kv_base + t) % STAGES), ((kv_base + t) / STAGES) & 1); };
 
     // Mask tile t (keys past N; causal: keys past the diagonal), then the online softmax, one row half
     // (g or g + 8) at a time. MASK: Unmasked, Masked, or Checked (mask if t >= first_masked, a run-time
@@ -589,59 +703,90 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     using Checked = std::integral_constant<int, 2>;
 
     if constexpr (PINGPONG)
-      if (cwg == 0) named_bar_arrive(1, 256);   // the first warpgroup takes the first turn
-    mbar_wait(bar_q, 0);
+      if (cwg == 0 && first_item) named_bar_arrive(1, 256);   // the first warpgroup takes the first turn
+    mbar_wait(bar_q, q_phase);
+    V8_HEAD(H_Q, clock_now());
 
     // Tile 0's S and softmax (O_i is still 0: nothing to rescale).
+    V8_STAMP(0, C_KWAIT);
     wait_k(0);
+    V8_STAMP(0, C_KREADY);
+    V8_STAMP(0, C_TURNWAIT);
     turn_wait();
+    V8_STAMP(0, C_TURN);
     wgmma_fence();
     issue_s(0);
+    V8_STAMP(0, C_S_ISSUED);
     turn_pass(false);
     wgmma_wait<0>();
     pin(s_acc);
+    V8_STAMP(0, C_S_DONE);
     release_k(0);
     softmax(0, Now{}, Checked{});
+    V8_STAMP(0, C_SOFTMAX_END);
 
     // One iteration: O_i += P_ij V_j and S_{i,j+1}, then the softmax of tile j + 1.
     auto step = [&](int j, auto masked) {
       if constexpr (OVERLAP) {
         // S_{i,j+1} first, so that wait_group 1 is "S done, P V may still run".
+        V8_STAMP(j + 1, C_KWAIT);
         wait_k(j + 1);
+        V8_STAMP(j + 1, C_KREADY);
         wait_v(j);
+        V8_STAMP(j, C_VREADY);
+        V8_STAMP(j + 1, C_TURNWAIT);
         turn_wait();
+        V8_STAMP(j + 1, C_TURN);
         wgmma_fence();
         issue_s(j + 1);
+        V8_STAMP(j + 1, C_S_ISSUED);
         // O_i's rescale for tile j (alpha from tile j's softmax) runs while S_{i,j+1} is on the tensor
         // cores, before P_ij V_j accumulates into it: after the softmax below nothing waits on O_i but
         // the next product, so ptxas has no reason to pull the wait for P V up into the softmax.
         rescale();
         wgmma_fence();
         issue_pv(j);
+        V8_STAMP(j, C_PV_ISSUED);
         turn_pass(false);
         wgmma_wait<1>();
         pin(s_acc);
+        V8_STAMP(j + 1, C_S_DONE);
         release_k(j + 1);
         softmax(j + 1, Later{}, masked);   // runs while P_ij V_j is on the tensor cores
         // Nothing reads P before the wait below: passing it through an empty asm volatile keeps the
         // compiler from sinking the softmax past the wait.
         pin(s_acc);
+        V8_STAMP(j + 1, C_SOFTMAX_END);
+#if V8_CLOCK_FENCE && !V8_TRACE
+        // A clock read (stored never: M < 0 is false) is a point ptxas schedules nothing across: the whole
+        // softmax then stays ahead of the wait, as the trace build's stamps showed (tests/test_v8.py).
+        trace_store(reinterpret_cast<unsigned long long*>(O), clock_now(), M < 0);
+#endif
         wgmma_wait<0>();
         pin(o);
+        V8_STAMP(j, C_PV_DONE);
         release_v(j);
         pack();
       } else {
         // v7's order: P V, wait, S, wait, softmax. The turn covers both products.
         wait_v(j);
+        V8_STAMP(j, C_VREADY);
+        V8_STAMP(j + 1, C_TURNWAIT);
         turn_wait();
+        V8_STAMP(j + 1, C_TURN);
         wgmma_fence();
         issue_pv(j);
+        V8_STAMP(j, C_PV_ISSUED);
         wgmma_wait<0>();
         pin(o);
+        V8_STAMP(j, C_PV_DONE);
         release_v(j);
+        V8_STAMP(j + 1, C_KWAIT);
         wait_k(j + 1);
+        V8_STAMP(j + 1, C_KREADY);
         wgmma_fence();
         issue_s(j + 1);
+        V8_STAMP(j + 1, C_S_ISSUED);
         turn_pass(false);
         if constexpr (!SPECIALIZE) {
           // thread 0 refills the slot tile j just left with tile j + STAGES while S runs
@@ -652,8 +797,10 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
         }
         wgmma_wait<0>();
         pin(s_acc);
+        V8_STAMP(j + 1, C_S_DONE);
         release_k(j + 1);
         softmax(j + 1, Now{}, masked);
+        V8_STAMP(j + 1, C_SOFTMAX_END);
         rescale();
       }
     };
@@ -669,15 +816,21 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     }
 
     // The last tile's P V (with the overlap, O_i's rescale for it is still to do).
+    // Every S_ij of the item is done: the producer may bring the next item's Q_i (persistent).
+    if constexpr (PERSISTENT)
+      if (lane == 0) mbar_arrive(empty_q);
     const int last = n_tiles - 1;
     wait_v(last);
+    V8_STAMP(last, C_VREADY);
     turn_wait();
     if constexpr (OVERLAP) rescale();
     wgmma_fence();
     issue_pv(last);
+    V8_STAMP(last, C_PV_ISSUED);
     turn_pass(true);
     wgmma_wait<0>();
     pin(o);
+    V8_STAMP(last, C_PV_DONE);
     release_v(last);
 
     // ---- O_i / l_i, straight from registers ----
@@ -695,6 +848,47 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
           *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
       }
     }
+    V8_HEAD(H_END, clock_now());
+    V8_HEAD(H_GT1, global_ns());
+    V8_HEAD(H_CLK1, clock_now());
+  };
+
+  // The producer's copies for one item: Q_i, then K_0, then K_t before V_{t-1} (the order the consumers
+  // use them). Persistent: K_0 may go before Q_i (its slot frees first) and Q_i's buffer must be let go
+  // of by the previous item's last S (q_loads: Q_i loads before this one).
+  auto produce = [&](const int item, const int q_loads) {
+    V8_TRACE_ROW(0, item, true);
+    V8_HEAD(H_SMID, sm_id());
+    V8_HEAD(H_GT0, global_ns());
+    V8_HEAD(H_CLK0, clock_now());
+    V8_HEAD(H_TILES, n_tiles);
+    V8_HEAD(H_M_BLOCK, m_block);
+    V8_HEAD(H_BH, bh);
+    V8_STAMP(0, P_KWAIT);
+    if constexpr (PERSISTENT) {
+      load_k(0);
+      if (q_loads > 0) mbar_wait(empty_q, (q_loads - 1) & 1);
+      load_q();
+    } else {
+      load_q();
+      load_k(0);
+    }
+    V8_STAMP(0, P_K_ISSUED);
+    V8_HEAD(H_Q, clock_now());
+    for (int t = 1; t < n_tiles; ++t) {
+      V8_STAMP(t, P_KWAIT);
+      load_k(t);
+      V8_STAMP(t, P_K_ISSUED);
+      V8_STAMP(t - 1, P_VWAIT);
+      load_v(t - 1);
+      V8_STAMP(t - 1, P_V_ISSUED);
+    }
+    V8_STAMP(n_tiles - 1, P_VWAIT);
+    load_v(n_tiles - 1);
+    V8_STAMP(n_tiles - 1, P_V_ISSUED);
+    V8_HEAD(H_END, clock_now());
+    V8_HEAD(H_GT1, global_ns());
+    V8_HEAD(H_CLK1, clock_now());
   };
 
   if constexpr (SPECIALIZE) {
@@ -702,17 +896,35 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       // ---------------- the producer: warpgroup 0, one thread issues every copy ----------------
       if constexpr (SETMAXNREG) setmaxnreg_dec<Registers<NWG>::PRODUCER>();
       if (tid == 0) {
-        load_q();
-        load_k(0);
-        for (int t = 1; t < n_tiles; ++t) {   // K_t before V_{t-1}: the order the consumers use them
-          load_k(t);
-          load_v(t - 1);
+        if constexpr (PERSISTENT) {
+          int q_loads = 0;   // items without a key tile have nothing to load (the consumers zero them)
+          for (int item = next_item((int)blockIdx.x - (int)gridDim.x); item < items; item = next_item(item)) {
+            produce(item, q_loads++);
+            kv_base += n_tiles;
+          }
+        } else {
+          produce(blockIdx.x, 0);
         }
-        load_v(n_tiles - 1);
       }
     } else {
       if constexpr (SETMAXNREG) setmaxnreg_inc<Registers<NWG>::CONSUMER>();
-      consume(wg - 1);
+      if constexpr (PERSISTENT) {
+        int q_loads = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+          set_item(item);
+          if (n_tiles == 0) {
+            write_zeros(tid - 128, 128 * NWG);
+            continue;
+          }
+          const bool last_item = next_item(item) == items;
+          set_item(item);   // next_item moved the item state on
+          consume(wg - 1, item, q_loads & 1, q_loads == 0, last_item);
+          ++q_loads;
+          kv_base += n_tiles;
+        }
+      } else {
+        consume(wg - 1, blockIdx.x, 0, true, true);
+      }
     }
   } else {
     if (tid == 0) {
@@ -722,10 +934,16 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
         load_v(t);
       }
     }
-    consume(wg);
+    consume(wg, blockIdx.x, 0, true, true);
   }
 }
 // ---------------------------------------------------------------- launcher ----------------------------
+
+// Where an instrumented build (V8_TRACE) writes its stamps; buffer null: no trace asked for.
+struct Trace {
+  unsigned long long* buffer;
+  int items, tiles;
+};
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -761,12 +979,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 }
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP>
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT>
 const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                   cudaStream_t stream) {
+                   const Trace& trace, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
-  auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP>;
+  auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -779,36 +997,54 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
   const long long BH = (long long)B * H;
   const long long blocks = (long long)m_blocks * BH;
   if (blocks > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
+  if (trace.buffer != nullptr && trace.tiles < (N + BC - 1) / BC)
+    return "v8: the trace buffer has too few tile rows for N";
+  // persistent: one block per SM (the most that fit), each taking items blockIdx.x, + gridDim.x, ...
+  unsigned grid = (unsigned)blocks;
+  if (PERSISTENT) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    grid = (unsigned)(blocks < (long long)sms * L::MIN_BLOCKS ? blocks : (long long)sms * L::MIN_BLOCKS);
+  }
   if (encoder() == nullptr) return "v8: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV;
   if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, (int)BH, N, D, BC) ||
       !make_map<T>(&tmV, v, (int)BH, N, D, BC))
     return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
-  kernel<<<(unsigned)blocks, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks,
-                                                         scale_log2);
+  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2
+#if V8_TRACE
+                                             , trace.buffer, trace.items, trace.tiles
+#endif
+  );
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, bool CAUSAL>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                       int D, cudaStream_t stream) {
+                       int D, const Trace& trace, cudaStream_t stream) {
+  constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
-    return launch<T, 64, V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, V8_SPECIALIZE != 0, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
+                  V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D64_PERSISTENT != 0>(
+        q, k, v, o, B, H, M, N, trace, stream);
   if (D == 128)
-    return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, V8_SPECIALIZE != 0, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0>(q, k, v, o, B, H, M, N, trace, stream);
   return "v8 supports head_dim 64 and 128 only";
 }
 
 }  // namespace v8
 
-// dtype: 0 = bfloat16, 1 = float16. Returns nullptr or a message.
+// dtype: 0 = bfloat16, 1 = float16. trace: null, or a buffer [trace_items][TRACE_ROLES][1 + trace_tiles]
+// [TRACE_WORDS] of 64-bit words for a V8_TRACE build. Returns nullptr or a message.
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream) {
+                       int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
+                       int trace_tiles, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
+  if (trace != nullptr && !V8_TRACE) return "v8: forward_trace needs a build with -DV8_TRACE=1";
+  const v8::Trace tr{trace, trace_items, trace_tiles};
   if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -820,10 +1056,10 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, int
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
   if (bf16)
-    return causal ? v8::dispatch_d<__nv_bfloat16, true>(q, k, v, o, B, H, M, N, D, stream)
-                  : v8::dispatch_d<__nv_bfloat16, false>(q, k, v, o, B, H, M, N, D, stream);
-  return causal ? v8::dispatch_d<__half, true>(q, k, v, o, B, H, M, N, D, stream)
-                : v8::dispatch_d<__half, false>(q, k, v, o, B, H, M, N, D, stream);
+    return causal ? v8::dispatch_d<__nv_bfloat16, true>(q, k, v, o, B, H, M, N, D, tr, stream)
+                  : v8::dispatch_d<__nv_bfloat16, false>(q, k, v, o, B, H, M, N, D, tr, stream);
+  return causal ? v8::dispatch_d<__half, true>(q, k, v, o, B, H, M, N, D, tr, stream)
+                : v8::dispatch_d<__half, false>(q, k, v, o, B, H, M, N, D, tr, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -836,11 +1072,13 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, int
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream);
+                       int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
+                       int trace_tiles, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
 // of compute capability 9.0; D in {64, 128}. Returns o like q. Messages carry no numbers (see v6.cu).
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+// trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see flashattn/trace.py.
+static at::Tensor run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor* trace) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -861,11 +1099,34 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
   const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
+  unsigned long long* buffer = nullptr;
+  int items = 0, tiles = 0;
+  if (trace != nullptr) {
+    TORCH_CHECK(trace->is_cuda() && trace->device() == q.device(), "trace must be on the device of q");
+    TORCH_CHECK(trace->scalar_type() == at::kLong, "trace must be int64");
+    TORCH_CHECK(trace->dim() == 4 && trace->size(1) == 4 && trace->size(3) == 10 && trace->size(2) >= 2,
+                "trace must be [items, 4 roles, 1 + key tiles, 10 words] (flashattn.trace.buffer)");
+    TORCH_CHECK(trace->is_contiguous(), "trace must be contiguous");
+    TORCH_CHECK(trace->size(0) < (int64_t{1} << 31) && trace->size(2) < (int64_t{1} << 31),
+                "trace: every dimension must be below 2^31");
+    buffer = reinterpret_cast<unsigned long long*>(trace->data_ptr());
+    items = trace->size(0);
+    tiles = trace->size(2) - 1;
+  }
   auto o = at::empty_like(q);
   const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dtype == at::kBFloat16 ? 0 : 1,
-                               B, H, M, N, D, causal, c10::cuda::getCurrentCUDAStream());
+                               B, H, M, N, D, causal, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return o;
+}
+
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  return run_forward(q, k, v, causal, nullptr);
+}
+
+// The same product, and clock stamps into `trace` (a build with -DV8_TRACE=1 only; others refuse).
+at::Tensor forward_trace(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor trace) {
+  return run_forward(q, k, v, causal, &trace);
 }
 #endif
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import re
 import sys
+import zlib
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernels" / "v8.cu"
@@ -45,6 +47,11 @@ VARIANTS = {
     "stages3": ["-DV8_STAGES=3"],                                         # a third K/V slot
     "bc176": ["-DV8_D128_BC=176"],                                        # D=128: FlashAttention-3's B_c
     "d64wg2": ["-DV8_D64_WG=2"],                                          # D=64: B_r = 128, 2 consumers
+    # candidates of issue 13's scheduling work (docs/v8_notes.md)
+    "clockfence": ["-DV8_CLOCK_FENCE=1"],                                 # the whole softmax in the overlap
+    "persistent": ["-DV8_PERSISTENT=1"],                                  # one block per SM, items in a loop
+    "persistent_cf": ["-DV8_PERSISTENT=1", "-DV8_CLOCK_FENCE=1"],         # both
+    "causal_wg2": ["-DV8_D64_CAUSAL_WG=2"],                               # causal D=64: B_r = 128
 }
 
 
@@ -70,19 +77,26 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_fwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
-def consumers(flags: list[str], d: int) -> int:
-    """Consumer (computing) warpgroups per block at head dim d under `flags` (the V8_D*_WG defaults)."""
+def is_causal(kernel: str) -> bool:
+    """CAUSAL from a mangled kernel name: the bool after D, NWG and B_c."""
+    return re.search(r"flash_fwd_wsI\w+?Li\d+ELi\d+ELi\d+ELb([01])E", kernel).group(1) == "1"
+
+
+def consumers(flags: list[str], d: int, causal: bool = False) -> int:
+    """Consumer (computing) warpgroups per block at head dim d under `flags` (the V8_D*_WG defaults; the
+    causal D=64 kernel takes V8_D64_CAUSAL_WG where it is set)."""
     values = dict(f[2:].split("=") for f in flags)
     default = {64: 3, 128: 2} if macro(flags, "V8_SPECIALIZE") else {64: 2, 128: 3}
-    return int(values.get(f"V8_D{d}_WG", default[d]))
+    wgs = int(values.get(f"V8_D{d}_WG", default[d]))
+    return int(values.get("V8_D64_CAUSAL_WG", wgs)) if causal and d == 64 else wgs
 
 
-def entry_cap(flags: list[str], d: int) -> int:
+def entry_cap(flags: list[str], d: int, causal: bool = False) -> int:
     """Registers per thread at launch: 65,536 shared by the threads of the blocks that __launch_bounds__
     asks to fit on one SM (1 with a producer; without, 2 where their shared memory fits, as the kernel's
     Layout::MIN_BLOCKS decides), a multiple of 8, at most 255 -- what ptxas may use before any setmaxnreg."""
     values = dict(f[2:].split("=") for f in flags)
-    spec, wgs = macro(flags, "V8_SPECIALIZE"), consumers(flags, d)
+    spec, wgs = macro(flags, "V8_SPECIALIZE"), consumers(flags, d, causal)
     threads = 128 * (wgs + spec)
     bc, stages = int(values.get(f"V8_D{d}_BC", 128)), int(values.get("V8_STAGES", 2))
     smem = 64 * wgs * d * 2 + stages * 2 * bc * d * 2 + 8 * (1 + 4 * stages) + 1024
@@ -98,7 +112,7 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
 
     setmaxnreg, overlap = macro(flags, "V8_SETMAXNREG"), macro(flags, "V8_OVERLAP")
     for name, regs in entries:
-        cap = entry_cap(flags, head_dim(name))
+        cap = entry_cap(flags, head_dim(name), is_causal(name))
         # with setmaxnreg ptxas reports the launch allotment itself; without, what the code needs within it
         assert int(regs) == cap if setmaxnreg else int(regs) <= cap, (name, regs, cap)
 
@@ -113,7 +127,7 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
         moves = sass_tools.register_moves(text.splitlines())
         claims, releases = moves["claim"], moves["release"]
         if setmaxnreg:
-            producer, consumer = REGISTER_SPLIT[consumers(flags, head_dim(name))]
+            producer, consumer = REGISTER_SPLIT[consumers(flags, head_dim(name), is_causal(name))]
             assert releases == [producer], f"{name}: producer release {releases}"
             assert claims == [consumer], f"{name}: consumer claim {claims}"
             # the consumers' code must fit what they claimed: no register index at or past the claim
@@ -134,6 +148,33 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
                 # (before the fix in the kernel's comments, none did)
                 tile = 176 if "Li176E" in name else 128
                 assert max(n for _, n, _ in windows) >= tile // 8, f"{name}: softmax not overlapped: {windows}"
+            if "-DV8_CLOCK_FENCE=1" in flags:
+                # the clock read keeps every exponential of a tile (B_c / 2 per thread) inside both loops'
+                # windows, the masked one too (what the trace build's stamps did to the schedule)
+                tile = 176 if "Li176E" in name else 128
+                assert min(n for _, n, _ in windows) >= tile // 2, f"{name}: softmax left the window: {windows}"
+        # the fence's clock read and the trace's stamps are the only clock reads: none in other builds
+        assert ("SR_CLOCKLO" in text) == ("-DV8_CLOCK_FENCE=1" in flags), f"{name}: clock read"
+
+
+def test_trace_build_stamps_only_where_asked(tmp_path):
+    """V8_TRACE=1 (flashattn/trace.py's build) adds clock reads, predicated 64-bit stores and the trace
+    parameters; the default build has none of them (its SASS is the untraced kernel's: tests above). The
+    stamps' indices in flashattn.trace agree with the kernel's enums."""
+    from flashattn import trace
+    report, sass = compile_v8(tmp_path, ["-DV8_TRACE=1"])
+    names = re.findall(r"Compiling entry function '(\S+)'", report)
+    assert len(names) == 8 and all(n.endswith("ifPyii") for n in names), names   # + buffer, items, tiles
+    for name, text in sass_functions(sass).items():
+        assert text.count("SR_CLOCKLO") >= 10, f"{name}: stamps missing"
+        assert re.search(r"@P\d+ STG\.E\.64", text), f"{name}: no predicated stamp store"
+    src = KERNEL.read_text()
+    for enum, names_py in (("TraceHeader", trace.HEADER), ("TraceConsumer", trace.CONSUMER),
+                           ("TraceProducer", trace.PRODUCER)):
+        body = re.search(r"enum " + enum + r" \{([^}]*)\}", src).group(1)
+        assert [n.strip().split("_", 1)[1].lower() for n in body.split(",")] == names_py, enum
+    shape = re.search(r"enum TraceShape \{ TRACE_ROLES = (\d+), TRACE_WORDS = (\d+) \}", src)
+    assert (int(shape.group(1)), int(shape.group(2))) == (trace.ROLES, trace.WORDS)
 
 
 def overlap_windows(sass: str) -> list[tuple[int, int, list[str]]]:
@@ -182,9 +223,27 @@ def test_many_heads_tail_tiles_stay_in_their_head(v8):
     test_v7.test_many_heads_tail_tiles_stay_in_their_head(v8)
 
 
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("variant", ["persistent", "persistent_cf"])
+def test_persistent_blocks_take_several_items(variant):
+    """More work items than SMs, so that blocks loop: the K/V ring, Q_i's reuse and the ping-pong turns carry
+    over from one item to the next; causal with M > N puts items without any key among them."""
+    mod = build_v8(variant)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, H, M, N in [(4, 20, 300, 517), (4, 20, 700, 150), (2, 40, 129, 1000)]:
+        for D in (64, 128):
+            assert B * H * -(-M // 128) > sms   # the loop runs (B_r is 192 or 128)
+            for causal in (False, True):
+                for dtype in test_v7.DTYPES.values():
+                    seed = zlib.crc32(repr((variant, B, M, D, causal, dtype)).encode())
+                    test_v7.check(mod, B, H, M, N, D, dtype, causal, seed)
+
+
 # ---------------------------------------------------------------- compute-sanitizer
-# B, H, M, N: a small square one; M > N with a block of rows that see no key (causal); odd tails both ways
-SANITIZE_SHAPES = [(1, 2, 64, 64), (1, 1, 300, 20), (2, 1, 200, 333)]
+# B, H, M, N: a small square one; M > N with a block of rows that see no key (causal); odd tails both ways;
+# more heads than SMs (a persistent block takes two items or more)
+SANITIZE_SHAPES = [(1, 2, 64, 64), (1, 1, 300, 20), (2, 1, 200, 333), (1, 140, 65, 130)]
 
 
 sanitize_target, test_sanitizer_clean = test_v7.sanitizer_tests("v8", build_v8, VARIANTS, SANITIZE_SHAPES,

@@ -1,0 +1,275 @@
+"""V8's measured timeline: clock stamps written by the instrumented build (kernels/v8.cu, V8_TRACE=1).
+
+On the GPU, `python -m flashattn.trace [--out results/h200/v8_trace.json]` builds the traced kernel, runs
+it at the chapter's shapes, times it beside the untraced build (what the stamps cost) and writes a record.
+Everywhere else the functions below read that record: `timeline` turns one work item's stamps into
+segments (producer, consumer 0, consumer 1, ...), `fig_timeline` draws them, `summary` gives the medians
+over every traced item.
+
+The buffer (`buffer`) is [items][ROLES][1 + tiles][WORDS] int64: role 0 the producer, 1.. the consumer
+warpgroups; row 0 a header, row 1 + t the clock64 stamps of key tile t (-1: not written). The indices
+below are the kernel's enums (TraceHeader, TraceConsumer, TraceProducer); tests/test_schedule.py checks
+that they agree with the .cu file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROLES, WORDS = 4, 10
+HEADER = ["smid", "gt0", "clk0", "gt1", "clk1", "tiles", "m_block", "bh", "q", "end"]
+CONSUMER = ["kwait", "kready", "vready", "turnwait", "turn", "s_issued", "s_done", "softmax_end",
+            "pv_issued", "pv_done"]
+PRODUCER = ["kwait", "k_issued", "vwait", "v_issued"]
+SCHEMA = "flashattn.trace/1"
+RECORD = Path(__file__).resolve().parent.parent / "results" / "h200" / "v8_trace.json"
+
+# (name, first stamp, last stamp, which tile the last stamp is read from: 0 same, 1 next) per segment kind
+CONSUMER_SEGMENTS = [("K wait", "kwait", "kready"), ("turn wait", "turnwait", "turn"),
+                     ("S = Q K^T", "s_issued", "s_done"), ("softmax", "s_done", "softmax_end"),
+                     ("P V", "pv_issued", "pv_done")]
+PRODUCER_SEGMENTS = [("K slot wait", "kwait", "k_issued"), ("V slot wait", "vwait", "v_issued")]
+
+
+def buffer(items: int, N: int, device="cuda"):
+    """A trace buffer for `items` work items of a problem with N keys (rows for B_c = 64, the smallest)."""
+    import torch
+    return torch.full((items, ROLES, 1 + math.ceil(N / 64), WORDS), -1, dtype=torch.int64, device=device)
+
+
+def build(flags=(), name: str = "trace"):
+    """kernels/v8.cu with -DV8_TRACE=1 (and `flags`), exporting forward and forward_trace."""
+    from . import loader
+    return loader.build("v8", archs=["9.0a"], module_name=f"flashattn_v8_{name}",
+                        extra_cuda_cflags=["-DV8_TRACE=1", *flags], functions=("forward", "forward_trace"))
+
+
+def _role_rows(raw, item: int, role: int) -> tuple[dict, list[dict]]:
+    """Header and per-tile stamps (dicts, -1 left out) of one role of one item of a raw nested list."""
+    rows = raw[item][role]
+    head = dict(zip(HEADER, rows[0]))
+    names = PRODUCER if role == 0 else CONSUMER
+    tiles = [{n: v for n, v in zip(names, row) if v >= 0} for row in rows[1:1 + max(0, head["tiles"])]]
+    return head, tiles
+
+
+def clock_ghz(raw) -> float:
+    """SM clock in GHz: clock64 cycles over %globaltimer nanoseconds across every traced role (the median)."""
+    rates = []
+    for item in raw:
+        for rows in item:
+            h = dict(zip(HEADER, rows[0]))
+            if h["gt0"] >= 0 and h["gt1"] > h["gt0"] + 2000:
+                rates.append((h["clk1"] - h["clk0"]) / (h["gt1"] - h["gt0"]))
+    rates.sort()
+    return rates[len(rates) // 2] if rates else float("nan")
+
+
+def timeline(run: dict, item: int | None = None) -> list[tuple[str, str, int, float, float]]:
+    """Segments (row, kind, tile, start_ns, end_ns) of one kept work item of a recorded run, times from the
+    item's first stamp. Rows: "producer", "consumer 0", ...; kinds: CONSUMER_SEGMENTS / PRODUCER_SEGMENTS
+    names (the producer also gets "Q_i + K_0 issued" as an instant)."""
+    raw = run["items"][0 if item is None else item]["stamps"]
+    ghz = run["clock_ghz"]
+    starts = [r[0][HEADER.index("clk0")] for r in raw if r[0][HEADER.index("clk0")] >= 0]
+    t0 = min(starts)
+    segments = []
+    for role in range(len(raw)):
+        if raw[role][0][HEADER.index("clk0")] < 0:
+            continue
+        head, tiles = _role_rows([raw], 0, role)
+        row = "producer" if role == 0 else f"consumer {role - 1}"
+        kinds = PRODUCER_SEGMENTS if role == 0 else CONSUMER_SEGMENTS
+        for t, stamps in enumerate(tiles):
+            for kind, a, b in kinds:
+                if a in stamps and b in stamps:
+                    segments.append((row, kind, t, (stamps[a] - t0) / ghz, (stamps[b] - t0) / ghz))
+        if role > 0 and head["end"] >= 0 and tiles and "pv_done" in tiles[-1]:
+            segments.append((row, "write O_i", len(tiles) - 1, (tiles[-1]["pv_done"] - t0) / ghz,
+                             (head["end"] - t0) / ghz))
+    return segments
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+
+def summarize(raw, ghz: float) -> dict:
+    """Medians in ns over every traced item and every inner tile (not the first or the last): each consumer
+    segment, the producer's waits for a free slot, the tile period (turn to turn of one consumer), the
+    items' length, their prologue (start to the first S issued) and epilogue (last P V done to O_i written),
+    and how often the consumers' turns alternate strictly (ping-pong)."""
+    acc: dict[str, list[float]] = {}
+    alternations = turns = 0
+    for i in range(len(raw)):
+        item_turns = []
+        for role in range(ROLES):
+            if raw[i][role][0][HEADER.index("clk0")] < 0:
+                continue
+            head, tiles = _role_rows(raw, i, role)
+            if not tiles:
+                continue
+            if role == 0:
+                for kind, a, b in PRODUCER_SEGMENTS:
+                    acc.setdefault("producer " + kind, []).extend(
+                        (s[b] - s[a]) / ghz for s in tiles[1:-1] if a in s and b in s)
+                continue
+            for kind, a, b in CONSUMER_SEGMENTS:
+                acc.setdefault(kind, []).extend((s[b] - s[a]) / ghz for s in tiles[1:-1] if a in s and b in s)
+            acc.setdefault("tile period", []).extend(
+                (tiles[t + 1]["turn"] - tiles[t]["turn"]) / ghz for t in range(1, len(tiles) - 2)
+                if "turn" in tiles[t] and "turn" in tiles[t + 1])
+            acc.setdefault("item", []).append((head["end"] - head["clk0"]) / ghz)
+            if "s_issued" in tiles[0]:
+                acc.setdefault("prologue", []).append((tiles[0]["s_issued"] - head["clk0"]) / ghz)
+            if "pv_done" in tiles[-1]:
+                acc.setdefault("epilogue", []).append((head["end"] - tiles[-1]["pv_done"]) / ghz)
+            item_turns += [(s["turn"], role) for s in tiles if "turn" in s]
+        item_turns.sort()
+        turns += max(0, len(item_turns) - 1)
+        alternations += sum(a[1] != b[1] for a, b in zip(item_turns, item_turns[1:]))
+    out = {k: _median(v) for k, v in acc.items() if v}
+    out["alternating turns"] = alternations / turns if turns else None
+    return out
+
+
+def summary(run: dict) -> dict:
+    return run["summary"]
+
+
+def load(path: Path = RECORD) -> dict | None:
+    return json.loads(Path(path).read_text()) if Path(path).exists() else None
+
+
+COLORS = {"K wait": "#bbbbbb", "turn wait": "#e8c547", "S = Q K^T": "#1f77b4", "softmax": "#ff7f0e",
+          "P V": "#2ca02c", "write O_i": "#9467bd", "K slot wait": "#bbbbbb", "V slot wait": "#dddddd"}
+
+
+def fig_timeline(run: dict, tiles: tuple[int, int] = (2, 6), item: int = 0, ax=None, show: bool = True):
+    """One work item's measured timeline over key tiles [tiles[0], tiles[1]): a row per role, a bar per
+    segment, products (S, P V) from issue to completed wait, so a bar's length includes any time the
+    product queued behind the other warpgroup's."""
+    import matplotlib.pyplot as plt
+    segs = timeline(run, item)
+    lo, hi = tiles
+    inside = [s for s in segs if lo <= s[2] < hi]
+    if not inside:
+        inside = segs
+    rows = sorted({s[0] for s in segs}, key=lambda r: (r != "producer", r), reverse=True)
+    t_min = min(s[3] for s in inside)
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(11, 0.7 + 0.75 * len(rows)))
+    for s in inside:
+        y = rows.index(s[0])
+        half = 0.18 if s[1] in ("P V", "V slot wait") else 0.0   # P V overlaps the softmax: a lower lane
+        ax.barh(y - half, (s[4] - s[3]) / 1e3, left=(s[3] - t_min) / 1e3, height=0.36 if half or s[1] in (
+                "softmax", "S = Q K^T") else 0.7, color=COLORS.get(s[1], "gray"), edgecolor="black", linewidth=0.3)
+        if s[1] in ("S = Q K^T",):
+            ax.text((s[3] + s[4]) / 2e3 - t_min / 1e3, y, str(s[2]), ha="center", va="center", fontsize=7,
+                    color="white")
+    ax.set_yticks(range(len(rows)), rows)
+    from matplotlib.patches import Patch
+    kinds = [k for k in COLORS if any(s[1] == k for s in inside)]
+    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], ncol=len(kinds), fontsize=7,
+              loc="upper center", bbox_to_anchor=(0.5, -0.28 if own else -0.2))
+    shape = run["shape"]
+    ax.set_title(f"measured: one block, key tiles {lo}-{hi - 1} (B={shape['B']}, H={shape['H']}, M={shape['M']}, "
+                 f"N={shape['N']}, D={shape['D']}{', causal' if shape['causal'] else ''})", fontsize=9)
+    ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup)")
+    if own:
+        fig.tight_layout()
+        if show:
+            plt.show()
+            return None
+        return fig
+    return ax
+
+
+# ---------------------------------------------------------------- recording (GPU)
+SHAPES = [dict(B=2, H=16, M=8192, N=8192, D=128, causal=False), dict(B=4, H=12, M=2048, N=2048, D=64, causal=False),
+          dict(B=2, H=16, M=8192, N=8192, D=128, causal=True), dict(B=4, H=12, M=2048, N=2048, D=64, causal=True)]
+
+
+def capture(module, shape: dict, dtype=None, seed: int = 0):
+    """Run the traced kernel once (after a warm-up call) on fresh random inputs, every item traced;
+    returns (output, raw nested list [items][roles][1 + tiles][words])."""
+    import torch
+    dtype = dtype or torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    B, H, M, N, D = (shape[k] for k in "BHMND")
+    q = torch.randn(B, H, M, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=g)
+    items = B * H * math.ceil(M / 64)          # at least the blocks of any B_r
+    buf = buffer(items, N)
+    module.forward_trace(q, k, v, shape["causal"], buf)
+    buf.fill_(-1)
+    out = module.forward_trace(q, k, v, shape["causal"], buf)
+    torch.cuda.synchronize()
+    used = int((buf[:, :, 0, HEADER.index("clk0")] >= 0).any(dim=1).sum())
+    return (q, k, v, out), buf[:used].cpu()
+
+
+def record_run(module, shape: dict, keep: int = 2, most: int = 600) -> dict:
+    """Capture one shape; keep the stamps of `keep` items from the middle of the launch (steady state) and
+    summarize at most `most` items around it (Python loops: a few seconds)."""
+    from .reference import attention_reference, relative_error
+    (q, k, v, out), stamps = capture(module, shape)
+    first = max(0, len(stamps) // 2 - most // 2)
+    raw = stamps[first:first + most].tolist()
+    ghz = clock_ghz(raw)
+    ref = attention_reference(q[:1, :1], k[:1, :1], v[:1, :1], causal=shape["causal"])
+    err = relative_error(out[:1, :1].double(), ref)
+    lengths = [dict(zip(HEADER, it[1][0]))["tiles"] for it in raw]
+    full = [i for i, n in enumerate(lengths) if n == max(lengths)]
+    picks = full[len(full) // 2:len(full) // 2 + keep]
+    return {"shape": shape, "clock_ghz": ghz, "items_traced": len(stamps),
+            "items_summarized": [first, first + len(raw)], "rel_error_head0": err, "summary": summarize(raw, ghz),
+            "items": [{"item": first + i, "stamps": raw[i]} for i in picks]}
+
+
+def overhead(shape: dict, traced, plain) -> dict:
+    """The traced and the untraced build timed in one interleaved run (flashattn.timing), median us."""
+    import contextlib
+
+    import torch
+
+    from . import timing
+    B, H, M, N, D = (shape[k] for k in "BHMND")
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
+    buf = buffer(B * H * math.ceil(M / 64), N)
+    calls = {"untraced": (lambda: plain.forward(q, k, v, shape["causal"]), contextlib.nullcontext),
+             "traced": (lambda: traced.forward_trace(q, k, v, shape["causal"], buf), contextlib.nullcontext)}
+    res = timing.time_interleaved(calls)
+    return {name: (t.median_ms * 1e3 if isinstance(t, timing.Timing) else repr(t)) for name, t in res.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RECORD)
+    ap.add_argument("--flags", nargs="*", default=[], help="extra -D flags for both builds (a candidate)")
+    args = ap.parse_args(argv)
+    from . import bench, loader
+    traced = build(args.flags, name="trace" + "".join(f.replace("-D", "_").replace("=", "") for f in args.flags))
+    # without flags, the default build under tests/test_v8.py's module name (one build serves both)
+    tag = "".join(f.replace("-D", "_").replace("=", "") for f in args.flags)
+    plain = loader.build("v8", archs=["9.0a"], extra_cuda_cflags=list(args.flags),
+                         module_name="flashattn_v8_" + ("untraced" + tag if tag else "default"))
+    doc = {"schema": SCHEMA, "flags": args.flags, "environment": bench.environment(), "runs": []}
+    for shape in SHAPES:
+        run = record_run(traced, shape)
+        run["overhead_us"] = overhead(shape, traced, plain)
+        doc["runs"].append(run)
+        print(json.dumps({k: run[k] for k in ("shape", "clock_ghz", "overhead_us", "summary")}), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc))   # after every shape: a killed run keeps what it has
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
