@@ -28,7 +28,7 @@ def v6_chain(Variant) -> dict:
         ("padded rows", {"V6_SMEM_LAYOUT": 1}, "shared-memory rows padded by 16 bytes"),
         ("swizzled rows", {"V6_SMEM_LAYOUT": 2}, "XOR swizzle instead of padding"),
         ("ldmatrix", {"V6_LDMATRIX": 1}, "ldmatrix instead of per-thread 32-bit shared loads"),
-        ("2 stages", {"STAGES": 2}, "two-stage cp.async pipeline (load tile j+1 during tile j)"),
+        ("2 stages", {"STAGES": 2}, "two-stage cp.async pipeline (tile j+1 loads during tile j)"),
         ("1 barrier (default)", {"V6_BARRIERS": 1}, "one barrier per tile instead of two"),
     ]
     out, macros = {}, {}
@@ -268,7 +268,8 @@ BEGIN, END = "// steps-table-begin", "// steps-table-end"
 
 def header_lines(version: str = "v6") -> list[str]:
     """The kernel header's step table, from results/h200/<version>_steps.json (flashattn.records.step_rows):
-    one line per step with both head dims' median time, speedup over the step before, registers and
+    one line per step (named as in the sweep; the chapter and docs/v6_notes.md say what each changes)
+    with both head dims' median time, speedup over the step before, registers and
     spills (ptxas), and whether the odd-shape check passed."""
     from .records import RESULTS, _json, step_rows
     rows = step_rows(version)
@@ -278,13 +279,16 @@ def header_lines(version: str = "v6") -> list[str]:
     by = {(r["D"], r["step"]): r for r in rows}
     Ds = sorted({r["D"] for r in rows})
     shapes = {v["D"]: v.get("shape") for v in doc["variants"] if v.get("shape")}
+    label = {r["step"]: r["name"].split(" ", 1)[1] for r in rows}     # "d64 ldmatrix" -> "ldmatrix"
+    width = max(len(v) for v in label.values())
     out = ["//   " + "; ".join(f"D={D}: B,H,M,N = {','.join(map(str, shapes[D][:4]))}" for D in Ds if shapes.get(D))
-           + f", {doc['dtype']}, non-causal, one interleaved run per D (us: median; x: vs the step before;",
-           "//   regs/spill: ptxas; ok: odd-shape check against float64). "
-           + f"{doc['meta'].get('device', {}).get('name', '')} {doc['meta'].get('git_commit', '')}".rstrip() + ":"]
-    out.append("//   step  change" + " " * 50 + "".join(f"   D={D:<3} us      x  regs spill ok" for D in Ds))
+           + f"; {doc['dtype']}, non-causal; one interleaved",
+           "//   run per D (us: median; x: vs the step before; regs, spill: ptxas; ok: odd-shape check against",
+           f"//   float64); {doc['meta'].get('device', {}).get('name', '')} at "
+           f"{(doc['meta'].get('git') or {}).get('commit', '?')}:"]
+    out.append("//   step  " + " " * width + "".join(f"   D={D:<3} us      x  regs spill ok" for D in Ds))
     for step in sorted({r["step"] for r in rows}):
-        line = f"//   {step:>4}  {by[(Ds[0], step)]['change'][:54]:54}"
+        line = f"//   {step:>4}  {label[step]:{width}}"
         for D in Ds:
             r = by.get((D, step)) or {}
             us, x = r.get("us"), r.get("vs_previous")

@@ -147,11 +147,12 @@ def test_step_table_of_a_recorded_chain(results):
     sentence = records.step_sentence("v6", 2)
     assert "Step 2 (second): at D = 64 it goes from 300.0 µs to 150.0 µs (2.00× the speed" in sentence
     from flashattn import steps
-    doc["meta"] = {"device": {"name": "NVIDIA H200"}, "git_commit": "abc123"}
+    doc["meta"] = {"device": {"name": "NVIDIA H200"}, "git": {"commit": "abc123"}}
     (results / "v6_steps.json").write_text(json.dumps(doc))
     lines = steps.header_lines("v6")
-    assert lines[0].startswith("//   D=64: B,H,M,N = 4,12,2048,2048; D=128:") and "abc123" in lines[1]
-    assert any(line.startswith("//      2  second") and "150.0   2.00   200" in line for line in lines)
+    assert lines[0].startswith("//   D=64: B,H,M,N = 4,12,2048,2048; D=128:") and "abc123" in lines[2]
+    assert max(map(len, lines)) <= 120
+    assert any(line.startswith("//      2  b ") and "150.0   2.00   200" in line for line in lines)
     (results / "v6_steps.json").unlink()
     assert "No recorded step chain" in text(records.step_table("v6"))
     assert steps.header_lines("v6") == ["//   No step chain is recorded yet (results/h200/v6_steps.json)."]
