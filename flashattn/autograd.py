@@ -190,27 +190,38 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
            (2, 16, 8192, 128, True))
 
 
-def layout_module(layout: int):
-    """v6's backward built with the atomic mode's dK/dV kernel `layout` at both head dims (0: bwd_dkdv,
-    a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's warp split; 2: the
-    same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ), under a module name of its own
-    so that all of them load into one process."""
+# Builds of kernels/v6_backward.cu compared by compare_layouts: the atomic mode's dK/dV kernel per head dim
+# (V6B_D*_LAYOUT; 0: bwd_dkdv, a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's
+# warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
+# 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j).
+LAYOUT_VARIANTS = {f"v6_layout{n}": {"V6B_D64_LAYOUT": n, "V6B_D128_LAYOUT": n} for n in (0, 1, 2)}
+LAYOUT_VARIANTS.update({f"v6_layout2_fuse{f}": dict(LAYOUT_VARIANTS["v6_layout2"], V6B_SPLIT_FUSE=f) for f in (1, 3)})
+
+
+def variant_module(name: str):
+    """v6's backward built with the macros of LAYOUT_VARIANTS[name], under a module name of its own so
+    that all of them load into one process."""
     from .loader import build, check_device
     check_device("v6")
-    flags = [f"-DV6B_D64_LAYOUT={layout}", f"-DV6B_D128_LAYOUT={layout}"]
+    flags = [f"-D{k}={v}" for k, v in LAYOUT_VARIANTS[name].items()]
     return build(INFO["v6"].backward, extra_cuda_cflags=flags, functions=("backward",),
-                 module_name=f"flashattn_v6_backward_layout{layout}")
+                 module_name=f"flashattn_v6_backward_{name}")
 
 
-def compare_layouts(configs=TARGETS, layouts=(0, 1, 2), dtype=torch.bfloat16, warmup: int = 25,
+def layout_module(layout: int):
+    """v6's backward with the atomic mode's dK/dV layout `layout` (0, 1, 2) at both head dims."""
+    return variant_module(f"v6_layout{layout}")
+
+
+def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torch.bfloat16, warmup: int = 25,
                     repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
-    """The dK/dV layouts (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
+    """The builds of LAYOUT_VARIANTS (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
     configuration (flashattn.timing.time_interleaved), rows in the benchmark's backward format; each v6
-    row also says whether its dK, dV are bit-identical to the first layout's on the same inputs."""
+    row also says whether its dK, dV are bit-identical to the first variant's on the same inputs."""
     import contextlib
 
     from .timing import time_interleaved
-    modules = {f"v6_layout{n}": layout_module(n) for n in layouts}
+    modules = {name: variant_module(name) for name in variants}
     rows = []
     for B, H, L, D, causal in configs:
         g = torch.Generator(device="cuda").manual_seed(0)

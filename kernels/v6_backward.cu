@@ -98,10 +98,15 @@
 // 1 = bwd_dkdv_split (FlashAttention-2's split: 8 warps, B_c = 128, P^T and dS^T through shared memory),
 // 2 = bwd_dkdv_split storing P^T and dS^T with stmatrix (sm_90) and splitting dQ 2 x 4 over the warps.
 #ifndef V6B_D64_LAYOUT
-#define V6B_D64_LAYOUT 0
+#define V6B_D64_LAYOUT 2
 #endif
 #ifndef V6B_D128_LAYOUT
-#define V6B_D128_LAYOUT 0
+#define V6B_D128_LAYOUT 2
+#endif
+// bwd_dkdv_split: bit 1 computes S^T and dP^T in one k loop instead of one after the other, bit 2 the
+// same for dV_j and dK_j (two independent mma chains for the scheduler to interleave).
+#ifndef V6B_SPLIT_FUSE
+#define V6B_SPLIT_FUSE 0
 #endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
@@ -640,49 +645,39 @@ __global__ void __launch_bounds__(256, 1)
     load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
     cp_async_commit();
 
-    // [32 keys x 32 queries] acc = A B^T: A = 32 rows at a_base (K_j or V_j), B = 32 rows at b_base.
-    auto keys_times_rows = [&](float (&acc)[2][4][4], uint32_t a_base, uint32_t b_base) {
+    // k16 step ks of the [32 keys x 32 queries] product acc = A B^T: A = 32 rows at a_base (K_j or V_j),
+    // B = 32 rows at b_base (Q_i or dO_i).
+    auto keys_times_rows_step = [&](float (&acc)[2][4][4], uint32_t a_base, uint32_t b_base, int ks) {
+      uint32_t a[2][4], b[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mi][t][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) {
-        uint32_t a[2][4], b[2][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
-#pragma unroll
-        for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int np = 0; np < 2; ++np) {
-            mma<T>(acc[mi][2 * np], a[mi], b[np][0], b[np][1]);
-            mma<T>(acc[mi][2 * np + 1], a[mi], b[np][2], b[np][3]);
-          }
-      }
+        for (int np = 0; np < 2; ++np) {
+          mma<T>(acc[mi][2 * np], a[mi], b[np][0], b[np][1]);
+          mma<T>(acc[mi][2 * np + 1], a[mi], b[np][2], b[np][3]);
+        }
     };
     // acc[32 keys x D/2] += A [32 keys x B_r] (P^T or dS^T at a_base) * tile [B_r x D] (this warp's half
     // of the head dim, row-major at base, read with .trans)
-    auto keys_times_tile = [&](float (&acc)[2][DHT][4], uint32_t a_base, uint32_t base) {
+    // (its k16 step kk: queries 16 kk .. +16)
+    auto keys_times_tile_step = [&](float (&acc)[2][DHT][4], uint32_t a_base, uint32_t base, int kk) {
+      uint32_t a[2][4];
 #pragma unroll
-      for (int kk = 0; kk < BR / 16; ++kk) {
-        uint32_t a[2][4];
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(a[mi], a_base + mi * 16 * SROWB + (((2 * kk + a_chunk) ^ x) << 4));
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-          ldmatrix_x4(a[mi], a_base + mi * 16 * SROWB + (((2 * kk + a_chunk) ^ x) << 4));
+      for (int dp = 0; dp < DHT / 2; ++dp) {
+        const int chunk = wq * DHT + 2 * dp + a_chunk;
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, base + kk * 16 * ROWB + ((chunk ^ x) << 4));
 #pragma unroll
-        for (int dp = 0; dp < DHT / 2; ++dp) {
-          const int chunk = wq * DHT + 2 * dp + a_chunk;
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, base + kk * 16 * ROWB + ((chunk ^ x) << 4));
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mma<T>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-            mma<T>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
-          }
+        for (int mi = 0; mi < 2; ++mi) {
+          mma<T>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+          mma<T>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
         }
       }
     };
@@ -707,9 +702,25 @@ __global__ void __launch_bounds__(256, 1)
       const float* L = sL + buf * BR + QW * wq;
       const float* Dv = sDv + buf * BR + QW * wq;
 
-      float s[2][4][4], dp[2][4][4];
-      keys_times_rows(s, sK_a, sQ_b);    // S^T = K_j Q_i^T
-      keys_times_rows(dp, sV_a, sdO_b);  // dP^T = V_j dO_i^T
+      float s[2][4][4], dp[2][4][4];   // S^T = K_j Q_i^T, dP^T = V_j dO_i^T
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][t][e] = dp[mi][t][e] = 0.f;
+      if constexpr ((V6B_SPLIT_FUSE & 1) != 0) {   // both products in one k loop: two independent mma chains
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          keys_times_rows_step(s, sK_a, sQ_b, ks);
+          keys_times_rows_step(dp, sV_a, sdO_b, ks);
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) keys_times_rows_step(s, sK_a, sQ_b, ks);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) keys_times_rows_step(dp, sV_a, sdO_b, ks);
+      }
 
       // ---- P^T and dS^T, masked where needed, packed, to shared memory ([key][query], 128-byte rows,
       //      16-byte chunk c of row r at chunk c ^ (r % 8)) ----
@@ -781,8 +792,19 @@ __global__ void __launch_bounds__(256, 1)
 
       const uint32_t sdO_t = smem_addr(sdO + buf * BR * D) + (uint32_t)(a_row * ROWB);
       const uint32_t sQ_t = smem_addr(sQ + buf * BR * D) + (uint32_t)(a_row * ROWB);
-      keys_times_tile(dv, sP_a, sdO_t);    // dV_j += P^T dO_i
-      keys_times_tile(dk, sdS_a, sQ_t);    // dK_j += dS^T Q_i
+      // dV_j += P^T dO_i, dK_j += dS^T Q_i
+      if constexpr ((V6B_SPLIT_FUSE & 2) != 0) {
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) {
+          keys_times_tile_step(dv, sP_a, sdO_t, kk);
+          keys_times_tile_step(dk, sdS_a, sQ_t, kk);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) keys_times_tile_step(dv, sP_a, sdO_t, kk);
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) keys_times_tile_step(dk, sdS_a, sQ_t, kk);
+      }
 
       // dQ_i += dS K_j. Layout 1: bwd_dkdv's split, warp w: queries 16 * (w % 4) .. +16, head-dim columns
       // (D/2) * (w/4) .. +D/2 -- per k16 step 1 + D/32 ldmatrix for D/16 mma. Layout 2: queries
