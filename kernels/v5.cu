@@ -24,7 +24,11 @@
 //   K_j  [B_c][D+4]      row-major, as in global memory, so cp.async can copy 16-byte chunks directly
 //   V_j  [B_c][D]        row-major; a warp reads one contiguous row segment per load
 //   P_ij [B_r][B_c+pad]  pad = WC mod 32; the A operand of P_ij V_j
-// Defaults, chosen by scripts/v5_sweep.py on the H200 (B=4, H=12, M=N=2048; results/h200/v5_sweep.json):
+// Short sequences at D=64 run a 64 x 64 tile of 4 x 8 (3 blocks per SM) when the launcher's wave count
+// says it finishes first (V5_D64_SMALL below): at B=4, H=12, M=512 the 128-row tile makes 4 x 48 = 192
+// blocks for the 132 x 2 = 264 slots of an H200, and the 64-row tile 384 blocks for 132 x 3 = 396.
+// Defaults, chosen by `python -m flashattn.sweep v5` on the H200 (B=4, H=12, M=N=2048;
+// results/h200/v5_sweep.json):
 //   D=64 : B_r=128, B_c=64, TM=8, TN=8, 128 threads, 255 registers, 105,472 B -> 2 blocks per SM.
 //          1,226.7 us against 1,320.8 us for 64x64 tiles of 4x8 with 3 blocks per SM, the arithmetic's
 //          first choice: halving the shared-memory loads per FFMA beat the extra resident warps.
@@ -48,7 +52,8 @@
 // M, N >= 1 with M != N allowed; global offsets computed in 64 bits. Needs sm_80+ (cp.async).
 // Tile shapes are compile-time: -DV5_D64_BR=... -DV5_D64_BC=... -DV5_D64_TM=... -DV5_D64_TN=... (and
 // V5_D128_*); -DV5_ONLY_D=64 or 128 compiles one head dim only (the tile sweep uses it).
-// scripts/v5_sweep.py builds the candidates, checks them and times them.
+// `python -m flashattn.sweep v5` builds the candidates, checks them and times them; `... v5-steps` the
+// chapter's steps (the V5_CP_ASYNC, V5_EXP2, V5_BLOCKED_PV and V5_INTERLEAVE macros below).
 // Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,231.1 us median, 1.23x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -85,13 +90,14 @@
 #ifndef V5_D128_TN
 #define V5_D128_TN 4
 #endif
-// Short sequences at D=64 (an experiment, off by default): a grid of few 128-row query tiles leaves SMs
-// idle in its last (or only) wave. V5_D64_SMALL=1 compiles a second D=64 instance with the tile below
-// (3 blocks per SM) and the launcher picks the instance its wave count predicts to finish first;
-// V5_D64S_SPEED is the small tile's throughput per SM in thousandths of the big one's (the tile sweep at
-// M=N=2048, results/h200/v5_sweep.json: 1,226.7 us for 128x64 against 1,320.8 us for 64x64).
+// Short sequences at D=64: a grid of few 128-row query tiles leaves SMs idle in its last (or only) wave.
+// V5_D64_SMALL=1 (default) compiles a second D=64 instance with the tile below (3 blocks per SM) and the
+// launcher picks the instance its wave count predicts to finish first (small_tile_first); 0 compiles the
+// 128-row tile alone. V5_D64S_SPEED is the small tile's throughput per SM in thousandths of the big
+// one's (the tile sweep at M=N=2048, results/h200/v5_sweep.json: 1,226.7 us for 128x64 against
+// 1,320.8 us for 64x64). results/h200/v5_explore.json has both instances timed at M=N=512 to 4096.
 #ifndef V5_D64_SMALL
-#define V5_D64_SMALL 0
+#define V5_D64_SMALL 1
 #endif
 #ifndef V5_D64S_BR
 #define V5_D64S_BR 64
@@ -119,7 +125,7 @@
 #define V5_BLOCKED_PV 1
 #endif
 // The chapter's steps, one macro each; step k = step k-1 with one more macro set to 1 (the default build
-// has all of them at 1): register tiles alone (all 0); + cp.async; + exp2; + V5_BLOCKED_PV; + interleaving.
+// has all of them at 1): register tiles alone (all 0); + interleaving; + cp.async; + exp2; + V5_BLOCKED_PV.
 // 1: global->shared copies with cp.async, in the background behind half a tile of arithmetic;
 // 0: the same copies, at the same places, through registers (LDG then STS): each thread waits for its load.
 #ifndef V5_CP_ASYNC
@@ -613,7 +619,7 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
 }
 
 // [B_r, B_c, TM, TN, threads, shared bytes, registers, spill bytes, blocks/SM] of the head-dim-D kernel
-// on the current device (scripts/v5_sweep.py records these next to each tile shape's latency).
+// on the current device (`python -m flashattn.sweep` records these next to each tile shape's latency).
 std::vector<int64_t> kernel_info(int64_t D) {
   long long out[9] = {};
   const char* error = flash_attention_v5_info((int)D, out);
