@@ -410,9 +410,9 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
     return md("\n".join(lines) + "\n\n" + note)
 
 
-def step_sentence(version: str, step: int, file: str | None = None) -> str:
-    """What step `step` of the recorded chain did to the time, per head dim, as a sentence read from the
-    record (so that prose never carries a typed number)."""
+def step_sentence(version: str, step: int, file: str | None = None, columns=()) -> str:
+    """What step `step` of the recorded chain did to the time, per head dim, and to each of `columns`
+    (STEP_COLUMNS names), as a sentence read from the record (so that prose never carries a typed number)."""
     rows = [r for r in step_rows(version, file) if r["step"] == step]
     if not rows:
         return f"(step {step}: no recorded step chain yet, results/h200/{file or version + '_steps.json'})"
@@ -426,4 +426,8 @@ def step_sentence(version: str, step: int, file: str | None = None) -> str:
         else:
             parts.append(f"at D = {r['D']} it goes from {before['us']:,.1f} µs to {r['us']:,.1f} µs "
                          f"({r['vs_previous']:.2f}× the speed of the step before)")
+        for c in columns if before else ():
+            fmt = STEP_COLUMNS.get(c, ((), "{:,}"))[1]
+            if before.get(c) is not None and r.get(c) is not None:
+                parts[-1] += f", {c} {fmt.format(before[c])} → {fmt.format(r[c])}"
     return f"Step {step} ({rows[0]['change']}): " + "; ".join(parts) + "."
