@@ -193,9 +193,11 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 # Builds of kernels/v6_backward.cu compared by compare_layouts: the atomic mode's dK/dV kernel per head dim
 # (V6B_D*_LAYOUT; 0: bwd_dkdv, a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's
 # warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
-# 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j).
+# 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
+# (non-causal blocks ordered head-fastest, as the causal ones are).
 LAYOUT_VARIANTS = {f"v6_layout{n}": {"V6B_D64_LAYOUT": n, "V6B_D128_LAYOUT": n} for n in (0, 1, 2)}
 LAYOUT_VARIANTS.update({f"v6_layout2_fuse{f}": dict(LAYOUT_VARIANTS["v6_layout2"], V6B_SPLIT_FUSE=f) for f in (1, 3)})
+LAYOUT_VARIANTS["v6_layout2_heads"] = dict(LAYOUT_VARIANTS["v6_layout2"], V6B_SPLIT_HEADS_FIRST=1)
 
 
 def variant_module(name: str):

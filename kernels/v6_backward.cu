@@ -25,6 +25,13 @@
 //      Atomic mode (default): dS^T also goes to shared memory, and after one barrier each warp computes a
 //      16-row slice of dQ_i += dS K_j (A: dS through ldmatrix.trans of the stored dS^T; B: K_j through
 //      ldmatrix.trans) and adds it into the fp32 accumulator with red.global.add (.v2 on sm_90).
+//   2'. bwd_dkdv_split, the atomic mode's default (V6B_D64_LAYOUT / V6B_D128_LAYOUT = 2; 0 = bwd_dkdv):
+//      the same products, B_c = 128, B_r = 64, 8 warps, split over the warps like FlashAttention-2's sm80
+//      backward: S^T, dP^T 32 keys x 32 queries per warp; P^T and dS^T to shared memory (stmatrix on
+//      sm_90); dV_j, dK_j 32 keys x D/2 per warp; dQ_i 32 queries x D/4 per warp. Each warp reads fewer
+//      shared-memory bytes per mma than in bwd_dkdv, where every warp reads all of Q_i and dO_i (twice) for
+//      its 16 keys. Layout 1 is the split with 4-byte stores and bwd_dkdv's dQ split (the step between).
+//      dK and dV are bit-identical in every layout (the same sums in the same order).
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype.
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
 //      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
@@ -39,6 +46,9 @@
 //   red.global.add.v2.f32 is used on sm_90, two scalar atomics elsewhere.
 //
 // Tiles (bf16/fp16):
+//   bwd_dkdv_split: 8 warps, B_c = 128, B_r = 64. Shared memory: K_j, V_j (2 x 128 x D), Q_i and dO_i
+//             double-buffered (4 x 64 x D), P^T and dS^T (2 x 128 x 64), lse2 and D_i (2 x 2 x 64 floats):
+//             D=64 97 KB, D=128 161 KB, one block per SM (registers allow no more either).
 //   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode: 4 warps, B_c = 64, B_r = 64
 //             (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
 //             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
@@ -49,10 +59,13 @@
 //             double-buffered: D=64 48 KB, D=128 96 KB.
 //   Every tile row is stored with v6's XOR swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so
 //   each ldmatrix and ldmatrix.trans phase reads 8 distinct bank groups; the dS^T stores are 4-byte
-//   writes that hit 32 distinct banks (both checked by the numpy emulation in tests/test_backward.py).
+//   writes that hit 32 distinct banks, and so do bwd_dkdv_split's stmatrix phases (all checked by the
+//   numpy emulation in tests/test_backward.py).
 //   ptxas (nvcc 13.0, sm_90; nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu
-//   kernels/v6_backward.cu), registers per thread, bf16 and fp16 alike:
-//     bwd_dkdv atomic (8 warps):        D=64 239 (causal 242), D=128 255 (non-causal spills 4 bytes)
+//   kernels/v6_backward.cu, plus -DV6B_D64_LAYOUT=0 -DV6B_D128_LAYOUT=0 for bwd_dkdv atomic), registers
+//   per thread, bf16 and fp16 alike, no spills:
+//     bwd_dkdv_split (layout 2):        D=64 222, D=128 255 (causal 254)
+//     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
 //     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
 //
@@ -107,6 +120,10 @@
 // same for dV_j and dK_j (two independent mma chains for the scheduler to interleave).
 #ifndef V6B_SPLIT_FUSE
 #define V6B_SPLIT_FUSE 0
+#endif
+// bwd_dkdv_split without the causal mask: 1 orders the blocks head-fastest, as the causal kernel does.
+#ifndef V6B_SPLIT_HEADS_FIRST
+#define V6B_SPLIT_HEADS_FIRST 0
 #endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
@@ -594,8 +611,11 @@ __global__ void __launch_bounds__(256, 1)
   float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
   float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
 
+  // Causal (and V6B_SPLIT_HEADS_FIRST): consecutive blocks take the same key tile of different heads, so
+  // the blocks running at one time add into the dQ rows of many heads; otherwise the key tiles of one head
+  // are consecutive, and the blocks running at one time add into the same few query rows.
   int n_block, bh;
-  if (CAUSAL) {
+  if (CAUSAL || V6B_SPLIT_HEADS_FIRST) {
     bh = blockIdx.x % BH;
     n_block = (int)(blockIdx.x / BH);
   } else {
