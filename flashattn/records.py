@@ -405,8 +405,9 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
                         None)
     if metric_shape and any(c in columns for c in STEP_COLUMNS if c.startswith(("bank", "shared", "instr",
                                                                                    "occ", "stall"))):
-        note += (f" Counters: one launch under Nsight Compute at B, H, M, N, D = "
-                 f"{', '.join(map(str, metric_shape))} (stalls: cycles per issued instruction).")
+        note += (f" Counters: one launch under Nsight Compute at B, H, M, N = "
+                 f"{', '.join(map(str, metric_shape[:4]))} and the row's D (stalls: cycles per issued "
+                 f"instruction).")
     return md("\n".join(lines) + "\n\n" + note)
 
 

@@ -79,15 +79,15 @@
 // steps-table-begin
 //   D=64: B,H,M,N = 4,12,2048,2048; D=128: B,H,M,N = 2,16,8192,8192; bfloat16, non-causal; one interleaved
 //   run per D (us: median; x: vs the step before; regs, spill: ptxas; ok: odd-shape check against
-//   float64); NVIDIA H200 at ce83236:
+//   float64); NVIDIA H200 at 24123e3:
 //   step                        D=64  us      x  regs spill ok   D=128 us      x  regs spill ok
-//      1  P via shared memory      709.9      -   254     0 yes   14,820.0      -   255   108 yes
-//      2  P in registers           481.5   1.47   248     0 yes   12,360.0   1.20   255   108 yes
-//      3  padded rows              226.2   2.13   228     0 yes    4,225.0   2.93   255    48 yes
-//      4  swizzled rows            222.4   1.02   255     4 yes    4,107.5   1.03   255    60 yes
-//      5  ldmatrix                 194.8   1.14   232     0 yes    3,082.6   1.33   255     0 yes
-//      6  2 stages                 166.1   1.17   242     0 yes    2,918.5   1.06   255     0 yes
-//      7  1 barrier (default)      167.7   0.99   242     0 yes    2,837.6   1.03   255     0 yes
+//      1  P via shared memory      711.4      -   254     0 yes   14,832.1      -   255   108 yes
+//      2  P in registers           486.0   1.46   248     0 yes   12,361.5   1.20   255   108 yes
+//      3  padded rows              228.2   2.13   228     0 yes    4,228.5   2.92   255    48 yes
+//      4  swizzled rows            224.1   1.02   255     4 yes    4,126.3   1.02   255    60 yes
+//      5  ldmatrix                 195.9   1.14   232     0 yes    3,083.3   1.34   255     0 yes
+//      6  2 stages                 167.8   1.17   242     0 yes    2,879.5   1.07   255     0 yes
+//      7  1 barrier (default)      169.3   0.99   242     0 yes    2,865.4   1.00   255     0 yes
 // steps-table-end
 //
 // Training: forward_lse(q, k, v, causal) returns (o, lse) with lse float32 [B, H, M], the natural log of
