@@ -257,7 +257,7 @@ def phase_steps(phase: str) -> list[dict]:
             r = bench[v]
             err, at = _recorded_error(p["file"], p["dtype"], v)
             out.append(dict(version=v, name=label(v), change="", us=r["median_us"], tflops=r["tflops"], error=err,
-                            error_kind=f"at N={at}" if at else "", file=p["file"], run=p["file"]))
+                            error_kind=f"N={at}" if at else "", file=p["file"], run=p["file"]))
             continue
         file, variants = chain
         for r in variants:
@@ -266,7 +266,7 @@ def phase_steps(phase: str) -> list[dict]:
                 continue
             out.append(dict(version=v, name=f"{label(v)}: {r['name'].removeprefix('d64 ')}", change=r.get("change", ""),
                             us=us, tflops=_flops(r["shape"]) / us / 1e6, error=r.get("max_rel_error"),
-                            error_kind="max over odd shapes", file=file, run=file, correct=r.get("correct")))
+                            error_kind="odd shapes", file=file, run=file, correct=r.get("correct")))
     for i, s in enumerate(out):
         s["share"] = s["tflops"] * 1e12 / c[p["roof"]]
         s["vs_previous"] = out[i - 1]["us"] / s["us"] if i else None
@@ -291,7 +291,8 @@ def phase_table(phase: str):
     roof = ceilings()[p["roof"]] / 1e12
     return md("\n".join(lines) + f"\n\nB=4, H=12, M=N=2048, D=64, {p['dtype']}; FLOP = 4·B·H·M·N·D. Roof: the "
               f"measured {ROOF_OF[(p['dtype'], p['roof'] != 'fp32')][1]} GEMM ceiling, {roof:,.1f} TFLOP/s "
-              "(`results/h200/ceilings.json`). Within one record the steps were timed in one interleaved run; "
+              "(`results/h200/ceilings.json`). Errors: the benchmark's at the length given (N=...), or the largest over "
+              "a sweep's odd shapes. Within one record the steps were timed in one interleaved run; "
               "† marks a ratio between two different runs, which also carries their run-to-run spread.")
 
 
