@@ -291,8 +291,8 @@ def phase_table(phase: str):
     roof = ceilings()[p["roof"]] / 1e12
     return md("\n".join(lines) + f"\n\nB=4, H=12, M=N=2048, D=64, {p['dtype']}; FLOP = 4·B·H·M·N·D. Roof: the "
               f"measured {ROOF_OF[(p['dtype'], p['roof'] != 'fp32')][1]} GEMM ceiling, {roof:,.1f} TFLOP/s "
-              "(`results/h200/ceilings.json`). Errors: the benchmark's at the length given (N=...), or the largest over "
-              "a sweep's odd shapes. Within one record the steps were timed in one interleaved run; "
+              "(`results/h200/ceilings.json`). Errors: the benchmark's at the length given (N=...), or the largest "
+              "over a sweep's odd shapes. Within one record the steps were timed in one interleaved run; "
               "† marks a ratio between two different runs, which also carries their run-to-run spread.")
 
 
