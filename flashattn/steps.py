@@ -127,7 +127,8 @@ def target(key: str, names: list[str], warmup: int = 1) -> int:
 def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
     """--metrics: every correct variant under Nsight Compute in one process
     (flashattn.profile.collect_metrics); the counters of each variant's last launch land in its row's
-    "metrics". The report and its raw page stay in out_dir/<version>_steps_ncu.*."""
+    "metrics". The raw page of the report (every launch, in order) stays as out_dir/<version>_steps_ncu.raw.csv;
+    the report itself is deleted (tens of MB)."""
     from . import profile, sweep
     rows = [r for r in doc["variants"] if r.get("correct")]
     ncu = profile.find_ncu()
@@ -139,6 +140,8 @@ def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
               "--target", *[r["name"] for r in rows]]
     got = profile.collect_metrics(ncu, target, profile.kernel_filter(sweep.kernel_version(key)),
                                   len(rows) * (warmup + 1), out_dir / f"{sweep.kernel_version(key)}_steps_ncu")
+    report = out_dir / f"{sweep.kernel_version(key)}_steps_ncu.ncu-rep"
+    report.unlink(missing_ok=True)       # tens of MB for a dozen launches; its raw page (.raw.csv) stays
     launches = got.get("launches", [])
     for i, r in enumerate(rows):
         one = launches[i * (warmup + 1) + warmup] if len(launches) == len(rows) * (warmup + 1) else \

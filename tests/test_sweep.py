@@ -105,3 +105,19 @@ def test_step_sets_name_their_file_kernel_and_fit_one_sm():
     first, second = (sweep.geometry_of("v6-steps", sweep.VARIANTS["v6-steps"][f"d64 {n}"])["smem"]
                      for n in ("P via shared memory", "P in registers"))
     assert first - second == 2 * 128 * 64
+
+
+def test_recorded_step_counters_are_ncus_own_numbers():
+    """results/h200/v6_steps.json's counters per step are the values of the raw page ncu printed for that
+    step's profiled launch (v6_steps_ncu.raw.csv, launches in step order, each step's second one)."""
+    from flashattn import ncu
+    doc = json.loads((ROOT / "results" / "h200" / "v6_steps.json").read_text())
+    raw = ROOT / "results" / "h200" / "v6_steps_ncu.raw.csv"
+    profiled = [r for r in doc["variants"] if "counters" in (r.get("metrics") or {})]
+    if not profiled or not raw.exists():
+        pytest.skip("no step counters recorded yet")
+    rows = ncu.read_raw_rows(raw)
+    assert len(rows) == 2 * len(profiled)
+    for i, r in enumerate(profiled):
+        counters, stalls = ncu.raw_values(rows[2 * i + 1], ncu.STEP_METRICS)
+        assert counters == pytest.approx(r["metrics"]["counters"]) and stalls == pytest.approx(r["metrics"]["stalls"])
