@@ -69,7 +69,10 @@ def output_name(key: str) -> str:
 
 def _v5(D, B_r, B_c, TM, TN, **extra) -> Variant:
     tile = {f"V5_D{D}_BR": B_r, f"V5_D{D}_BC": B_c, f"V5_D{D}_TM": TM, f"V5_D{D}_TN": TN}
-    return Variant(D, {"V5_ONLY_D": D, **tile, **extra})
+    # the candidate tile alone: with V5_D64_SMALL the launcher would run its own 64-row tile on the small
+    # grids of the correctness check, and the candidate would go unchecked there
+    alone = {"V5_D64_SMALL": 0} if D == 64 else {}
+    return Variant(D, {"V5_ONLY_D": D, **tile, **alone, **extra})
 
 
 # kernels/v5.cu's steps: (name, macros set by the step, the one change from the step before). Interleaving
