@@ -460,3 +460,29 @@ def test_steps_bank_model(D):
     for r in range(16):
         for c in range(8):
             assert steps.smem_address(2, r, c, 0, 2 * D) == r * 2 * D + 16 * geometry.swizzle(r, c)
+
+
+@pytest.mark.parametrize("step", ["P via shared memory", "2 stages", FINAL])
+def test_steps_recorded_sass_counts_hold(step):
+    """The chapter's SASS columns come from results/h200/v6_steps.json; compiled here again (no GPU), each
+    step's hot loop has the recorded instruction counts, and the claims the chapter makes of them hold:
+    P through shared memory is the only step with STS in its loop, ldmatrix replaces the LDS, and the
+    final step has one BAR/DEPBAR fewer than the step before."""
+    import json
+
+    from flashattn import sass, steps
+    if sass.tool_missing_reason():
+        pytest.skip(sass.tool_missing_reason())
+    doc = json.loads((Path(__file__).resolve().parent.parent / "results" / "h200" / "v6_steps.json").read_text())
+    recorded = {r["name"]: r.get("sass_hot_loop") or {} for r in doc["variants"]}
+    for D in (64, 128):
+        variant = sweep.VARIANTS["v6-steps"][f"d{D} {step}"]
+        here = steps._hot_loops("v6", tuple(sweep.flags(variant)), [D])[D]
+        for cls in ("HMMA", "LDS", "LDSM", "STS", "BAR/sync", "MUFU"):
+            assert here[cls] == recorded[f"d{D} {step}"][cls], (step, D, cls)
+        assert here["HMMA"] == 2 * 2 * (64 // 8) * (D // 16)       # 2 products x 2 slices x B_c/8 x D/16
+        assert (here["STS"] > 0) == (step == "P via shared memory")
+        assert (here["LDSM"] > 0) == (step != "P via shared memory")
+    if step == FINAL:
+        assert all(recorded[f"d{D} {FINAL}"]["BAR/sync"] == recorded[f"d{D} 2 stages"]["BAR/sync"] - 1
+                   for D in (64, 128))
