@@ -53,7 +53,9 @@ def resources_table(version: str, only: str | None = None):
 def smem_traffic_table():
     """Shared-memory wavefronts against FFMA issue for V4's inner loop and V5's register tiles: an H200
     SM issues 4 warp-wide FFMA per clock but serves 1 shared-memory wavefront (128 bytes) per clock."""
-    rows = [("V4: lane owns 8 rows × 1 column, one d per step", 9, 8, "1 K float + 8 Q broadcasts")]
+    # V4 as compiled (book/v4.ipynb, "What limits it"): per step d, one scalar K load, and the 8 Q
+    # broadcasts of four steps merged into 8 LDS.128, i.e. 2 per step
+    rows = [("V4: lane owns 8 rows × 1 column, one d per step", 3, 8, "1 K float + 2 Q float4 broadcasts")]
     for TM, TN in ((4, 4), (4, 8), (8, 4), (8, 8)):
         rows.append((f"V5 with a {TM} × {TN} register tile, 4 d per step", TM + TN, 4 * TM * TN,
                      f"{TN} K + {TM} Q float4 loads"))
