@@ -34,6 +34,8 @@
 //          first choice: halving the shared-memory loads per FFMA beat the extra resident warps.
 //   D=128: B_r=128, B_c=64, TM=8, TN=4, 256 threads, 255 registers, 175,104 B -> 1 block per SM
 //          (2,534.2 us; the 2-blocks-per-SM 64x32 tile of 4x4 ran 2,909.2 us).
+//          SDPA's float32 kernel is faster at D=128: it runs its products on the tensor cores (CUTLASS's
+//          3xTF32, results/h200/sdpa_vs_v5_d128.*), which no FFMA tile here catches up with.
 //
 // Overlap: one K buffer and one V buffer form a two-stage cp.async pipeline across the two halves of a
 // tile: V_j is fetched while S_ij = Q_i K_j^T and the softmax run, and K_{j+1} is fetched while
