@@ -52,7 +52,13 @@ def _v6_kernel(name: str, D: int) -> bool:
     return len(a) == 9 and a[0] == "__nv_bfloat16" and a[1] == str(D) and a[5] == "false" and a[8] == "false"
 
 
-KERNEL_OF = {"v6": _v6_kernel}   # version -> which disassembled kernel is the timed one at head dim D
+def _v5_kernel(name: str, D: int) -> bool:
+    """v5::flash_v5_kernel<v5::Tiles<D, B_r, B_c, TM, TN>, UNROLL>: the head-dim-D tile that the timed shape
+    runs (at D=64 the 128-row one; the 64-row short-sequence tile is for small grids)."""
+    return f"Tiles<{D}, " in name and not (D == 64 and "Tiles<64, 64, " in name)
+
+
+KERNEL_OF = {"v6": _v6_kernel, "v5": _v5_kernel}   # version -> the disassembled kernel timed at head dim D
 
 
 _LOCK = threading.Lock()
