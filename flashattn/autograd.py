@@ -195,9 +195,15 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 # warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
 # 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
 # (non-causal blocks ordered head-fastest, as the causal ones are).
-LAYOUT_VARIANTS = {f"v6_layout{n}": {"V6B_D64_LAYOUT": n, "V6B_D128_LAYOUT": n} for n in (0, 1, 2)}
-LAYOUT_VARIANTS.update({f"v6_layout2_fuse{f}": dict(LAYOUT_VARIANTS["v6_layout2"], V6B_SPLIT_FUSE=f) for f in (1, 3)})
-LAYOUT_VARIANTS["v6_layout2_heads"] = dict(LAYOUT_VARIANTS["v6_layout2"], V6B_SPLIT_HEADS_FIRST=1)
+def _macros(layout: int, fuse: int = 0, heads_first: int = 0) -> dict:
+    return {"V6B_D64_LAYOUT": layout, "V6B_D128_LAYOUT": layout, "V6B_SPLIT_FUSE": fuse,
+            "V6B_SPLIT_HEADS_FIRST": heads_first}
+
+
+# every entry spells out all four macros, so that a change of the file's defaults changes no entry
+LAYOUT_VARIANTS = {"v6_layout0": _macros(0), "v6_layout1": _macros(1), "v6_layout2": _macros(2),
+                   "v6_layout2_fuse1": _macros(2, fuse=1), "v6_layout2_fuse3": _macros(2, fuse=3),
+                   "v6_layout2_heads": _macros(2, heads_first=1)}
 
 
 def variant_module(name: str):
@@ -257,17 +263,72 @@ def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torc
     return rows
 
 
+PROFILE_SHAPE = (2, 16, 8192, 128)   # B, H, M = N, D of the layouts' Nsight Compute record (non-causal)
+NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
+               "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,"
+               "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,"
+               "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,"
+               "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
+
+
+def profile_target(variants=tuple(LAYOUT_VARIANTS)) -> None:
+    """One backward of each build at PROFILE_SHAPE, in order: the program Nsight Compute runs (main's
+    --profile)."""
+    B, H, L, D = PROFILE_SHAPE
+    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, lse = forward_module("v6").forward_lse(q, k, v, False)
+    modules = [variant_module(name) for name in variants]   # built before the first profiled launch
+    for module in modules:
+        module.backward(q, k, v, o, lse, do, False, False)
+    torch.cuda.synchronize()
+
+
 def main(argv=None) -> int:
-    """The layout step (compare_layouts) at the four targets: python -c "from flashattn.autograd import
-    main; main(['--json', 'results/h200/backward_layouts.json'])" (not `python -m`: running this file as
-    __main__ would register the custom ops a second time if anything imports flashattn.autograd)."""
+    """The layout step at the four targets (compare_layouts), or with --profile its Nsight Compute record:
+
+        python -c "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"
+        python -c "from flashattn.autograd import main; main(['--profile', 'results/h200'])"
+
+    (not `python -m`: running this file as __main__ would register the custom ops a second time if
+    anything imports flashattn.autograd). --profile runs ncu on profile_target and writes
+    backward_layouts_ncu.raw.csv and backward_layouts_ncu.json (which kernel is which) into the folder."""
     import argparse
+    import json
+    import shutil
+    import subprocess
+    import sys
     from pathlib import Path
 
     from .bench import environment, write_json
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--json", type=Path, default=None, help="write {schema, runs: [{meta, rows}]} here")
+    parser.add_argument("--profile", type=Path, default=None, help="folder for the Nsight Compute record")
+    parser.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.profile_target:
+        profile_target()
+        return 0
+    if args.profile:
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            raise SystemExit("ncu (Nsight Compute) is not on PATH")
+        args.profile.mkdir(parents=True, exist_ok=True)
+        rep = args.profile / "backward_layouts_ncu"
+        cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv",
+               "--launch-count", str(len(LAYOUT_VARIANTS)), "--section", "SpeedOfLight", "--section", "WarpStateStats", "--metrics", NCU_METRICS,
+               "--export", str(rep), "--force-overwrite", sys.executable, "-c",
+               "from flashattn.autograd import main; main(['--profile-target'])"]
+        subprocess.run(cmd, check=True)
+        raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"], check=True,
+                             capture_output=True, text=True).stdout
+        (args.profile / "backward_layouts_ncu.raw.csv").write_text(raw)
+        B, H, L, D = PROFILE_SHAPE
+        info = {"shape": f"B={B}, H={H}, M=N={L}, D={D}, non-causal", "raw_csv": "backward_layouts_ncu.raw.csv",
+                "kernels": list(LAYOUT_VARIANTS), "command": " ".join(cmd[:-1]) + f' "{cmd[-1]}"',
+                "git_commit": environment([])["git"].get("commit")}
+        (args.profile / "backward_layouts_ncu.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"wrote {args.profile / 'backward_layouts_ncu.json'}")
+        return 0
     rows = compare_layouts()
     if args.json:
         meta = environment(argv)
