@@ -315,7 +315,8 @@ def main(argv=None) -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
         rep = args.profile / "backward_layouts_ncu"
         cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv",
-               "--launch-count", str(len(LAYOUT_VARIANTS)), "--section", "SpeedOfLight", "--section", "WarpStateStats", "--metrics", NCU_METRICS,
+               "--launch-count", str(len(LAYOUT_VARIANTS)), "--section", "SpeedOfLight",
+               "--section", "WarpStateStats", "--metrics", NCU_METRICS,
                "--export", str(rep), "--force-overwrite", sys.executable, "-c",
                "from flashattn.autograd import main; main(['--profile-target'])"]
         subprocess.run(cmd, check=True)
