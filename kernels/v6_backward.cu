@@ -69,9 +69,9 @@
 //     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
 //
-// Measured on H200 (bf16, one interleaved run per shape and causal flag, backward given dO, FLOPs =
-// 2.5 x 4*B*H*M*N*D, half for causal; TORCH_EXTENSIONS_DIR=/tmp/ext python3 -c "from flashattn.autograd
-// import main; main([])"). Run A built the atomic mode with 8 warps, run B (FLASHATTN_CUDA_FLAGS=
+// Measured on H200 with layout 0 (bwd_dkdv; bf16, one interleaved run per shape and causal flag, backward
+// given dO, FLOPs = 2.5 x 4*B*H*M*N*D, half for causal; by an earlier flashattn.autograd.main, which the
+// layout comparison below has replaced). Run A built the atomic mode with 8 warps, run B (FLASHATTN_CUDA_FLAGS=
 // "-DV6B_D64_WARPS=4 -DV6B_D128_WARPS=4") both modes with 4 warps; each run times v6 beside SDPA's
 // FlashAttention-2 and cuDNN backward, so the ratios are within one run:
 //   shape (bf16)             causal  atomic, 8 warps (A)   deterministic (B)   SDPA flash   cuDNN (A)
@@ -88,7 +88,19 @@
 //   deterministic mode with 8 warps was slower than with 4 (670.5, 369.5, 12,104.0, 6,034.6 us, run A).
 //   Below FlashAttention-2 at D=128: each warp re-reads all of Q_i and dO_i from shared memory for its
 //   16 keys (one ldmatrix per two mma), and 16 keys is what 255 registers allow; FA2 splits dK/dV over
-//   the head dim between warps and stages P and dS through shared memory instead.
+//   the head dim between warps and stages P and dS through shared memory instead (bwd_dkdv_split, below).
+// The dK/dV layouts (V6B_D*_LAYOUT, see bwd_dkdv_split), atomic mode, one interleaved run per row with
+// SDPA's FlashAttention-2 and cuDNN (results/h200/backward_layouts.json, commit 24123e3; python -c
+// "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"):
+//   shape (bf16)             causal   layout 0    layout 1    layout 2   SDPA flash       cuDNN
+//   B=4 H=12 M=N=2048 D=64   no           613.2       600.2       598.5       597.7       383.1
+//   B=2 H=16 M=N=8192 D=128  no        10,799.7     9,809.3     9,514.0     9,349.1     4,997.3
+//   B=4 H=12 M=N=2048 D=64   yes          348.3       345.4       342.1       428.8       292.5
+//   B=2 H=16 M=N=8192 D=128  yes        5,562.8     4,902.3     4,860.7     5,222.1     2,839.8
+//   Layout 2 against FlashAttention-2: 0.999x, 0.983x, 1.254x, 1.074x of its speed (rows in order):
+//   ahead with the causal mask, behind without it. Layout 2 is the default (faster than layout 0 at all
+//   four rows). The fused builds (V6B_SPLIT_FUSE) were no faster; docs/backward_notes.md and the chapter
+//   have them, and the Nsight Compute comparison of the layouts.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
