@@ -1,12 +1,12 @@
 """The order in which V8's consumer warpgroups use the tensor cores, from the kernel's barrier protocol.
 
-No timeline of V8 has been measured (no instrumented variant writes clock stamps), so this is a model:
-every warpgroup repeats "issue the tile's products, wait for them, run the softmax", the products of all
-warpgroups run one after another on the SM's tensor cores, and each phase takes an assumed duration. With
-ping-pong (kernels/v8.cu, V8_PINGPONG) warpgroup c may issue only after bar.sync on named barrier 1 + c,
-which warpgroup c - 1 completes with bar.arrive once it has issued; warpgroup 0 is let in first. Without
-it, every warpgroup issues as soon as its softmax is done. `simulate` plays that protocol out; the figure
-draws what it gives.
+This is a model; the measured timeline (clock stamps of kernels/v8.cu's V8_TRACE build) is
+flashattn.trace. In the model every warpgroup repeats "issue the tile's products, wait for them, run the
+softmax", the products of all warpgroups run one after another on the SM's tensor cores, and each phase
+takes an assumed duration. With ping-pong (kernels/v8.cu, V8_PINGPONG) warpgroup c may issue only after
+bar.sync on named barrier 1 + c, which warpgroup c - 1 completes with bar.arrive once it has issued;
+warpgroup 0 is let in first. Without it, every warpgroup issues as soon as its softmax is done.
+`simulate` plays that protocol out; the figure draws what it gives.
 """
 from __future__ import annotations
 

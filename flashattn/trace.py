@@ -1,10 +1,10 @@
 """V8's measured timeline: clock stamps written by the instrumented build (kernels/v8.cu, V8_TRACE=1).
 
-On the GPU, `python -m flashattn.trace [--out results/h200/v8_trace.json]` builds the traced kernel, runs
-it at the chapter's shapes, times it beside the untraced build (what the stamps cost) and writes a record.
-Everywhere else the functions below read that record: `timeline` turns one work item's stamps into
-segments (producer, consumer 0, consumer 1, ...), `fig_timeline` draws them, `summary` gives the medians
-over every traced item.
+On the GPU, `python -m flashattn.trace [--out results/h200/v8_trace.json] [--flags=-DV8_...=...]` builds
+the traced kernel (with a candidate's macros), runs it at the chapter's shapes, times it beside the
+untraced build (what the stamps cost) and writes a record. Everywhere else the functions below read that
+record: `timeline` turns one work item's stamps into segments (producer, consumer 0, consumer 1, ...),
+`fig_timeline` draws them, `summarize` gives the medians over the traced items, `table` prints them.
 
 The buffer (`buffer`) is [items][ROLES][1 + tiles][WORDS] int64: role 0 the producer, 1.. the consumer
 warpgroups; row 0 a header, row 1 + t the clock64 stamps of key tile t (-1: not written). The indices
@@ -137,8 +137,40 @@ def summarize(raw, ghz: float) -> dict:
     return out
 
 
-def summary(run: dict) -> dict:
-    return run["summary"]
+def label(shape: dict) -> str:
+    return (f"D={shape['D']}, B={shape['B']}, H={shape['H']}, M=N={shape['M']}"
+            + (", causal" if shape["causal"] else ""))
+
+
+# rows of `table`: summary key, what it measures
+ROWS = [("tile period", "one consumer's turn to its next turn (a key tile)"),
+        ("S = Q K^T", "S issued to its wait done"), ("softmax", "S done to softmax done"),
+        ("P V", "P V issued to its wait done"), ("turn wait", "waiting for the ping-pong turn"),
+        ("K wait", "waiting for K_j's TMA copy"), ("producer K slot wait", "producer waiting for a free K slot"),
+        ("prologue", "item start to its first S issued"), ("epilogue", "last P V done to O_i written"),
+        ("item", "one work item, start to O_i written")]
+
+
+def table(doc: dict) -> str:
+    """Markdown: the medians (ns) of every recorded shape side by side, the clock and what tracing cost."""
+    runs = doc["runs"]
+    head = "| median, ns | " + " | ".join(label(r["shape"]) for r in runs) + " |"
+    lines = [head, "|---" * (len(runs) + 1) + "|"]
+    for key, what in ROWS:
+        cells = [r["summary"].get(key) for r in runs]
+        lines.append(f"| {key} ({what}) | " + " | ".join("-" if c is None else f"{c:,.0f}" for c in cells) + " |")
+    alt = [r["summary"].get("alternating turns") for r in runs]
+    lines.append("| turns that alternate between the consumers | "
+                 + " | ".join("-" if a is None else f"{100 * a:.1f}%" for a in alt) + " |")
+    clocks = " | ".join(f"{r['clock_ghz']:.2f}" for r in runs)
+    lines.append(f"| SM clock, GHz (clock64 / globaltimer) | {clocks} |")
+    cost = []
+    for r in runs:
+        o = r.get("overhead_us", {})
+        ok = isinstance(o.get("traced"), float) and isinstance(o.get("untraced"), float)
+        cost.append(f"{o['untraced']:,.1f} -> {o['traced']:,.1f} us" if ok else "-")
+    lines.append("| untraced -> traced build, same interleaved run | " + " | ".join(cost) + " |")
+    return "\n".join(lines)
 
 
 def load(path: Path = RECORD) -> dict | None:
@@ -149,38 +181,37 @@ COLORS = {"K wait": "#bbbbbb", "turn wait": "#e8c547", "S = Q K^T": "#1f77b4", "
           "P V": "#2ca02c", "write O_i": "#9467bd", "K slot wait": "#bbbbbb", "V slot wait": "#dddddd"}
 
 
-def fig_timeline(run: dict, tiles: tuple[int, int] = (2, 6), item: int = 0, ax=None, show: bool = True):
-    """One work item's measured timeline over key tiles [tiles[0], tiles[1]): a row per role, a bar per
-    segment, products (S, P V) from issue to completed wait, so a bar's length includes any time the
-    product queued behind the other warpgroup's."""
+def fig_timeline(run: dict, tiles: tuple[int, int] = (4, 8), item: int = 0, ax=None, show: bool = True):
+    """One work item's measured timeline from consumer 0's turn for key tile tiles[0] to its turn for
+    tiles[1]: a row per role, a bar per segment (cut at the window's edges). Upper lane: S (issue to its
+    wait done) and the softmax; lower lane: P V (issue to its wait done), which runs under the next
+    softmax; thin bars: waits."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
     segs = timeline(run, item)
-    lo, hi = tiles
-    inside = [s for s in segs if lo <= s[2] < hi]
-    if not inside:
-        inside = segs
+    turns = {s[2]: s[4] for s in segs if s[0] == "consumer 0" and s[1] == "turn wait"}
+    lo, hi = turns.get(tiles[0], 0.0), turns.get(tiles[1], max(s[4] for s in segs))
+    inside = [(r, k, t, max(a, lo), min(b, hi)) for r, k, t, a, b in segs if b > lo and a < hi]
     rows = sorted({s[0] for s in segs}, key=lambda r: (r != "producer", r), reverse=True)
-    t_min = min(s[3] for s in inside)
     own = ax is None
     if own:
-        fig, ax = plt.subplots(figsize=(11, 0.7 + 0.75 * len(rows)))
-    for s in inside:
-        y = rows.index(s[0])
-        half = 0.18 if s[1] in ("P V", "V slot wait") else 0.0   # P V overlaps the softmax: a lower lane
-        ax.barh(y - half, (s[4] - s[3]) / 1e3, left=(s[3] - t_min) / 1e3, height=0.36 if half or s[1] in (
-                "softmax", "S = Q K^T") else 0.7, color=COLORS.get(s[1], "gray"), edgecolor="black", linewidth=0.3)
-        if s[1] in ("S = Q K^T",):
-            ax.text((s[3] + s[4]) / 2e3 - t_min / 1e3, y, str(s[2]), ha="center", va="center", fontsize=7,
+        fig, ax = plt.subplots(figsize=(11, 0.8 + 0.8 * len(rows)))
+    lanes = {"S = Q K^T": (0.2, 0.36), "softmax": (0.2, 0.36), "P V": (-0.2, 0.36), "write O_i": (-0.2, 0.36),
+             "K slot wait": (0.2, 0.36), "V slot wait": (-0.2, 0.36)}
+    for r, kind, t, a, b in inside:
+        dy, h = lanes.get(kind, (0.0, 0.8))
+        ax.barh(rows.index(r) + dy, (b - a) / 1e3, left=(a - lo) / 1e3, height=h, color=COLORS.get(kind, "gray"),
+                edgecolor="black", linewidth=0.3)
+        if kind in ("S = Q K^T", "P V") and b - a > 0.03 * (hi - lo):
+            ax.text((a + b) / 2e3 - lo / 1e3, rows.index(r) + dy, str(t), ha="center", va="center", fontsize=7,
                     color="white")
     ax.set_yticks(range(len(rows)), rows)
-    from matplotlib.patches import Patch
     kinds = [k for k in COLORS if any(s[1] == k for s in inside)]
     ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], ncol=len(kinds), fontsize=7,
-              loc="upper center", bbox_to_anchor=(0.5, -0.28 if own else -0.2))
-    shape = run["shape"]
-    ax.set_title(f"measured: one block, key tiles {lo}-{hi - 1} (B={shape['B']}, H={shape['H']}, M={shape['M']}, "
-                 f"N={shape['N']}, D={shape['D']}{', causal' if shape['causal'] else ''})", fontsize=9)
-    ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup)")
+              loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    ax.set_title(f"measured, one block: {label(run['shape'])}, from consumer 0's turn for key tile {tiles[0]} "
+                 f"to tile {tiles[1]} (numbers: key tile)", fontsize=9)
+    ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup, instrumented build)")
     if own:
         fig.tight_layout()
         if show:
@@ -252,7 +283,8 @@ def overhead(shape: dict, traced, plain) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RECORD)
-    ap.add_argument("--flags", nargs="*", default=[], help="extra -D flags for both builds (a candidate)")
+    ap.add_argument("--flags", action="append", default=[],
+                    help="an extra -D flag for both builds, as --flags=-DNAME=VALUE (repeat for more)")
     args = ap.parse_args(argv)
     from . import bench, loader
     traced = build(args.flags, name="trace" + "".join(f.replace("-D", "_").replace("=", "") for f in args.flags))

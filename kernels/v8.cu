@@ -1,6 +1,6 @@
 // v8: v7 plus FlashAttention-3's scheduling -- warp specialization, a register split between the roles,
-// ping-pong between consumer warpgroups and the softmax of one tile overlapped with the products of the
-// next. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128. Needs an sm_90a build
+// ping-pong between consumer warpgroups, the softmax of one tile overlapped with the products of the
+// next, and persistent blocks. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200).
 //
 // What changed from v7 (same products, same TMA tiles and swizzle, same online softmax):
@@ -24,10 +24,21 @@
 //     wgmma in flight across a branch, so the mask is a template choice (a loop over the tiles that
 //     need none, then one over those that do) rather than v7's run-time test; even so it schedules
 //     part of the softmax after the second wait, to start packing P early -- in the unmasked loop
-//     about 2/3 of the exponentials (D=128) or 1/3 (D=64, 160 registers) run inside the overlap.
+//     about 2/3 of the exponentials (D=128) or 1/3 (D=64, 160 registers) run inside the overlap;
+//   * persistent blocks (V8_PERSISTENT): one block per SM loops over work items (Q_i row blocks). The
+//     clock stamps of the trace build (V8_TRACE, flashattn/trace.py) showed each block waiting before
+//     its first product (Q_i and K_0 in flight) and writing O_i after its last, each for a large part
+//     of a key tile's time (results/h200/v8_trace_nonpersistent.json); in a persistent block the producer fetches the next item's Q_i (once every S of the item is done:
+//     the Q_i-empty barrier) and K/V tiles while the consumers finish, and the K/V ring and the ping-
+//     pong turns carry on from item to item. Causal items come longest first; taken in plain bands
+//     (block c: items c, G + c, ...) the causal D=64 kernel was slower than one block per item, taken
+//     in a snake order (V8_SNAKE) it was faster (results/h200/v8_candidates_run1.json, v8_candidates.json).
+//     With the persistent loop the non-causal D=64 kernel keeps almost no exponential inside the overlap
+//     window, and is faster all the same.
 //   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
 //   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
-//   masked; the row blocks with the most key tiles are launched first. No persistent grid yet.
+//   masked; the row blocks with the most key tiles go first (launched first, or, persistent, taken
+//   first, in a snake order over the blocks: V8_SNAKE).
 //   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
 //   computes and thread 0 also copies; v7's tiles (2 warpgroups and two blocks per SM at D=64, 3 at
 //   D=128).
@@ -126,22 +137,34 @@
 #ifndef V8_STAGES
 #define V8_STAGES 2
 #endif
+// Scheduling across blocks:
+//   V8_PERSISTENT     (on with the producer) grid = one block per SM, each looping over work items (a
+//                     Q_i block of one head): the producer loads the next item's Q_i and first K/V
+//                     tiles while the consumers finish the last P V and write O_i, and the ping-pong
+//                     turns run on across items. V8_D64_PERSISTENT / V8_D128_PERSISTENT per head dim,
+//                     V8_D64_CAUSAL_PERSISTENT for the causal D=64 kernel (persistent with the snake
+//                     order below; with plain bands it was slower than one block per item);
+//   V8_SNAKE          (causal, persistent) a block takes items c, 2G - 1 - c, 2G + c, ... (G blocks)
+//                     rather than c, G + c, ...: items come longest first, so the mirror evens out the
+//                     blocks' sums of key tiles.
 // Candidates measured against the default (each off unless set):
-//   V8_D*_PERSISTENT  grid = one block per SM, each looping over work items (a Q_i block of one head):
-//                     the producer loads the next item's Q_i and first K/V tiles while the consumers
-//                     finish the last P V and write O_i; the ping-pong turns run on across items
-//                     (V8_PERSISTENT sets both head dims);
 //   V8_D64_CAUSAL_WG  consumer warpgroups of the causal D=64 kernel (default: V8_D64_WG);
 //   V8_CLOCK_FENCE    a clock read after the overlapped softmax: ptxas no longer schedules part of it
 //                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same).
 #ifndef V8_PERSISTENT
-#define V8_PERSISTENT 0
+#define V8_PERSISTENT V8_SPECIALIZE
 #endif
 #ifndef V8_D64_PERSISTENT
 #define V8_D64_PERSISTENT V8_PERSISTENT
 #endif
 #ifndef V8_D128_PERSISTENT
 #define V8_D128_PERSISTENT V8_PERSISTENT
+#endif
+#ifndef V8_D64_CAUSAL_PERSISTENT
+#define V8_D64_CAUSAL_PERSISTENT V8_D64_PERSISTENT
+#endif
+#ifndef V8_SNAKE
+#define V8_SNAKE 1
 #endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
@@ -504,13 +527,19 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     }
   };
   const int items = m_blocks * BH;
-  // the first item of this block after `item` that has a key tile (items when none is left)
-  auto next_item = [&](int item) {
-    for (item += gridDim.x; item < items; item += gridDim.x) {
-      set_item(item);
-      if (n_tiles > 0) break;
+  // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
+  // only grow with k, so the first k past the end ends the loop.
+  auto item_at = [&](int k) {
+    const int c = (CAUSAL && V8_SNAKE && (k & 1)) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    return k * (int)gridDim.x + c;
+  };
+  // the first k' > k whose item has a key tile (its set_item done), or -1
+  auto next_k = [&](int k) {
+    for (++k; item_at(k) < items; ++k) {
+      set_item(item_at(k));
+      if (n_tiles > 0) return k;
     }
-    return min(item, items);
+    return -1;
   };
   // K/V tiles loaded (producer) or used (consumers) by this block before the current item: tile t of the
   // item is the block's tile kv_base + t of the ring (slot and phase). Always 0 without PERSISTENT.
@@ -898,8 +927,8 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       if (tid == 0) {
         if constexpr (PERSISTENT) {
           int q_loads = 0;   // items without a key tile have nothing to load (the consumers zero them)
-          for (int item = next_item((int)blockIdx.x - (int)gridDim.x); item < items; item = next_item(item)) {
-            produce(item, q_loads++);
+          for (int k = next_k(-1); k >= 0; k = next_k(k)) {
+            produce(item_at(k), q_loads++);
             kv_base += n_tiles;
           }
         } else {
@@ -910,14 +939,15 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       if constexpr (SETMAXNREG) setmaxnreg_inc<Registers<NWG>::CONSUMER>();
       if constexpr (PERSISTENT) {
         int q_loads = 0;
-        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        for (int k = 0; item_at(k) < items; ++k) {
+          const int item = item_at(k);
           set_item(item);
           if (n_tiles == 0) {
             write_zeros(tid - 128, 128 * NWG);
             continue;
           }
-          const bool last_item = next_item(item) == items;
-          set_item(item);   // next_item moved the item state on
+          const bool last_item = next_k(k) < 0;
+          set_item(item);   // next_k moved the item state on
           consume(wg - 1, item, q_loads & 1, q_loads == 0, last_item);
           ++q_loads;
           kv_base += n_tiles;
@@ -996,7 +1026,8 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
   const int m_blocks = (M + L::BR - 1) / L::BR;
   const long long BH = (long long)B * H;
   const long long blocks = (long long)m_blocks * BH;
-  if (blocks > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
+  // (persistent: an item index may run one grid past the last item)
+  if (blocks + (PERSISTENT ? 4096 : 0) > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
   if (trace.buffer != nullptr && trace.tiles < (N + BC - 1) / BC)
     return "v8: the trace buffer has too few tile rows for N";
   // persistent: one block per SM (the most that fit), each taking items blockIdx.x, + gridDim.x, ...
@@ -1027,7 +1058,8 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int
   constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
     return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
-                  V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D64_PERSISTENT != 0>(
+                  V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
+                  (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0>(
         q, k, v, o, B, H, M, N, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,

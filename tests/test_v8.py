@@ -39,19 +39,20 @@ from flashattn import sass as sass_tools  # noqa: E402
 # The chapter's steps, one change each (macros of kernels/v8.cu); "default" is the last step.
 VARIANTS = {
     "spec0": ["-DV8_SPECIALIZE=0"],                                       # v7's loop on v8's barriers
-    "spec": ["-DV8_SETMAXNREG=0", "-DV8_PINGPONG=0", "-DV8_OVERLAP=0"],   # + producer warpgroup
-    "setmaxnreg": ["-DV8_PINGPONG=0", "-DV8_OVERLAP=0"],                 # + register split
-    "pingpong": ["-DV8_OVERLAP=0"],                                       # + ping-pong
-    "default": [],                                                        # + intra-warpgroup overlap
-    "overlap_nopp": ["-DV8_PINGPONG=0"],                                  # overlap without ping-pong
+    "spec": ["-DV8_SETMAXNREG=0", "-DV8_PINGPONG=0", "-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],   # + producer
+    "setmaxnreg": ["-DV8_PINGPONG=0", "-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],                # + register split
+    "pingpong": ["-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],                  # + ping-pong
+    "overlap": ["-DV8_PERSISTENT=0"],                                     # + intra-warpgroup overlap
+    "default": [],                                                        # + persistent blocks
+    "overlap_nopp": ["-DV8_PINGPONG=0", "-DV8_PERSISTENT=0"],             # overlap without ping-pong
     "stages3": ["-DV8_STAGES=3"],                                         # a third K/V slot
     "bc176": ["-DV8_D128_BC=176"],                                        # D=128: FlashAttention-3's B_c
     "d64wg2": ["-DV8_D64_WG=2"],                                          # D=64: B_r = 128, 2 consumers
-    # candidates of issue 13's scheduling work (docs/v8_notes.md)
+    # candidates (docs/v8_notes.md, results/h200/v8_candidates*.json): none became the default
     "clockfence": ["-DV8_CLOCK_FENCE=1"],                                 # the whole softmax in the overlap
-    "persistent": ["-DV8_PERSISTENT=1"],                                  # one block per SM, items in a loop
-    "persistent_cf": ["-DV8_PERSISTENT=1", "-DV8_CLOCK_FENCE=1"],         # both
     "causal_wg2": ["-DV8_D64_CAUSAL_WG=2"],                               # causal D=64: B_r = 128
+    "causal_per_item": ["-DV8_D64_CAUSAL_PERSISTENT=0"],                  # causal D=64: a block per item
+    "nosnake": ["-DV8_SNAKE=0"],                                          # causal items in plain bands
 }
 
 
@@ -142,10 +143,12 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
             assert windows, f"{name}: no wait for one group of two"
             for _, _, clobbered in windows:
                 assert not clobbered, f"{name}: writes a register the P V product in flight uses: {clobbered[:3]}"
-            if variant == "default":
+            persistent_d64 = head_dim(name) == 64 and "Lb1EEEv" in name   # the last template bool: PERSISTENT
+            if variant in ("overlap", "default") and not persistent_d64:
                 # ptxas schedules part of the softmax after the wait (it starts packing P as soon as it
                 # can); the unmasked loop must still run a good share of its exponentials in the window
-                # (before the fix in the kernel's comments, none did)
+                # (before the fix in the kernel's comments, none did). The persistent D=64 kernel keeps
+                # almost none there and was still measured faster (docs/v8_notes.md): not asserted.
                 tile = 176 if "Li176E" in name else 128
                 assert max(n for _, n, _ in windows) >= tile // 8, f"{name}: softmax not overlapped: {windows}"
             if "-DV8_CLOCK_FENCE=1" in flags:
@@ -225,13 +228,13 @@ def test_many_heads_tail_tiles_stay_in_their_head(v8):
 
 @needs_gpu
 @needs_hopper
-@pytest.mark.parametrize("variant", ["persistent", "persistent_cf"])
+@pytest.mark.parametrize("variant", ["default", "nosnake", "clockfence"])
 def test_persistent_blocks_take_several_items(variant):
     """More work items than SMs, so that blocks loop: the K/V ring, Q_i's reuse and the ping-pong turns carry
     over from one item to the next; causal with M > N puts items without any key among them."""
     mod = build_v8(variant)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for B, H, M, N in [(4, 20, 300, 517), (4, 20, 700, 150), (2, 40, 129, 1000)]:
+    for B, H, M, N in [(4, 20, 300, 517), (4, 20, 700, 150), (2, 70, 129, 1000)]:
         for D in (64, 128):
             assert B * H * -(-M // 128) > sms   # the loop runs (B_r is 192 or 128)
             for causal in (False, True):
