@@ -129,11 +129,14 @@
 #define V6B_D128_LAYOUT 2
 #endif
 // bwd_dkdv_split: bit 1 computes S^T and dP^T in one k loop instead of one after the other, bit 2 the
-// same for dV_j and dK_j (two independent mma chains for the scheduler to interleave).
+// same for dV_j and dK_j (two independent mma chains for the scheduler to interleave). Measured no faster
+// (results/h200/backward_layouts.json), so it stays off.
 #ifndef V6B_SPLIT_FUSE
 #define V6B_SPLIT_FUSE 0
 #endif
 // bwd_dkdv_split without the causal mask: 1 orders the blocks head-fastest, as the causal kernel does.
+// Measured against 0 in one interleaved run: no difference beyond run-to-run spread
+// (results/h200/backward_heads.json), so it stays off.
 #ifndef V6B_SPLIT_HEADS_FIRST
 #define V6B_SPLIT_HEADS_FIRST 0
 #endif
