@@ -211,7 +211,8 @@ SWEEP_CHAINS = {
            ("d64 spec", "a producer warpgroup issues the copies (V8_SPECIALIZE=1)"),
            ("d64 setmaxnreg", "registers moved from producer to consumers (V8_SETMAXNREG=1)"),
            ("d64 pingpong", "consumer warpgroups take turns on the tensor cores (V8_PINGPONG=1)"),
-           ("d64 overlap (default)", "softmax of one tile under the products of the next (V8_OVERLAP=1)")),
+           ("d64 overlap", "softmax of one tile under the products of the next (V8_OVERLAP=1)"),
+           ("d64 persistent (default)", "one block per SM loops over the row blocks (V8_PERSISTENT=1)")),
 }
 PHASES = {
     "fp32": dict(title="float32 on CUDA cores", roof="fp32", dtype="float32", file="bench.json",

@@ -130,16 +130,17 @@ VARIANTS: dict[str, dict[str, Variant]] = {
     },
     # The steps of the V8 chapter, one change each (tests/test_v8.py VARIANTS), at both head dims, then the
     # extras: a third stage, FlashAttention-3's B_c = 176 (D=128), 2 consumers at D=64, overlap without
-    # ping-pong. "spec0" is v7's loop on v8's barriers (no producer).
+    # ping-pong. "spec0" is v7's loop on v8's barriers (no producer); the last step adds persistent blocks.
     "v8": {f"d{D} {name}": Variant(D, macros) for D in (64, 128) for name, macros in (
         ("spec0", {"V8_SPECIALIZE": 0}),
-        ("spec", {"V8_SETMAXNREG": 0, "V8_PINGPONG": 0, "V8_OVERLAP": 0}),
-        ("setmaxnreg", {"V8_PINGPONG": 0, "V8_OVERLAP": 0}),
-        ("pingpong", {"V8_OVERLAP": 0}),
-        ("overlap (default)", {}),
+        ("spec", {"V8_SETMAXNREG": 0, "V8_PINGPONG": 0, "V8_OVERLAP": 0, "V8_PERSISTENT": 0}),
+        ("setmaxnreg", {"V8_PINGPONG": 0, "V8_OVERLAP": 0, "V8_PERSISTENT": 0}),
+        ("pingpong", {"V8_OVERLAP": 0, "V8_PERSISTENT": 0}),
+        ("overlap", {"V8_PERSISTENT": 0}),
+        ("persistent (default)", {}),
         ("stages3", {"V8_STAGES": 3}),
         ("bc176" if D == 128 else "d64wg2", {"V8_D128_BC": 176} if D == 128 else {"V8_D64_WG": 2}),
-        ("overlap_nopp", {"V8_PINGPONG": 0}),
+        ("overlap_nopp", {"V8_PINGPONG": 0, "V8_PERSISTENT": 0}),
     )},
     # The V6 chapter's steps (issue 12), one interleaved run per head dim; docs/v6_notes.md says why each.
     "v6-steps": steps.v6_chain(Variant),

@@ -77,11 +77,11 @@ def test_v8_variants_are_the_chapter_steps_and_fit_one_sm():
     variants = sweep.VARIANTS["v8"]
     as_flags = {n: sorted(f"-D{k}={v}" for k, v in var.macros.items()) for n, var in variants.items()}
     for name, flags in TESTED.items():
-        step = "overlap (default)" if name == "default" else name
+        step = "persistent (default)" if name == "default" else name
         timed = [n for n in variants if n.split(" ", 1)[1] == step]
         assert timed, f"test_v8 step {name} is not timed by the sweep"
         assert all(as_flags[n] == sorted(flags) for n in timed), (name, timed)
-    steps = ["spec0", "spec", "setmaxnreg", "pingpong", "overlap (default)"]
+    steps = ["spec0", "spec", "setmaxnreg", "pingpong", "overlap", "persistent (default)"]
     for D in (64, 128):
         chain = [variants[f"d{D} {s}"].macros for s in steps]
         for before, after in zip(chain[1:], chain[2:]):        # past spec0: each step drops one switch
