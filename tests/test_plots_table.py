@@ -11,7 +11,7 @@ from flashattn import plots, table
 from flashattn.versions import INFO, VERSIONS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
-REPORTS = sorted(RESULTS.glob("*.ncu-rep"))
+REPORTS = sorted(RESULTS.glob("flash_*_profile.ncu-rep"))   # the version profiles (others: one-off comparisons)
 BENCH = RESULTS / "bench.json"
 
 pytest.importorskip("matplotlib")
