@@ -63,41 +63,45 @@
 //   FlashAttention-3's key tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB of shared memory).
 //   tests/test_v8.py checks the split in the SASS.
 //
-// What the steps measured, before the persistent step (the rows' macros then had no V8_PERSISTENT and
-// "(this build)" was the non-persistent kernel): `python -m flashattn.sweep v8` (v8_sweep.json; H200, bf16,
-// non-causal, B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim
-// beside v7 and SDPA's backends in one interleaved run, L2 flushed, median; registers: ptxas's
-// per-thread figure at launch (the cap that setmaxnreg then splits), blocks per SM):
-//   variant                  macros                                                us  regs blk/SM
-//   d64 spec0                V8_SPECIALIZE=0                                    115.8   127      2
-//   d64 spec                 V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0         126.8   127      1
-//   d64 setmaxnreg           V8_PINGPONG=0 V8_OVERLAP=0                         131.7   128      1
-//   d64 pingpong             V8_OVERLAP=0                                       118.4   128      1
-//   d64 overlap (then default) (this build)                                     115.7   128      1
-//   d64 stages3              V8_STAGES=3                                        115.6   128      1
-//   d64 d64wg2               V8_D64_WG=2                                        133.6   168      1
-//   d64 overlap_nopp         V8_PINGPONG=0                                      126.0   128      1
-//   d128 spec0               V8_SPECIALIZE=0                                  1,835.0   165      1
-//   d128 spec                V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0       2,079.9   165      1
-//   d128 setmaxnreg          V8_PINGPONG=0 V8_OVERLAP=0                       2,027.0   168      1
-//   d128 pingpong            V8_OVERLAP=0                                     1,779.9   168      1
-//   d128 overlap (then default)(this build)                                   1,723.1   168      1
-//   d128 stages3             V8_STAGES=3                                      1,753.1   168      1
-//   d128 bc176               V8_D128_BC=176                                   1,703.2   168      1
-//   d128 overlap_nopp        V8_PINGPONG=0                                    1,824.9   168      1
-//   same run: v7 114.0 / 1,736.9; sdpa_cudnn 120.9 / 1,614.3; sdpa_flash 184.0 / 3,289.0 us (D=64 / D=128).
-//   In this run: at D=128 specialization alone lost to v7's loop and setmaxnreg did not win it back;
-//   ping-pong and the overlap brought v8 level with v7, still behind cuDNN; at D=64 no step beat v7
-//   (the V8 chapter reads each step; run-to-run spread at D=128 is several percent). The persistent
+// What the steps measured: `python -m flashattn.sweep v8` (results/h200/v8_sweep.json; H200, bf16, non-causal,
+// B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim beside v7 and SDPA's
+// backends in one interleaved run, L2 flushed, median; registers: ptxas's per-thread figure at launch (the cap
+// that setmaxnreg then splits), blocks per SM). Written from the record, not by hand:
+//   variant                    macros                                                           us  regs blk/SM
+//   d64 spec0                  V8_SPECIALIZE=0                                               115.6   127      2
+//   d64 spec                   V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0    127.5   127      1
+//   d64 setmaxnreg             V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0                    131.6   128      1
+//   d64 pingpong               V8_OVERLAP=0 V8_PERSISTENT=0                                  119.1   128      1
+//   d64 overlap                V8_PERSISTENT=0                                               115.7   128      1
+//   d64 persistent (default)   (this build)                                                  108.8   128      1
+//   d64 stages3                V8_STAGES=3                                                   108.5   128      1
+//   d64 d64wg2                 V8_D64_WG=2                                                   126.6   168      1
+//   d64 overlap_nopp           V8_PINGPONG=0 V8_PERSISTENT=0                                 125.7   128      1
+//   d128 spec0                 V8_SPECIALIZE=0                                             1,667.7   165      1
+//   d128 spec                  V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0  1,842.4   165      1
+//   d128 setmaxnreg            V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0                  1,855.0   168      1
+//   d128 pingpong              V8_OVERLAP=0 V8_PERSISTENT=0                                1,706.8   168      1
+//   d128 overlap               V8_PERSISTENT=0                                             1,626.3   168      1
+//   d128 persistent (default)  (this build)                                                1,595.2   168      1
+//   d128 stages3               V8_STAGES=3                                                 1,570.7   168      1
+//   d128 bc176                 V8_D128_BC=176                                              1,549.7   168      1
+//   d128 overlap_nopp          V8_PINGPONG=0 V8_PERSISTENT=0                               1,655.3   168      1
+//   same run: v7 114.7 / 1,626.3; sdpa_cudnn 120.8 / 1,694.3; sdpa_flash 185.1 / 3,091.8 us (D=64 / D=128).
+//   (meta: commit a1ec2e6)
+//   In this run: specialization alone lost to v7's loop at both head dims and setmaxnreg did not win it
+//   back; ping-pong and the overlap brought v8 level with v7; persistent blocks were the first step ahead of
+//   v7 and of cuDNN at both head dims. Three stages and FlashAttention-3's B_c = 176 (D=128) ran faster
+//   still in this one run; they are not the default because earlier runs had them mixed (docs/v8_notes.md,
+//   run-to-run spread at D=128 is several percent). The persistent
 //   step and the other candidates: results/h200/v8_candidates_run1.json and v8_candidates.json (three
 //   interleaved runs each beside v7 and cuDNN; the chapter's "Persistent blocks" prints them; notes in
 //   docs/v8_notes.md). The lines below are written by
 //   scripts/update_tables.sh from results/h200/bench_v8.json, never by hand.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 115.8 us median, 1.04x SDPA's speed, 1.59x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 77.7 us median, 1.06x SDPA's speed, 1.67x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,684.2 us median, 0.98x SDPA's speed, 1.99x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 891.3 us median, 1.06x SDPA's speed, 2.05x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 109.0 us median, 1.11x SDPA's speed, 1.70x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 71.6 us median, 1.16x SDPA's speed, 1.82x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,631.4 us median, 1.05x SDPA's speed, 2.06x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 846.3 us median, 1.12x SDPA's speed, 2.09x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
