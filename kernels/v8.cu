@@ -414,10 +414,17 @@ __device__ __forceinline__ void trace_store(unsigned long long* p, uint64_t v, b
   const bool traced = (int)(item) < trace_items && (on)
 #define V8_STAMP(t, ev) trace_store(trace_row + (1 + (t)) * TRACE_WORDS + (ev), clock_now(), traced)
 #define V8_HEAD(field, value) trace_store(trace_row + (field), (uint64_t)(value), traced)
+// What every traced row starts with: where and when it ran, and which item it is.
+#define V8_HEADS()                                                                                       \
+  do {                                                                                                   \
+    V8_HEAD(H_SMID, sm_id()); V8_HEAD(H_GT0, global_ns()); V8_HEAD(H_CLK0, clock_now());                  \
+    V8_HEAD(H_TILES, n_tiles); V8_HEAD(H_M_BLOCK, m_block); V8_HEAD(H_BH, bh);                           \
+  } while (0)
 #else
 #define V8_TRACE_ROW(role, item, on) ((void)0)
 #define V8_STAMP(t, ev) ((void)0)
 #define V8_HEAD(field, value) ((void)0)
+#define V8_HEADS() ((void)0)
 #endif
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
@@ -602,12 +609,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
   auto consume = [&](const int cwg, const int item, const uint32_t q_phase, const bool first_item,
                      const bool last_item) {
     V8_TRACE_ROW(1 + cwg, item, wq == 0 && lane == 0);
-    V8_HEAD(H_SMID, sm_id());
-    V8_HEAD(H_GT0, global_ns());
-    V8_HEAD(H_CLK0, clock_now());
-    V8_HEAD(H_TILES, n_tiles);
-    V8_HEAD(H_M_BLOCK, m_block);
-    V8_HEAD(H_BH, bh);
+    V8_HEADS();
     const int g = lane >> 2, q = lane & 3;
     const int warp_row0 = m0 + cwg * 64 + wq * 16;   // first of this warp's 16 rows
     const uint32_t q_base = sQ + cwg * 64 * 128;      // this warpgroup's rows start 64 x 128 bytes in
@@ -895,12 +897,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
   // of by the previous item's last S (q_loads: Q_i loads before this one).
   auto produce = [&](const int item, const int q_loads) {
     V8_TRACE_ROW(0, item, true);
-    V8_HEAD(H_SMID, sm_id());
-    V8_HEAD(H_GT0, global_ns());
-    V8_HEAD(H_CLK0, clock_now());
-    V8_HEAD(H_TILES, n_tiles);
-    V8_HEAD(H_M_BLOCK, m_block);
-    V8_HEAD(H_BH, bh);
+    V8_HEADS();
     V8_STAMP(0, P_KWAIT);
     if constexpr (PERSISTENT) {
       load_k(0);
