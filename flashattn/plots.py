@@ -56,12 +56,19 @@ def roofline(points: list[dict], title: str | None = None, ax=None):
                 ax.plot(x, np.minimum(peak, dram * x), style, color="0.25", lw=1.5,
                         label=f"{name} roof {peak / 1e12:,.1f} TFLOP/s, DRAM {dram / 1e12:,.2f} TB/s")
                 ax.axvline(peak / dram, color="0.7", lw=0.8, ls=":")
-    for i, p in enumerate(points):
+    placed = []                       # (log10 x, log10 y, side) of the labels drawn so far, highest first
+    for i, p in sorted(enumerate(points), key=lambda ip: -(ip[1].get("flops_per_s") or 0)):
         if not p.get("intensity") or not p.get("flops_per_s"):
             continue
         ax.plot(p["intensity"], p["flops_per_s"], "o", ms=8, color=f"C{i % 10}")
+        lx, ly = np.log10(p["intensity"]), np.log10(p["flops_per_s"])
+        # points within a few label heights of each other (V6-V8 sit together) take turns right and left
+        taken = {side for qx, qy, side in placed if abs(qx - lx) < 0.12 and abs(qy - ly) < 0.15}
+        side = next(s for s in ("right", "left", "above") if s not in taken) if len(taken) < 3 else "right"
+        placed.append((lx, ly, side))
+        offset, ha = {"right": ((6, -12), "left"), "left": ((-8, -12), "right"), "above": ((6, 6), "left")}[side]
         ax.annotate(p["label"], (p["intensity"], p["flops_per_s"]), textcoords="offset points",
-                    xytext=(6, -12), fontsize=10)
+                    xytext=offset, ha=ha, fontsize=10)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
            ylabel="performance [FLOP/s]", title=title or "Roofline (Nsight Compute metrics)")
     ax.grid(True, which="both", alpha=0.25)
