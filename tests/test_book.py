@@ -6,12 +6,14 @@ stored outputs are rendered). Set BOOK_BUILT=1 to reuse a fresh `_build/html` in
 The browser part opens every chapter in headless Chromium (Debian's `chromium` and `chromium-driver`,
 driven by selenium) through a localhost http.server and checks that the page loads, that its figures are
 decoded images of non-zero size, that math is typeset by MathJax (served from the book itself, so no
-network is needed), and that every internal link points at an existing file and anchor. Screenshots of two
-pages go to _build/screenshots/ for a reviewer. Without chromium the browser tests are skipped with the
-reason (the GPU host has none; CI installs `apt-get install -y chromium chromium-driver`).
+network is needed), and that every internal link points at an existing file and anchor. Full-page
+screenshots of the chapters in SHOT_PAGES go to _build/screenshots/ for a reviewer. Without chromium the
+browser tests are skipped with the reason (the GPU host has none; CI installs
+`apt-get install -y chromium chromium-driver`).
 """
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import os
@@ -30,6 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
+SHOT_PAGES = ("book/intro", "book/v4", "book/v5", "book/v6", "book/results")   # full-page screenshots
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
                  if p and Path(p).exists()), None)
 DRIVER = next((p for p in (shutil.which("chromedriver"), "/usr/bin/chromedriver") if p and Path(p).exists()), None)
@@ -218,7 +221,13 @@ def test_page_in_browser(page, browser, server, built):
             bad.append(href)
     assert not bad, f"{page}: broken internal links: {sorted(bad)}"
 
-    if page in ("book/intro", "book/v4"):
+    if page in SHOT_PAGES:                      # the whole page, as a reader scrolls through it
         SHOTS.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / f"{page.split('/')[-1]}.png"))
-        assert (SHOTS / f"{page.split('/')[-1]}.png").stat().st_size > 10_000
+        shot = SHOTS / f"{page.split('/')[-1]}.png"
+        w, h = browser.execute_script("return [document.documentElement.scrollWidth, "
+                                      "document.documentElement.scrollHeight]")
+        png = browser.execute_cdp_cmd("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": w, "height": h, "scale": 1}})
+        shot.write_bytes(base64.b64decode(png["data"]))
+        assert shot.stat().st_size > 10_000
