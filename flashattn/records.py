@@ -319,26 +319,14 @@ def sweep_table(version: str, file: str | None = None):
 # Columns of step_table: (header, where in a step row, format). Counters come from `--metrics`; SASS counts
 # of the hot loop from flashattn.sass (no GPU).
 STEP_COLUMNS = {
-    "bank conflicts ld": (("metrics", "counters", "bank_conflicts_ld"), "{:,.0f}"),
-    "bank conflicts st": (("metrics", "counters", "bank_conflicts_st"), "{:,.0f}"),
-    "shared wavefronts ld": (("metrics", "counters", "shared_wavefronts_ld"), "{:,.0f}"),
-    "shared wavefronts st": (("metrics", "counters", "shared_wavefronts_st"), "{:,.0f}"),
+    **{name.replace("_", " "): (("metrics", "counters", name), "{:,.0f}") for name in (
+        "bank_conflicts_ld", "bank_conflicts_st", "shared_wavefronts_ld", "shared_wavefronts_st")},
     "instructions": (("metrics", "counters", "inst_executed"), "{:,.0f}"),
     "occupancy %": (("metrics", "counters", "achieved_occupancy_pct"), "{:.1f}"),
-    "stall barrier": (("metrics", "stalls", "barrier"), "{:.2f}"),
-    "stall long scoreboard": (("metrics", "stalls", "long_scoreboard"), "{:.2f}"),
-    "stall short scoreboard": (("metrics", "stalls", "short_scoreboard"), "{:.2f}"),
-    "stall mio throttle": (("metrics", "stalls", "mio_throttle"), "{:.2f}"),
-    "stall math pipe throttle": (("metrics", "stalls", "math_pipe_throttle"), "{:.2f}"),
-    "stall wait": (("metrics", "stalls", "wait"), "{:.2f}"),
-    "stall not selected": (("metrics", "stalls", "not_selected"), "{:.2f}"),
-    "HMMA": (("sass_hot_loop", "HMMA"), "{}"),
-    "LDS": (("sass_hot_loop", "LDS"), "{}"),
-    "LDSM": (("sass_hot_loop", "LDSM"), "{}"),
-    "STS": (("sass_hot_loop", "STS"), "{}"),
-    "BAR/sync": (("sass_hot_loop", "BAR/sync"), "{}"),
-    "MUFU": (("sass_hot_loop", "MUFU"), "{}"),
-    "global loads": (("sass_hot_loop", "global loads"), "{}"),
+    **{f"stall {reason.replace('_', ' ')}": (("metrics", "stalls", reason), "{:.2f}") for reason in (
+        "barrier", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait",
+        "not_selected")},
+    **{op: (("sass_hot_loop", op), "{}") for op in ("HMMA", "LDS", "LDSM", "STS", "BAR/sync", "MUFU", "global loads")},
 }
 
 
