@@ -180,13 +180,14 @@ def git_commit() -> dict:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
-def environment(argv=None) -> dict:
-    """Device, driver, torch, CUDA, cuDNN and git versions (strings; None where unknown)."""
+def environment(argv=None, prog: str = "python -m flashattn.bench") -> dict:
+    """Device, driver, torch, CUDA, cuDNN and git versions (strings; None where unknown), and the command
+    line that made the record (`prog` and argv, sys.argv by default)."""
     env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "python": platform.python_version(),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "git": git_commit(),
            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m flashattn.bench"] + list(sys.argv[1:] if argv is None else argv))}
+           "command": " ".join([prog] + list(sys.argv[1:] if argv is None else argv))}
     if torch.cuda.is_available():
         prop = torch.cuda.get_device_properties(torch.cuda.current_device())
         env["device"] = {"name": prop.name, "capability": f"{prop.major}.{prop.minor}",

@@ -269,8 +269,7 @@ def main(argv=None) -> int:
         return 2
     from .bench import environment
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = environment(argv)
-    meta["command"] = " ".join(["python -m flashattn.kernel_times"] + list(sys.argv[1:] if argv is None else argv))
+    meta = environment(argv, prog="python -m flashattn.kernel_times")
     doc = {"schema": SCHEMA, "meta": meta, "settings": {"calls": args.calls, "l2_flush": True}, "runs": []}
     path = args.out / "kernel_times.json"
     for version in args.versions:

@@ -91,7 +91,5 @@ def fig_pingpong(warpgroups: int = 2, tiles: int = 4, show: bool = True):
     axes[-1].set_xlabel("time in units of one warpgroup's products (assumed: softmax takes as long; a model, "
                         "not a measurement)")
     fig.tight_layout()
-    if show:                 # shown once: a returned figure would be displayed a second time
-        plt.show()
-        return None
-    return fig
+    from .figures import _done
+    return _done(fig, show)

@@ -84,10 +84,13 @@ def sass_counts(version: str, variant) -> dict:
             rows = _hot_loops(version, flags, sorted({v.D for vs in sweep.VARIANTS.values() for v in vs.values()}))
             with _LOCK:
                 cache = json.loads(path.read_text()) if path.exists() else {}
-                cache.update({f"{key}|{D}": row for D, row in rows.items()})
+                # a failed compile or a missing nvdisasm is reported, never remembered
+                cache.update({f"{key}|{D}": row for D, row in rows.items() if "error" not in row})
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(cache))
-    return cache.get(f"{key}|{variant.D}") or {"error": f"no kernel of {version} at D={variant.D}"}
+    if f"{key}|{variant.D}" not in cache:
+        return rows.get(variant.D) or {"error": f"no kernel of {version} at D={variant.D}"}
+    return cache[f"{key}|{variant.D}"]
 
 
 def _hot_loops(version: str, flags: tuple, head_dims) -> dict:
@@ -165,7 +168,7 @@ def smem_address(layout: int, row: int, chunk: int, byte: int, row_bytes: int) -
     (V6_SMEM_LAYOUT): plain row-major, rows padded by one chunk, or chunk c stored at c ^ (row % 8)."""
     if layout == 1:
         return row * (row_bytes + 16) + chunk * 16 + byte
-    return row * row_bytes + (chunk ^ (row & 7) if layout == 2 else chunk) * 16 + byte
+    return row * row_bytes + (geometry.swizzle(row, chunk) if layout == 2 else chunk) * 16 + byte
 
 
 def wavefronts(addresses: list[int]) -> int:

@@ -365,11 +365,11 @@ def run(key: str, only=(), jobs: int = 4, args=None) -> dict:
                 rows[n]["vs"] = {r["name"]: r["timing"]["median_us"] / t["median_us"] for r in refs
                                  if "median_us" in r["timing"]}
         torch.cuda.empty_cache()
-    steps = {"set": key, "steps": list(variants)} if is_steps(key) else {}
-    for n in rows if steps else ():
+    step_set = {"set": key, "steps": list(variants)} if is_steps(key) else {}
+    for n in rows if step_set else ():
         rows[n]["change"] = variants[n].change
-    meta = dict(environment(), command="python -m flashattn.sweep " + " ".join(sys.argv[1:]))
-    return {"schema": SCHEMA, "version": version, **steps, "dtype": dtype_name, "meta": meta,
+    meta = environment(getattr(args, "argv", None), prog="python -m flashattn.sweep")
+    return {"schema": SCHEMA, "version": version, **step_set, "dtype": dtype_name, "meta": meta,
             "settings": dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
                              timing="flashattn.timing.time_interleaved: CUDA events, L2 flushed before each "
                                     "call, interleaved rounds, median",
@@ -422,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv                                  # for the record's command line (sys.argv when None)
     if args.target:
         return steps.target(args.version, args.target, args.warmup)
     unknown = set(args.only) - set(VARIANTS[args.version])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -93,11 +94,6 @@ def timeline(run: dict, item: int | None = None) -> list[tuple[str, str, int, fl
     return segments
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
-
-
 def summarize(raw, ghz: float) -> dict:
     """Medians in ns over every traced item and every inner tile (not the first or the last): each consumer
     segment, the producer's waits for a free slot, the tile period (turn to turn of one consumer), the
@@ -132,7 +128,7 @@ def summarize(raw, ghz: float) -> dict:
         item_turns.sort()
         turns += max(0, len(item_turns) - 1)
         alternations += sum(a[1] != b[1] for a, b in zip(item_turns, item_turns[1:]))
-    out = {k: _median(v) for k, v in acc.items() if v}
+    out = {k: statistics.median(v) for k, v in acc.items() if v}
     out["alternating turns"] = alternations / turns if turns else None
     return out
 
@@ -214,10 +210,8 @@ def fig_timeline(run: dict, tiles: tuple[int, int] = (4, 8), item: int = 0, ax=N
     ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup, instrumented build)")
     if own:
         fig.tight_layout()
-        if show:
-            plt.show()
-            return None
-        return fig
+        from .figures import _done
+        return _done(fig, show)
     return ax
 
 
@@ -287,12 +281,13 @@ def main(argv=None) -> int:
                     help="an extra -D flag for both builds, as --flags=-DNAME=VALUE (repeat for more)")
     args = ap.parse_args(argv)
     from . import bench, loader
-    traced = build(args.flags, name="trace" + "".join(f.replace("-D", "_").replace("=", "") for f in args.flags))
-    # without flags, the default build under tests/test_v8.py's module name (one build serves both)
     tag = "".join(f.replace("-D", "_").replace("=", "") for f in args.flags)
+    traced = build(args.flags, name="trace" + tag)
+    # without flags, the default build under tests/test_v8.py's module name (one build serves both)
     plain = loader.build("v8", archs=["9.0a"], extra_cuda_cflags=list(args.flags),
                          module_name="flashattn_v8_" + ("untraced" + tag if tag else "default"))
-    doc = {"schema": SCHEMA, "flags": args.flags, "environment": bench.environment(), "runs": []}
+    env = bench.environment(argv, prog="python -m flashattn.trace")
+    doc = {"schema": SCHEMA, "flags": args.flags, "environment": env, "runs": []}
     for shape in SHAPES:
         run = record_run(traced, shape)
         run["overhead_us"] = overhead(shape, traced, plain)

@@ -318,8 +318,7 @@ def run(cfg: Config, attns=ATTENTIONS, device=None, log=print, argv=None) -> dic
     data = CharData.from_repository()
     curves, models, opts = train(cfg, data, attns, device, log)
     timing = time_steps(models, opts, data, cfg) if device.type == "cuda" else None
-    meta = environment(argv)
-    meta["command"] = " ".join(["python -m flashattn.training"] + list(sys.argv[1:] if argv is None else argv))
+    meta = environment(argv, prog="python -m flashattn.training")
     params = sum(p.numel() for p in next(iter(models.values())).parameters())
     record = {"meta": meta, "config": dict(asdict(cfg), n_embd=cfg.n_embd, parameters=params, device=str(device)),
               "data": data.describe(), "attentions": {}}
