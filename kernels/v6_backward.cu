@@ -22,7 +22,7 @@
 //        dV_j += P^T dO_i and dK_j += dS^T Q_i      (A: P^T / dS^T straight from the accumulator
 //                                                    registers; B: dO_i / Q_i through ldmatrix.trans)
 //      dK_j, dV_j stay in registers for the whole loop and are written once (dK times scale).
-//      Atomic mode (default): dS^T also goes to shared memory, and after one barrier each warp computes a
+//      Atomic mode with layout 0: dS^T also goes to shared memory, and after one barrier each warp computes a
 //      16-row slice of dQ_i += dS K_j (A: dS through ldmatrix.trans of the stored dS^T; B: K_j through
 //      ldmatrix.trans) and adds it into the fp32 accumulator with red.global.add (.v2 on sm_90).
 //   2'. bwd_dkdv_split, the atomic mode's default (V6B_D64_LAYOUT / V6B_D128_LAYOUT = 2; 0 = bwd_dkdv):
@@ -109,10 +109,10 @@
 #include <cstdint>
 #include <cmath>
 
-// Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8); *_WARPS for the atomic mode,
-// *_DET_WARPS for the deterministic one. 8 warps halve the dQ atomics per key, which is what the atomic
-// mode pays for; without the dQ step, 2 blocks of 4 warps per SM measured faster than 1 block of 8 (see
-// the header).
+// Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8); *_WARPS for its atomic mode (layout 0;
+// the default layout 2 is bwd_dkdv_split, always 8 warps), *_DET_WARPS for the deterministic mode.
+// 8 warps halve the dQ atomics per key, which is what the atomic mode pays for; without the dQ step,
+// 2 blocks of 4 warps per SM measured faster than 1 block of 8 (see the header).
 #ifndef V6B_D64_WARPS
 #define V6B_D64_WARPS 8
 #endif
@@ -597,7 +597,8 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 //     head-dim columns (D/2)*(w%2) .. +D/2 -- per k16 step 2 ldmatrix of P^T (dS^T) and D/32
 //     ldmatrix.trans of dO_i (Q_i) for D/4 mma, where bwd_dkdv reads D/16 for D/8 (its A operand comes
 //     from registers, but every warp reads all of dO_i and Q_i for only 16 keys).
-//   dQ_i += dS K_j: bwd_dkdv's step unchanged (4 query slices x 2 halves of the head dim).
+//   dQ_i += dS K_j: layout 1 keeps bwd_dkdv's step (4 query slices x 2 halves of the head dim); layout 2
+//     splits it 2 x 4 (32 queries x D/4 per warp) and stores P^T, dS^T with stmatrix (sm_90).
 // Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
