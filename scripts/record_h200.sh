@@ -66,6 +66,11 @@ run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
     [ "$rc" -eq 0 ] || { echo "!! exit $rc: $*" | tee -a "$OUT/$log"; status=1; }
 }
 
+ncu_version() {   # the Nsight Compute version beside the reports it made
+    local ncu
+    ncu=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
+    if [ -n "$ncu" ]; then "$ncu" --version > "$OUT/ncu_version.txt" 2>&1; fi
+}
 targets() {   # targets NAME BENCH-ARGS...: the four configurations of the tensor-core targets in bf16
     # (B=4,H=12,M=N=2048,D=64 and B=2,H=16,M=N=8192,D=128, each non-causal and causal), one file NAME.json
     local name=$1 causal; shift
@@ -121,8 +126,7 @@ for step in $STEPS; do
         kill $smi 2>/dev/null
         ;;
     profile)
-        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
-        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        ncu_version
         run profile.txt $PY -m flashattn.profile all --out "$OUT"
         run profile.txt $PY -m flashattn.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
@@ -145,15 +149,14 @@ for step in $STEPS; do
         run "${v}_sweep.txt" $PY -m flashattn.sweep "$v" --out "$OUT" --jobs "${JOBS:-16}"
         ;;
     profile-new)
-        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
-        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        ncu_version
+        rm -f "$OUT/profile_new.txt"
         run profile_new.txt $PY -m flashattn.profile v7 --out "$OUT"
         run profile_new.txt $PY -m flashattn.profile v7 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         run profile_new.txt $PY -m flashattn.profile v6_backward --out "$OUT"
         ;;
     profile-v8)
-        NCU=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
-        if [ -n "$NCU" ]; then "$NCU" --version > "$OUT/ncu_version.txt" 2>&1; fi
+        ncu_version
         rm -f "$OUT/profile_v8.txt"
         run profile_v8.txt $PY -m flashattn.profile v8 --out "$OUT"
         run profile_v8.txt $PY -m flashattn.profile v8 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
