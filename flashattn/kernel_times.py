@@ -19,7 +19,6 @@ Importable without a GPU; the readers at the bottom (`table`, `ncu_table`) only 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -229,16 +228,10 @@ def run_ncu(out: Path, L: int = 2048) -> Path:
 def read_ncu_rows(path: Path) -> list[dict]:
     """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, the
     metrics as floats in base units (seconds, bytes; the second row of the file gives each unit)."""
-    from .ncu import _skip_preamble, parse_number, unit_scale
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(_skip_preamble(fh)))
-    header, units, out = rows[0], dict(zip(rows[0], rows[1])), []
-    for row in rows[2:]:
-        d = dict(zip(header, row))
-        metrics = NCU_METRICS + tuple(PACE_METRICS.values())
-        out.append({k: (parse_number(v) * unit_scale(units.get(k)) if k in metrics and parse_number(v) is not None
-                        else v) for k, v in d.items()})
-    return out
+    from .ncu import parse_number, read_raw_rows, unit_scale
+    metrics = NCU_METRICS + tuple(PACE_METRICS.values())
+    return [{k: (parse_number(v) * unit_scale(u) if k in metrics and parse_number(v) is not None else v)
+             for k, (v, u) in row.items()} for row in read_raw_rows(path)]
 
 
 # ----------------------------------------------------------------------------------------------- CLI
