@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import needs_gpu, poison_allocator, run_sanitized
+from conftest import HALF_DTYPES, needs_gpu, poison_allocator, run_sanitized
 from test_v6 import a16, halves, ldmatrix_x4
 
 from flashattn.reference import attention_reference, sdpa
@@ -125,7 +125,7 @@ def test_split_layout_tiles_emulated():
 
 
 # ================================================================ GPU helpers
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = HALF_DTYPES
 
 
 @pytest.fixture(scope="module")

@@ -299,9 +299,7 @@ def check_low_precision(v6, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
 @needs_gpu
 @pytest.mark.parametrize("B,H", BHS)
 @pytest.mark.parametrize("M,N", SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@every_half_case
 def test_low_precision_matches(v6, dtype, causal, D, M, N, B, H):
     seed = zlib.crc32(repr((dtype, causal, D, M, N, B, H)).encode())   # fixed across runs
     check_low_precision(v6, B, H, M, N, D, DTYPES[dtype], causal, seed)
