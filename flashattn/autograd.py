@@ -195,23 +195,28 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 # warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
 # 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
 # (non-causal blocks ordered head-fastest, as the causal ones are).
-def _macros(layout: int, fuse: int = 0, heads_first: int = 0) -> dict:
+def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0) -> dict:
     return {"V6B_D64_LAYOUT": layout, "V6B_D128_LAYOUT": layout, "V6B_SPLIT_FUSE": fuse,
-            "V6B_SPLIT_HEADS_FIRST": heads_first}
+            "V6B_SPLIT_HEADS_FIRST": heads_first, "V6B_SPLIT_STAGES": stages, "V6B_DQ_BULK": bulk}
 
 
-# every entry spells out all four macros, so that a change of the file's defaults changes no entry
+# every entry spells out all the macros, so that a change of the file's defaults changes no entry
 LAYOUT_VARIANTS = {"v6_layout0": _macros(0), "v6_layout1": _macros(1), "v6_layout2": _macros(2),
                    "v6_layout2_fuse1": _macros(2, fuse=1), "v6_layout2_fuse3": _macros(2, fuse=3),
                    "v6_layout2_heads": _macros(2, heads_first=1)}
+# The next step on layout 2: where dQ_i's sum goes (V6B_DQ_BULK: red.global per element pair, or one bulk
+# reduction per tile from shared memory) and how far ahead Q_i, dO_i are loaded (V6B_SPLIT_STAGES).
+DQ_VARIANTS = {"v6_layout2": _macros(2), "v6_layout2_stages3": _macros(2, stages=3),
+               "v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_stages3": _macros(2, stages=3, bulk=1)}
+VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS}
 
 
 def variant_module(name: str):
-    """v6's backward built with the macros of LAYOUT_VARIANTS[name], under a module name of its own so
+    """v6's backward built with the macros of VARIANTS[name], under a module name of its own so
     that all of them load into one process."""
     from .loader import build, check_device
     check_device("v6")
-    flags = [f"-D{k}={v}" for k, v in LAYOUT_VARIANTS[name].items()]
+    flags = [f"-D{k}={v}" for k, v in VARIANTS[name].items()]
     return build(INFO["v6"].backward, extra_cuda_cflags=flags, functions=("backward",),
                  module_name=f"flashattn_v6_backward_{name}")
 
@@ -271,6 +276,14 @@ NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
                "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
 
 
+# The two steps main records: the dK/dV layouts, and layout 2's dQ sum and pipeline depth.
+STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS}
+# Nsight Compute's builds per step, and for the dQ step its source page too (warp stall samples per SASS
+# instruction, which name the instruction a stall sits on)
+PROFILED = {"layouts": tuple(LAYOUT_VARIANTS), "dq": ("v6_layout2", "v6_layout2_bulk")}
+RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq"}
+
+
 def profile_target(variants=tuple(LAYOUT_VARIANTS)) -> None:
     """One backward of each build at PROFILE_SHAPE, in order: the program Nsight Compute runs (main's
     --profile)."""
@@ -284,56 +297,82 @@ def profile_target(variants=tuple(LAYOUT_VARIANTS)) -> None:
 
 
 def main(argv=None) -> int:
-    """The layout step at the four targets (compare_layouts), or with --profile its Nsight Compute record:
+    """A step of the key-tile kernel at the four targets (compare_layouts), or with --profile its Nsight
+    Compute record; --set picks the step (STEP_SETS: "layouts", the default, or "dq"):
 
         python -c "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"
         python -c "from flashattn.autograd import main; main(['--profile', 'results/h200'])"
+        python -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', OUT])"
+        python -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', 'results/h200'])"
+
+    with OUT = 'results/h200/backward_dq.json' for the book's record.
 
     (not `python -m`: running this file as __main__ would register the custom ops a second time if
-    anything imports flashattn.autograd). --profile runs ncu on profile_target and writes
-    backward_layouts_ncu.raw.csv and backward_layouts_ncu.json (which kernel is which) into the folder."""
+    anything imports flashattn.autograd). --profile runs ncu on profile_target (the report goes to a
+    temporary folder) and writes <record>_ncu.raw.csv and <record>_ncu.json (which kernel is which) into
+    the folder, <record> being RECORD_NAMES[set]; for "dq" also <record>_ncu.source.csv, the stall
+    samples per SASS instruction."""
     import argparse
     import json
     import shutil
     import subprocess
     import sys
+    import tempfile
     from pathlib import Path
 
+    from . import ncu as ncu_pages
     from .bench import environment, write_json
     parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--set", choices=tuple(STEP_SETS), default="layouts", help="which step's builds")
     parser.add_argument("--json", type=Path, default=None, help="write {schema, runs: [{meta, rows}]} here")
     parser.add_argument("--profile", type=Path, default=None, help="folder for the Nsight Compute record")
     parser.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    variants = PROFILED[args.set]
     if args.profile_target:
-        profile_target()
+        profile_target(variants)
         return 0
+    quoted = ", ".join(repr(a) for a in (argv or []))
     if args.profile:
         ncu = shutil.which("ncu")
         if ncu is None:
             raise SystemExit("ncu (Nsight Compute) is not on PATH")
         args.profile.mkdir(parents=True, exist_ok=True)
-        rep = args.profile / "backward_layouts_ncu"
-        cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv",
-               "--launch-count", str(len(LAYOUT_VARIANTS)), "--section", "SpeedOfLight",
-               "--section", "WarpStateStats", "--metrics", NCU_METRICS,
-               "--export", str(rep), "--force-overwrite", sys.executable, "-c",
-               "from flashattn.autograd import main; main(['--profile-target'])"]
+        name = RECORD_NAMES[args.set]
+        # the report itself (megabytes with the source counters) stays out of the folder: the pages written
+        # below are what the book reads
+        rep = Path(tempfile.mkdtemp()) / f"{name}_ncu"
+        sections = ["--section", "SpeedOfLight", "--section", "WarpStateStats"]
+        if args.set == "dq":
+            sections += ["--section", "SourceCounters"]
+        cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv", "--launch-count",
+               str(len(variants)), *sections, "--metrics", NCU_METRICS, "--export", str(rep), "--force-overwrite",
+               sys.executable, "-c",
+               f"from flashattn.autograd import main; main(['--set', '{args.set}', '--profile-target'])"]
         subprocess.run(cmd, check=True)
         raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"], check=True,
                              capture_output=True, text=True).stdout
-        (args.profile / "backward_layouts_ncu.raw.csv").write_text(raw)
+        (args.profile / f"{name}_ncu.raw.csv").write_text(raw)
         B, H, L, D = PROFILE_SHAPE
-        info = {"shape": f"B={B}, H={H}, M=N={L}, D={D}, non-causal", "raw_csv": "backward_layouts_ncu.raw.csv",
-                "kernels": list(LAYOUT_VARIANTS), "command": " ".join(cmd[:-1]) + f' "{cmd[-1]}"',
+        info = {"shape": f"B={B}, H={H}, M=N={L}, D={D}, non-causal", "raw_csv": f"{name}_ncu.raw.csv",
+                "kernels": list(variants), "command": " ".join(cmd[:-1]) + f' "{cmd[-1]}"',
                 "git_commit": environment([])["git"].get("commit")}
-        (args.profile / "backward_layouts_ncu.json").write_text(json.dumps(info, indent=1) + "\n")
-        print(f"wrote {args.profile / 'backward_layouts_ncu.json'}")
+        if args.set == "dq":
+            page = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
+                                   "--print-source", "sass"], check=True, capture_output=True, text=True).stdout
+            ncu_pages.write_source_rows(ncu_pages.split_source_page(page), args.profile / f"{name}_ncu.source.csv",
+                                        labels=variants)
+            info["source_csv"] = f"{name}_ncu.source.csv"
+        (args.profile / f"{name}_ncu.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"wrote {args.profile / f'{name}_ncu.json'}")
         return 0
-    rows = compare_layouts()
+    if args.set == "dq":   # the steps are a few percent apart: twice the layouts' repetitions
+        rows = compare_layouts(variants=tuple(DQ_VARIANTS), repetitions=200, rounds=20)
+    else:
+        rows = compare_layouts()
     if args.json:
         meta = environment(argv)
-        meta["command"] = f"python -c \"from flashattn.autograd import main; main(['--json', '{args.json}'])\""
+        meta["command"] = f'python -c "from flashattn.autograd import main; main([{quoted}])"'
         write_json({"meta": meta, "rows": rows}, args.json)
         print(f"wrote {args.json}")
     return 0

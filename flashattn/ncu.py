@@ -335,6 +335,104 @@ def _skip_preamble(fh):
     return lines[first:]
 
 
+# ------------------------------------------------------------------ the source page, per SASS instruction
+# `ncu --import R --page source --csv --print-source sass` of a report with the SourceCounters section: per
+# kernel a line `"Kernel Name","<name>"`, then a CSV table with one row per SASS instruction (Address,
+# Source, warp stall samples in all and per reason: stall_long_sb, stall_wait, ...).
+SOURCE_COLUMNS = ("Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb", "stall_short_sb",
+                  "stall_wait", "stall_math", "stall_mio", "stall_barrier", "stall_lg")
+
+
+def split_source_page(text: str) -> dict[str, list[dict[str, str]]]:
+    """The source page of several kernels -> {kernel name: its rows, as dicts keyed by column}."""
+    pages, name, block = {}, None, []
+
+    def close():
+        if name is not None and block:
+            rows = list(csv.reader(block))
+            pages[name] = [dict(zip(rows[0], r)) for r in rows[1:] if len(r) == len(rows[0])]
+
+    for line in text.splitlines():
+        if line.startswith('"Kernel Name"'):
+            close()
+            name, block = next(csv.reader([line]))[1], []
+        elif name is not None and line.strip():
+            block.append(line)
+    close()
+    return pages
+
+
+def write_source_rows(pages: dict[str, list[dict]], path, labels=None, columns=SOURCE_COLUMNS) -> None:
+    """The columns of `columns` of every kernel's rows, one CSV with the kernel first: its label from
+    `labels` (in the page's order) or its full name (the whole page is megabytes; these are what the book
+    reads)."""
+    names = list(labels) if labels is not None else list(pages)
+    if len(names) != len(pages):
+        raise ValueError(f"{len(names)} labels for {len(pages)} kernels")
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(("Kernel Name", *columns))
+        for name, rows in zip(names, pages.values()):
+            out.writerows((name, *(r.get(c, "") for c in columns)) for r in rows)
+
+
+def read_source_rows(path) -> dict[str, list[dict[str, str]]]:
+    """write_source_rows' file back: {kernel name: rows}, in the file's order."""
+    pages: dict[str, list[dict[str, str]]] = {}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            pages.setdefault(r.pop("Kernel Name"), []).append(r)
+    return pages
+
+
+_REG = re.compile(r"\bR(\d+)(\.64)?\b")
+_MEMORY_OPS = ("LDG", "STG", "RED", "ATOM")   # opcode prefixes: LDGSTS, REDG, ATOMG, ... too
+
+
+def _registers(operands: str) -> set[int]:
+    """Register numbers an operand list names (R12.64 is R12 and R13)."""
+    regs = set()
+    for n, wide in _REG.findall(operands):
+        regs.update((int(n), int(n) + 1) if wide else (int(n),))
+    return regs
+
+
+def _split(sass: str) -> tuple[str, str, str]:
+    """'@P0 IMAD.X R76, RZ, RZ, R66, P0' -> ('IMAD', 'R76', ' RZ, R66, P0'): opcode, first operand, rest."""
+    text = sass.strip()
+    if text.startswith("@"):
+        text = text.split(None, 1)[1] if " " in text else ""
+    op, _, operands = text.partition(" ")
+    first, _, rest = operands.partition(",")
+    return op.split(".")[0], first.strip(), rest
+
+
+def register_waits(rows: list[dict[str, str]], column: str = "stall_long_sb", top: int = 3,
+                   window: int = 64) -> list[dict]:
+    """The `top` instructions with the most samples in `column`, each with the nearest earlier global-memory
+    instruction (LDG, STG, RED, ATOM, LDGSTS) that reads a register this one overwrites, or None. A warp may
+    not overwrite a register that a memory instruction still has to read; the wait for that shows up as
+    long scoreboard on the instruction that overwrites it. "Earlier" looks back `window` instructions in
+    address order and wraps around the end, for an instruction at the top of a loop whose memory
+    instructions sit at its bottom ("wrapped": True)."""
+    def samples(r):
+        return float(r.get(column) or 0)
+
+    found = []
+    for i in sorted(range(len(rows)), key=lambda i: -samples(rows[i]))[:top]:
+        op, dst, _ = _split(rows[i]["Source"])
+        written = _registers(dst) if not op.startswith(_MEMORY_OPS) else set()
+        culprit = None
+        for step in range(1, min(window, len(rows))):
+            j = (i - step) % len(rows)
+            jop, jfirst, jrest = _split(rows[j]["Source"])
+            if jop.startswith(_MEMORY_OPS) and written & _registers(jfirst + "," + jrest):
+                culprit = {"source": rows[j]["Source"].strip(), "distance": step, "wrapped": j > i}
+                break
+        found.append({"source": rows[i]["Source"].strip(), "samples": samples(rows[i]), "waits_for": culprit})
+    return found
+
+
 def compare_with_exports(summary: dict, details: dict | None = None, raw: dict | None = None,
                          action=None) -> list[str]:
     """Mismatches between our parsed values and ncu's printed pages (empty list: all equal)."""

@@ -32,7 +32,14 @@
 //      shared-memory bytes per mma than in bwd_dkdv, where every warp reads all of Q_i and dO_i (twice) for
 //      its 16 keys. Layout 1 is the split with 4-byte stores and bwd_dkdv's dQ split (the step between).
 //      dK and dV are bit-identical in every layout (the same sums in the same order).
-//   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype.
+//      On sm_90 (V6B_DQ_BULK = 1, the default) dQ_i's contribution is not added element by element: the
+//      warps store it into a float32 image of the tile's accumulator rows in shared memory, and one thread
+//      hands the whole tile to the copy engine, cp.reduce.async.bulk .add.f32, one instruction per tile
+//      instead of a red.global.add.v2 per two elements from every thread. Each red held the registers of
+//      its address and data until the memory pipeline had read them, and the instructions that reused
+//      those registers waited (Nsight Compute's long-scoreboard stall; the chapter shows the samples).
+//   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
+//      reductions, the accumulator's column swizzle undone: see acc_pair).
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
 //      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
 //      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
@@ -47,8 +54,10 @@
 //
 // Tiles (bf16/fp16):
 //   bwd_dkdv_split: 8 warps, B_c = 128, B_r = 64. Shared memory: K_j, V_j (2 x 128 x D), Q_i and dO_i
-//             double-buffered (4 x 64 x D), P^T and dS^T (2 x 128 x 64), lse2 and D_i (2 x 2 x 64 floats):
-//             D=64 97 KB, D=128 161 KB, one block per SM (registers allow no more either).
+//             double-buffered (4 x 64 x D; V6B_SPLIT_STAGES), P^T and dS^T (2 x 128 x 64), with
+//             V6B_DQ_BULK dQ_i's image (64 x D floats), lse2 and D_i (2 x 2 x 64 floats): D=64 113 KB,
+//             D=128 193 KB (without the dQ image 97 and 161 KB), one block per SM (registers allow no
+//             more either).
 //   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode: 4 warps, B_c = 64, B_r = 64
 //             (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
 //             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
@@ -64,7 +73,8 @@
 //   ptxas (nvcc 13.0, sm_90; nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu
 //   kernels/v6_backward.cu, plus -DV6B_D64_LAYOUT=0 -DV6B_D128_LAYOUT=0 for bwd_dkdv atomic), registers
 //   per thread, bf16 and fp16 alike, no spills:
-//     bwd_dkdv_split (layout 2):        D=64 222, D=128 255 (causal 254)
+//     bwd_dkdv_split (layout 2), bulk dQ: D=64 216 (causal 214), D=128 255 (causal 253)
+//     bwd_dkdv_split (layout 2), red dQ: D=64 221 (causal 219), D=128 255 (causal 252)
 //     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
 //     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
@@ -139,6 +149,16 @@
 // (results/h200/backward_heads.json), so it stays off.
 #ifndef V6B_SPLIT_HEADS_FIRST
 #define V6B_SPLIT_HEADS_FIRST 0
+#endif
+// bwd_dkdv_split: query tiles (Q_i, dO_i, lse2, D_i) in flight, counting the one in use: 2 is a double
+// buffer, 3 loads tile i + 2 while tile i is computed.
+#ifndef V6B_SPLIT_STAGES
+#define V6B_SPLIT_STAGES 2
+#endif
+// bwd_dkdv_split on sm_90: 1 stages dQ_i in shared memory and adds it into the accumulator with one bulk
+// reduction (cp.reduce.async.bulk) per tile instead of a red.global per element pair from every thread.
+#ifndef V6B_DQ_BULK
+#define V6B_DQ_BULK 1
 #endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
@@ -256,6 +276,39 @@ __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
 #endif
 }
 
+// The fp32 dQ accumulator [B*H*M][D] is scratch of our own, so its layout is ours to choose. With the
+// bulk reduction below (V6B_DQ_BULK), whose shared-memory source must be a byte-exact image of the global
+// rows, column pair cp (columns 2cp, 2cp + 1) of flat row r sits at pair cp ^ 4 (r % 8): a warp's dQ
+// fragment (8 rows x 4 pairs per store) then spreads over all 32 banks instead of 8. bwd_convert undoes
+// it. The red.global paths keep the plain layout.
+__device__ __forceinline__ int acc_pair(long long row, int cp) { return cp ^ (((int)row & 7) << 2); }
+
+// sm_90's bulk reduction: the copy engine adds `bytes` of fp32 from shared memory into global memory,
+// asynchronously, in place of one red per element pair from every thread. The generic-proxy stores that
+// filled the source must be fenced for the async proxy first; wait_read lets the source be overwritten.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- shared-memory tiles -----------------
 //
 // Rows of D 16-bit elements, CPR = D/8 chunks of 16 bytes; chunk c of row r is stored at chunk c ^ (r % 8).
@@ -294,14 +347,16 @@ __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const f
   cp_async_4(smem_addr(dst + r), valid ? src + row : src, valid);
 }
 
-// dQ_i rows [q0, q0 + 16 MQ) x head-dim columns [8 t0, 8 (t0 + NT)) += dS K_j over the block's BC keys,
-// added into the fp32 accumulator (rows past M skipped). A = dS [16 queries x 16 keys] through
-// ldmatrix.trans of the stored dS^T [keys][B_r queries]: matrices (keys 0-7, queries 0-7), (keys 0-7,
-// queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15), transposed. B = K_j [keys][D]
-// through ldmatrix.trans. acc_rows = the accumulator of this (batch, head), i0 = the tile's first row.
-template <typename T, int D, int BC, int MQ, int NT>
-__device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restrict__ acc_rows, int q0, int t0,
-                                       int i0, int M, int lane) {
+// dQ_i rows [q0, q0 + 16 MQ) x head-dim columns [8 t0, 8 (t0 + NT)) += dS K_j over the block's BC keys.
+// A = dS [16 queries x 16 keys] through ldmatrix.trans of the stored dS^T [keys][B_r queries]: matrices
+// (keys 0-7, queries 0-7), (keys 0-7, queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15),
+// transposed. B = K_j [keys][D] through ldmatrix.trans. row0 = the tile's first flat row (bh * M + i0),
+// rows = how many of its B_r rows exist. STAGE = false: red.global into the accumulator (plain layout,
+// rows past the end skipped); true: the tile's image in sdQ ([B_r][D] fp32, acc_pair order), for one
+// bulk reduction.
+template <typename T, int D, int BC, int MQ, int NT, bool STAGE>
+__device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restrict__ acc, float* sdQ, int q0,
+                                       int t0, long long row0, int rows, int lane) {
   constexpr int ROWB = D * 2, SROWB = kBr * 2;
   const int x = lane & 7, g = lane >> 2, q = lane & 3;
   const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
@@ -337,11 +392,17 @@ __device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restr
   for (int mq = 0; mq < MQ; ++mq)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = i0 + q0 + 16 * mq + g + 8 * h;
-      if (row < M) {
-        float* dst = acc_rows + (size_t)row * D + 8 * t0 + 2 * q;
+      const int r = q0 + 16 * mq + g + 8 * h;
+      const long long row = row0 + r;
+      if constexpr (STAGE) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) red_add2(dst + 8 * t, dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
+        for (int t = 0; t < NT; ++t)
+          *reinterpret_cast<float2*>(sdQ + r * D + 2 * acc_pair(row, 4 * (t0 + t) + q)) =
+              make_float2(dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
+      } else if (r < rows) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          red_add2(acc + row * D + 8 * (t0 + t) + 2 * q, dq[mq][t][2 * h], dq[mq][t][2 * h + 1]);
       }
     }
 }
@@ -562,8 +623,8 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
           }
         __syncthreads();
         // dQ_i[slice rows, head-dim part] += dS K_j over the block's keys
-        dq_add<T, D, BC, 1, DQT>(sdS, sK, dq_acc + (size_t)bh * M * D, 16 * (warp % QS), (warp / QS) * DQT, i0, M,
-                                 lane);
+        dq_add<T, D, BC, 1, DQT, false>(sdS, sK, dq_acc, nullptr, 16 * (warp % QS), (warp / QS) * DQT,
+                                        (long long)bh * M + i0, M - i0, lane);
       }
       buf ^= 1;
     }
@@ -602,7 +663,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 // Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
-template <typename T, int D, int LAYOUT, bool CAUSAL>
+template <typename T, int D, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
@@ -616,16 +677,18 @@ __global__ void __launch_bounds__(256, 1)
   constexpr int DH = D / 2, DHT = DH / 8;   // dK/dV step: head-dim columns per warp, their n8 tiles
   constexpr int QS = BR / 16, DQT = DT / 2;  // dQ step: query slices, n8 tiles per warp
   static_assert(BC == KW * (WARPS / 2) && BR == QW * 2 && QS * 2 == WARPS, "warp split of the tile");
+  static_assert(STAGES >= 2, "Q_i, dO_i need at least a double buffer");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);   // [B_c][D]
   T* sV = sK + BC * D;                      // [B_c][D]
-  T* sQ = sV + BC * D;                      // 2 buffers of [B_r][D]
-  T* sdO = sQ + 2 * BR * D;                 // 2 buffers of [B_r][D]
-  T* sP = sdO + 2 * BR * D;                 // [B_c][B_r] (P^T)
+  T* sQ = sV + BC * D;                      // STAGES buffers of [B_r][D]
+  T* sdO = sQ + STAGES * BR * D;            // STAGES buffers of [B_r][D]
+  T* sP = sdO + STAGES * BR * D;            // [B_c][B_r] (P^T)
   T* sdS = sP + BC * BR;                    // [B_c][B_r] (dS^T)
-  float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
-  float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
+  float* sdQ = reinterpret_cast<float*>(sdS + BC * BR);   // BULK_DQ: [B_r][D] fp32, dQ_i's image
+  float* sL = sdQ + (BULK_DQ ? BR * D : 0);               // STAGES buffers of B_r lse2
+  float* sDv = sL + STAGES * BR;                          // STAGES buffers of B_r D_i
 
   // Causal (and V6B_SPLIT_HEADS_FIRST): consecutive blocks take the same key tile of different heads, so
   // the blocks running at one time add into the dQ rows of many heads; otherwise the key tiles of one head
@@ -674,12 +737,21 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t sP_a = smem_addr(sP) + (uint32_t)((KW * wk + a_row) * SROWB);
     const uint32_t sdS_a = smem_addr(sdS) + (uint32_t)((KW * wk + a_row) * SROWB);
 
+    // query tile `it` goes to buffer (it - it_begin) % STAGES; the first STAGES - 1 tiles are in flight
+    // before the loop, one commit group each (K_j, V_j with the first)
+    auto load_query_tile = [&](int it) {
+      const int b = (it - it_begin) % STAGES;
+      load_tile<BR, CPR, THREADS>(sQ + b * BR * D, Qh, it * BR, M, tid);
+      load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dOh, it * BR, M, tid);
+      load_row_terms(sL + b * BR, sDv + b * BR, lse2h, Dh, it * BR, M, tid);
+    };
     load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
     load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
-    load_tile<BR, CPR, THREADS>(sQ, Qh, it_begin * BR, M, tid);
-    load_tile<BR, CPR, THREADS>(sdO, dOh, it_begin * BR, M, tid);
-    load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
-    cp_async_commit();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (it_begin + st < m_tiles) load_query_tile(it_begin + st);
+      cp_async_commit();
+    }
 
     // k16 step ks of the [32 keys x 32 queries] product acc = A B^T: A = 32 rows at a_base (K_j or V_j),
     // B = 32 rows at b_base (Q_i or dO_i).
@@ -720,17 +792,18 @@ __global__ void __launch_bounds__(256, 1)
 
     int buf = 0;
     for (int it = it_begin; it < m_tiles; ++it) {
-      // as in bwd_dkdv: tile it has landed, and every warp is done with tile it - 1 (its Q/dO buffer and
-      // the P^T / dS^T tiles its dK/dV and dQ steps read)
-      cp_async_wait<0>();
+      // tile it has landed (of the STAGES - 1 groups in flight, all but the newest STAGES - 2 are done),
+      // and every warp is done with tile it - 1: its Q/dO buffer, which the load below refills with tile
+      // it + STAGES - 1, and the P^T / dS^T (and dQ) tiles its dK/dV and dQ steps read
+      cp_async_wait<STAGES - 2>();
       __syncthreads();
-      if (it + 1 < m_tiles) {
-        const int nb = buf ^ 1;
-        load_tile<BR, CPR, THREADS>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
-        load_tile<BR, CPR, THREADS>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
-        load_row_terms(sL + nb * BR, sDv + nb * BR, lse2h, Dh, (it + 1) * BR, M, tid);
-      }
+      if (it + STAGES - 1 < m_tiles) load_query_tile(it + STAGES - 1);
       cp_async_commit();
+      // BULK_DQ: dQ_{i-1}'s image is complete; one thread hands it to the copy engine
+      if (BULK_DQ && tid == 0 && it > it_begin) {
+        const int rows = min(BR, M - (it - 1) * BR);
+        bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + (it - 1) * BR) * D, smem_addr(sdQ), (uint32_t)(rows * D * 4));
+      }
 
       const int i0 = it * BR;
       const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
@@ -824,6 +897,8 @@ __global__ void __launch_bounds__(256, 1)
               *reinterpret_cast<uint32_t*>(sdSb + off) = ds_pk[mi][t][h];
             }
       }
+      // BULK_DQ: the copy engine has read dQ_{i-1}'s image before anyone writes dQ_i's over it
+      if (BULK_DQ && tid == 0) bulk_wait_read();
       __syncthreads();
 
       const uint32_t sdO_t = smem_addr(sdO + buf * BR * D) + (uint32_t)(a_row * ROWB);
@@ -845,12 +920,24 @@ __global__ void __launch_bounds__(256, 1)
       // dQ_i += dS K_j. Layout 1: bwd_dkdv's split, warp w: queries 16 * (w % 4) .. +16, head-dim columns
       // (D/2) * (w/4) .. +D/2 -- per k16 step 1 + D/32 ldmatrix for D/16 mma. Layout 2: queries
       // 32 * (w % 2) .. +32, columns (D/4) * (w/2) .. +D/4 -- 2 + D/64 ldmatrix for D/8 mma.
-      float* acc_rows = dq_acc + (size_t)bh * M * D;
+      const long long row0 = (long long)bh * M + i0;
       if constexpr (LAYOUT == 2)
-        dq_add<T, D, BC, 2, D / 32>(sdS, sK, acc_rows, 32 * (warp & 1), (warp >> 1) * (D / 32), i0, M, lane);
+        dq_add<T, D, BC, 2, D / 32, BULK_DQ>(sdS, sK, dq_acc, sdQ, 32 * (warp & 1), (warp >> 1) * (D / 32), row0,
+                                             M - i0, lane);
       else
-        dq_add<T, D, BC, 1, DQT>(sdS, sK, acc_rows, 16 * (warp % QS), (warp / QS) * DQT, i0, M, lane);
-      buf ^= 1;
+        dq_add<T, D, BC, 1, DQT, BULK_DQ>(sdS, sK, dq_acc, sdQ, 16 * (warp % QS), (warp / QS) * DQT, row0, M - i0,
+                                          lane);
+      if constexpr (BULK_DQ) fence_proxy_async_smem();   // the stores above, before the async proxy reads them
+      buf = buf + 1 == STAGES ? 0 : buf + 1;
+    }
+    if constexpr (BULK_DQ) {   // the last tile's dQ, and nothing may be in flight when the block exits
+      __syncthreads();
+      if (tid == 0) {
+        const int rows = min(BR, M - (m_tiles - 1) * BR);
+        bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + (m_tiles - 1) * BR) * D, smem_addr(sdQ),
+                            (uint32_t)(rows * D * 4));
+        bulk_wait_all();
+      }
     }
   }
 
@@ -871,12 +958,16 @@ __global__ void __launch_bounds__(256, 1)
 }
 
 // ---------------------------------------------------------------- 3a. dQ = scale * accumulator --------
-template <typename T>
+template <typename T, int D, bool SWIZZLED>
 __global__ void __launch_bounds__(kThreads)
     bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, float scale) {
-  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 each
+  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
   if (i >= n4) return;
-  const float4 a = reinterpret_cast<const float4*>(acc)[i];
+  // SWIZZLED: columns 4c .. 4c + 3 are pairs 2c, 2c + 1, stored (acc_pair) as pairs 2c ^ s, (2c + 1) ^ s
+  // with s a multiple of 4, so still one aligned float4
+  const long long row = i / (D / 4);
+  const int c = (int)(i % (D / 4));
+  const float4 a = reinterpret_cast<const float4*>(acc)[SWIZZLED ? row * (D / 4) + (acc_pair(row, 2 * c) >> 1) : i];
   uint2 out;
   out.x = pack2<T>(a.x * scale, a.y * scale);
   out.y = pack2<T>(a.z * scale, a.w * scale);
@@ -1055,6 +1146,7 @@ struct Args {
   void *dq, *dk, *dv;
   float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
   int B, H, M, N;
+  bool sm90;   // the bulk reduction of V6B_DQ_BULK needs compute capability 9.0
   cudaStream_t stream;
 };
 
@@ -1075,15 +1167,15 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int LAYOUT, bool CAUSAL>
+template <typename T, int D, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
 const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 128;
   const long long BH = (long long)a.B * a.H;
   const int n_blocks = (a.N + BC - 1) / BC;
   if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
-  constexpr size_t smem = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + 2 * BC * kBr * sizeof(T) +
-                          4 * kBr * sizeof(float);
-  auto kernel = bwd_dkdv_split<T, D, LAYOUT, CAUSAL>;
+  constexpr size_t smem = (size_t)(2 * BC + 2 * STAGES * kBr) * D * sizeof(T) + 2 * BC * kBr * sizeof(T) +
+                          (BULK_DQ ? kBr * D * sizeof(float) : 0) + 2 * STAGES * kBr * sizeof(float);
+  auto kernel = bwd_dkdv_split<T, D, LAYOUT, STAGES, BULK_DQ, CAUSAL>;
   if (const char* err = set_smem(kernel, smem)) return err;
   kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -1108,19 +1200,25 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
+  // the bulk reduction (sm_90 only) stages dQ in the swizzled accumulator layout
+  const bool bulk = LAYOUT != 0 && V6B_DQ_BULK && a.sm90;
   const char* err_dkdv;
   if (!atomic)
     err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
   else if constexpr (LAYOUT != 0)
-    err_dkdv = launch_dkdv_split<T, D, LAYOUT, CAUSAL>(a, scale_log2, scale);
+    err_dkdv = bulk ? launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, V6B_DQ_BULK != 0, CAUSAL>(a, scale_log2, scale)
+                    : launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, false, CAUSAL>(a, scale_log2, scale);
   else
     err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
   if (err_dkdv != nullptr) return err_dkdv;
 
   if (atomic) {
     const long long n4 = rows * D / 4;
-    bwd_convert<T><<<(unsigned)((n4 + kThreads - 1) / kThreads), kThreads, 0, a.stream>>>(
-        a.dq_acc, static_cast<T*>(a.dq), n4, scale);
+    const unsigned blocks = (unsigned)((n4 + kThreads - 1) / kThreads);
+    if (bulk)
+      bwd_convert<T, D, true><<<blocks, kThreads, 0, a.stream>>>(a.dq_acc, static_cast<T*>(a.dq), n4, scale);
+    else
+      bwd_convert<T, D, false><<<blocks, kThreads, 0, a.stream>>>(a.dq_acc, static_cast<T*>(a.dq), n4, scale);
   } else {
     const int m_blocks = (a.M + kBr - 1) / kBr;
     if ((long long)m_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(M / 64) must be below 2^31";
@@ -1159,7 +1257,7 @@ const char* v6_backward(const void* q, const void* k, const void* v, const void*
   if (err != cudaSuccess) return cudaGetErrorString(err);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (major < 8) return "v6 backward needs a GPU of compute capability 8.0 or newer (mma.sync, ldmatrix, cp.async)";
-  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, M, N, stream};
+  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, M, N, major >= 9, stream};
   switch (dtype) {
     case 0: return v6b::dispatch<__nv_bfloat16>(a, D, causal);
     case 1: return v6b::dispatch<__half>(a, D, causal);

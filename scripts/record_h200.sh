@@ -34,6 +34,11 @@
 #   backward the gradient call given dO (python -m flashattn.bench --backward) of v6 (atomic and
 #            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
 #            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
+#   backward-dq the dQ step of the backward's key-tile kernel (flashattn.autograd.DQ_VARIANTS: red.global or
+#            one bulk reduction per tile, 2 or 3 stages) beside SDPA's FlashAttention-2 and cuDNN backward,
+#            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
+#            stall samples -> OUTDIR/backward_dq.json, backward_dq_ncu.{json,raw.csv,source.csv}
+#            (about 90 s once built)
 #   train    the training demonstration, 300 steps of each attention from one seed
 #            -> OUTDIR/train_demo.json, train_demo.txt (about 60 s)
 #   sweep-v7 python -m flashattn.sweep v7: every step variant of the chapter at both shapes, one interleaved
@@ -139,6 +144,12 @@ for step in $STEPS; do
     backward)
         targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn
         ;;
+    backward-dq)
+        ncu_version
+        rm -f "$OUT/backward_dq.json" "$OUT/backward_dq.txt"
+        run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', '$OUT/backward_dq.json'])"
+        run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', '$OUT'])"
+        ;;
     train)
         rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
         run train_demo.txt $PY -m flashattn.training --steps 300 --json "$OUT/train_demo.json"
@@ -175,7 +186,7 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, train, sweep-VERSION," \
+        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, train, sweep-VERSION," \
              "profile-new, new, v8, profile-v8, new-v8)" >&2; status=2
         ;;
     esac

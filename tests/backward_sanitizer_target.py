@@ -1,7 +1,7 @@
 """Runs v6's forward_lse and backward (atomic and deterministic dQ) on small and odd shapes;
 tests/test_backward.py runs this file under compute-sanitizer (memcheck, then racecheck). The kernels are
-built by the test before the sanitizer starts. `--layout N` runs the backward built with the atomic
-mode's dK/dV layout N (flashattn.autograd.layout_module) instead of the default build."""
+built by the test before the sanitizer starts. `--variant NAME` runs the backward built with the macros of
+flashattn.autograd.VARIANTS[NAME] (variant_module) instead of the default build."""
 import itertools
 import sys
 
@@ -18,10 +18,10 @@ def cases():
         yield B, H, M, N, D, causal, dtype
 
 
-def run(layout=None):
-    from flashattn.autograd import layout_module
+def run(variant=None):
+    from flashattn.autograd import variant_module
     fwd = forward_module("v6")
-    bwd = backward_module("v6") if layout is None else layout_module(layout)
+    bwd = backward_module("v6") if variant is None else variant_module(variant)
     for B, H, M, N, D, causal, dtype in cases():
         q, do = (torch.randn(B, H, M, D, device="cuda", dtype=dtype) for _ in range(2))
         k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(2))
@@ -34,4 +34,4 @@ def run(layout=None):
 
 
 if __name__ == "__main__":
-    run(int(sys.argv[sys.argv.index("--layout") + 1]) if "--layout" in sys.argv else None)
+    run(sys.argv[sys.argv.index("--variant") + 1] if "--variant" in sys.argv else None)

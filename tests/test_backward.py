@@ -6,7 +6,10 @@
   * GPU: dQ, dK, dV against float64 autograd of flashattn.reference.attention_reference; our relative
     error must be at most twice the error of PyTorch's own backward (SDPA) in the same dtype. Odd shapes,
     M != N both ways, causal and not, several B and H, large logits, both dQ modes, poisoned memory.
-  * GPU: compute-sanitizer memcheck and racecheck over tests/backward_sanitizer_target.py.
+  * CPU: the bulk dQ step's float32 image in shared memory (acc_pair's column order): every element once,
+    conflict-free stores, and bwd_convert's read of it.
+  * GPU: compute-sanitizer memcheck, racecheck and synccheck over tests/backward_sanitizer_target.py, for the
+    default build and every other build of the atomic mode (flashattn.autograd.VARIANTS).
 """
 from __future__ import annotations
 
@@ -122,6 +125,48 @@ def test_split_layout_tiles_emulated():
                         row, k = a16(lane, i)
                         got = halves(int(regs[lane, i // 2]), np.float16)[i % 2]
                         assert got == pT[32 * wk + 16 * mi + row, 16 * kk + k], (wk, mi, kk, lane, i)
+
+
+def acc_pair(row: int, cp: int) -> int:
+    """kernels/v6_backward.cu's acc_pair: where column pair cp of accumulator row `row` is kept."""
+    return cp ^ ((row & 7) << 2)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_bulk_dq_image_emulated(D):
+    """V6B_DQ_BULK: warp w stores its dQ fragment (queries 32(w%2) + 16mq + g + 8h, column pairs
+    4(t0 + t) + q with t0 = (w/2) D/32) as 8-byte float2 at pair acc_pair(row, cp) of D-float rows of the
+    tile's image; bwd_convert reads column quad c of a row as the float4 at pair acc_pair(row, 2c). Checks
+    that every element lands once, that the convert's read gives back the matrix for a row base that is
+    not a multiple of 8 (the flat row bh * M + i0), and that each store instruction takes the minimum of 2
+    shared-memory wavefronts (256 bytes over 32 4-byte banks), where the plain layout takes 8."""
+    BR = 64
+    for row0 in (0, 5):                                  # flat row of the tile's first query
+        dq = np.arange(BR * D, dtype=np.float32).reshape(BR, D)
+        image = np.full(BR * D, np.nan, np.float32)
+        for w in range(8):
+            for mq in range(2):
+                for t in range(D // 32):
+                    for h in range(2):
+                        banks_plain, banks = [], []
+                        for lane in range(32):
+                            g, q = divmod(lane, 4)
+                            r, cp = 32 * (w % 2) + 16 * mq + g + 8 * h, 4 * ((w // 2) * (D // 32) + t) + q
+                            at = r * D + 2 * acc_pair(row0 + r, cp)
+                            assert np.isnan(image[at:at + 2]).all(), "two stores to one place"
+                            image[at:at + 2] = dq[r, 2 * cp:2 * cp + 2]
+                            banks += [(at + e) % 32 for e in range(2)]
+                            banks_plain += [(r * D + 2 * cp + e) % 32 for e in range(2)]
+                        # wavefronts of one store: the largest number of distinct words on one bank
+                        assert max(np.bincount(banks, minlength=32)) == 2, "dQ image store conflicts"
+                        assert max(np.bincount(banks_plain, minlength=32)) == 8   # what the swizzle avoids
+        assert not np.isnan(image).any()
+        back = np.empty_like(dq)
+        for r in range(BR):
+            for c in range(D // 4):
+                at = r * D + 2 * acc_pair(row0 + r, 2 * c)
+                back[r, 4 * c:4 * c + 4] = image[at:at + 4]
+        assert np.array_equal(back, dq)
 
 
 # ================================================================ GPU helpers
@@ -271,19 +316,24 @@ def test_bad_inputs_refused(bwd, fwd):
     assert torch.isfinite(dq).all() and dk.shape == k.shape
 
 
+# the atomic mode's builds beside the default: every dK/dV layout, and layout 2's dQ and pipeline steps
+BUILDS = ["v6_layout0", "v6_layout1", "v6_layout2", "v6_layout2_stages3", "v6_layout2_bulk",
+          "v6_layout2_bulk_stages3"]
+
+
 @needs_gpu
 @pytest.mark.parametrize("M,N", [(17, 17), (113, 203), (203, 113), (1, 203), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("layout", [0, 1, 2])
-def test_all_dkdv_layouts(fwd, layout, causal, D, M, N):
-    """The atomic mode's dK/dV kernels (V6B_D*_LAYOUT, built side by side by
-    flashattn.autograd.layout_module, whichever is the default): gradients within the tolerance, and dK,
-    dV bit-identical to the deterministic mode (same sums in the same order)."""
-    from flashattn.autograd import layout_module
-    seed = zlib.crc32(repr(("layout", layout, causal, D, M, N)).encode())
+@pytest.mark.parametrize("variant", BUILDS)
+def test_all_dkdv_variants(fwd, variant, causal, D, M, N):
+    """The atomic mode's builds (flashattn.autograd.VARIANTS, built side by side by variant_module,
+    whichever is the default): gradients within the tolerance, and dK, dV bit-identical to the
+    deterministic mode (same sums in the same order)."""
+    from flashattn.autograd import variant_module
+    seed = zlib.crc32(repr(("layout", variant, causal, D, M, N)).encode())
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
-    module = layout_module(layout)
+    module = variant_module(variant)
     got = check_grads(fwd, module, 2, 3, M, N, D, dtype, causal, False, seed)
     q, k, v, do = make_inputs(2, 3, M, N, D, dtype, seed)
     det = ours(fwd, module, q, k, v, do, causal, True)
@@ -292,9 +342,14 @@ def test_all_dkdv_layouts(fwd, layout, causal, D, M, N):
 
 # ================================================================ GPU: compute-sanitizer
 @needs_gpu
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_sanitizer_clean(fwd, bwd, tool):
-    """forward_lse and both backward modes under compute-sanitizer (the fixtures build outside it)."""
-    out, ran = run_sanitized(tool, "backward_sanitizer_target.py")
+@pytest.mark.parametrize("variant", [None, *BUILDS])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_clean(fwd, bwd, tool, variant):
+    """forward_lse and both backward modes under compute-sanitizer, the default build (None) and every
+    other build of the atomic mode (built outside the sanitizer first)."""
+    if variant is not None:
+        from flashattn.autograd import variant_module
+        variant_module(variant)
+    out, ran = run_sanitized(tool, "backward_sanitizer_target.py", *(() if variant is None else ("--variant", variant)))
     from backward_sanitizer_target import cases
     assert len(ran) == len(list(cases())), out[-4000:]

@@ -147,3 +147,45 @@ def test_every_profile_collects_the_bank_conflict_counters():
                            head_dim=64, causal=False)
     cmd = profile.ncu_command("ncu", "v6", args, Path("/tmp/x"), ["WarpStateStats"])
     assert cmd[cmd.index("--metrics") + 1].split(",") == list(ncu.SHARED.values())
+
+
+# ---------------------------------------------------------------- the source page (per SASS instruction)
+SOURCE_PAGE = '''"Kernel Name","void k1<int, (int)2>(const int *)"
+"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb","stall_wait"
+"0x10","IMAD.SHL.U32 R70, R230, 0x20, RZ","90","80","1"
+"0x20","REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR10][R76.64], R188","5","0","0"
+"0x30","LDS R5, [R2]","1","0","0"
+"0x40","@P0 IMAD.X R77, RZ, RZ, R66, P0","60","50","0"
+"0x50","IADD3 R9, R8, 1, RZ","20","10","0"
+"0x60","STG.E desc[UR10][R70.64], R31","1","0","0"
+"Kernel Name","void k2<int, (int)3>(const int *)"
+"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb","stall_wait"
+"0x10","BAR.SYNC.DEFER_BLOCKING 0x0","7","7","0"
+'''
+
+
+def test_source_page_round_trip(tmp_path):
+    pages = ncu.split_source_page("==PROF== noise\n" + SOURCE_PAGE)
+    assert list(pages) == ["void k1<int, (int)2>(const int *)", "void k2<int, (int)3>(const int *)"]
+    assert [len(rows) for rows in pages.values()] == [6, 1]
+    assert pages["void k1<int, (int)2>(const int *)"][3]["stall_long_sb"] == "50"
+    path = tmp_path / "source.csv"
+    ncu.write_source_rows(pages, path, labels=["red", "bulk"])
+    back = ncu.read_source_rows(path)
+    assert list(back) == ["red", "bulk"]
+    assert back["red"][1]["Source"].startswith("REDG") and back["bulk"][0]["stall_long_sb"] == "7"
+    assert back["red"][0]["stall_mio"] == ""   # a column the page did not have stays empty
+    with pytest.raises(ValueError):
+        ncu.write_source_rows(pages, path, labels=["only one"])
+
+
+def test_register_waits_finds_the_memory_instruction_that_holds_the_register():
+    rows = ncu.split_source_page(SOURCE_PAGE)["void k1<int, (int)2>(const int *)"]
+    waits = ncu.register_waits(rows, top=3)
+    assert [w["samples"] for w in waits] == [80, 50, 10]
+    # R70 is read by the STG at the loop's bottom: found by wrapping around, one instruction back
+    assert waits[0]["waits_for"] == {"source": "STG.E desc[UR10][R70.64], R31", "distance": 1, "wrapped": True}
+    # R77 is the high half of the REDG's 64-bit address R76.64; the predicate does not hide the opcode
+    assert waits[1]["waits_for"]["source"].startswith("REDG") and waits[1]["waits_for"]["distance"] == 2
+    assert waits[2]["waits_for"] is None                      # R9: no memory instruction reads it
+    assert ncu.register_waits(rows, top=2, window=2)[1]["waits_for"] is None   # the REDG is 2 back
