@@ -111,6 +111,24 @@
 //   ahead with the causal mask, behind without it. Layout 2 is the default (faster than layout 0 at all
 //   four rows). The fused builds (V6B_SPLIT_FUSE) were no faster; docs/backward_notes.md and the chapter
 //   have them, and the Nsight Compute comparison of the layouts.
+// The dQ step on layout 2 (V6B_DQ_BULK, V6B_SPLIT_STAGES; results/h200/backward_dq.json, commit 4ab3d2e;
+// python -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', 'results/h200/backward_dq.json'])"),
+// one interleaved run per row, 200 calls in 20 rounds, bf16, us:
+//   shape (bf16)             causal   red dQ  red, 3 stages   bulk dQ  bulk, 3 stages  SDPA flash     cuDNN
+//   B=4 H=12 M=N=2048 D=64   no         599.0           600.0     566.6           565.8       577.1     369.0
+//   B=2 H=16 M=N=8192 D=128  no       9,743.3         9,379.2   7,837.7         8,032.9     9,366.8   5,034.4
+//   B=4 H=12 M=N=2048 D=64   yes        337.3           337.9     319.9           320.5       405.9     269.2
+//   B=2 H=16 M=N=8192 D=128  yes      5,036.1         4,773.0   4,132.6         4,235.1     5,178.6   2,778.7
+//   Bulk dQ is 1.057x, 1.243x, 1.054x, 1.219x the speed of red dQ (rows in order): the default on sm_90, with
+//   2 stages (a third stage helped only the red build, at D=128). Against FlashAttention-2 the D=64 non-causal
+//   point is within run-to-run spread: 1.019x here, 0.971x in the target run below.
+// The targets with the default build (results/h200/bench_backward.json, commit 4ab3d2e; scripts/record_h200.sh
+// results/h200 backward), one interleaved run per row, bf16, us (TFLOP/s):
+//   shape (bf16)             causal            v6   deterministic    SDPA flash       cuDNN   v6 vs FA2 / cuDNN
+//   B=4 H=12 M=N=2048 D=64   no         566.1 (228)       636.7         549.8       336.3   0.971x / 0.594x
+//   B=2 H=16 M=N=8192 D=128  no       8,104.0 (339)    11,455.2       9,443.1     4,855.4   1.165x / 0.599x
+//   B=4 H=12 M=N=2048 D=64   yes        322.5 (200)       348.6         433.9       285.4   1.346x / 0.885x
+//   B=2 H=16 M=N=8192 D=128  yes      4,291.4 (320)     5,866.1       5,067.0     2,669.4   1.181x / 0.622x
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -39,6 +39,9 @@
 #            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
 #            stall samples -> OUTDIR/backward_dq.json, backward_dq_ncu.{json,raw.csv,source.csv}
 #            (about 90 s once built)
+#   backward-repeat the backward of v6 beside FlashAttention-2 (sdpa_flash) again, non-causal at both shapes,
+#            in 5 separate processes: how much the target table's ratios move from run to run
+#            -> OUTDIR/bench_backward_repeat.json, bench_backward_repeat.txt (about 100 s)
 #   train    the training demonstration, 300 steps of each attention from one seed
 #            -> OUTDIR/train_demo.json, train_demo.txt (about 60 s)
 #   sweep-v7 python -m flashattn.sweep v7: every step variant of the chapter at both shapes, one interleaved
@@ -144,6 +147,15 @@ for step in $STEPS; do
     backward)
         targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn
         ;;
+    backward-repeat)
+        rm -f "$OUT/bench_backward_repeat.json" "$OUT/bench_backward_repeat.txt"
+        for i in 1 2 3 4 5; do
+            run bench_backward_repeat.txt $PY -m flashattn.bench --backward v6 sdpa_flash --dtype bfloat16 -B 4 -H 12 \
+                -D 64 --seq-lens 2048 --no-check --json "$OUT/bench_backward_repeat.json" --append
+            run bench_backward_repeat.txt $PY -m flashattn.bench --backward v6 sdpa_flash --dtype bfloat16 -B 2 -H 16 \
+                -D 128 --seq-lens 8192 --no-check --json "$OUT/bench_backward_repeat.json" --append
+        done
+        ;;
     backward-dq)
         ncu_version
         rm -f "$OUT/backward_dq.json" "$OUT/backward_dq.txt"
@@ -186,7 +198,8 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, train, sweep-VERSION," \
+        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, backward-repeat," \
+             "train, sweep-VERSION," \
              "profile-new, new, v8, profile-v8, new-v8)" >&2; status=2
         ;;
     esac

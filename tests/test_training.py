@@ -188,13 +188,17 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
     bf16 attention does:
 
     * the gradients of every parameter at the first step (same weights, same batch): relative error;
-    * the training loss over 30 steps: the largest per-step distance. Rounding differences grow from step to
-      step, so a floor of 0.01 nats is added; a wrong gradient moves the loss by more than that within 30
-      steps at this learning rate, while the loss itself falls by more than 0.5 (asserted, so the curves
-      compared are not both flat)."""
+    * the training loss over 30 steps from three seeds: the mean per-step distance, summed over the seeds,
+      and the largest per-step distance of any seed. Rounding differences grow from step to step, so a
+      floor of 0.01 nats is added; a wrong gradient moves the loss by more than that within 30 steps,
+      while the loss itself falls by more than 0.5 (asserted, so the curves compared are not both flat).
+      The learning rate is 1e-3: at 3e-3 this model's loss spikes around step 10, and from there one
+      trajectory's distance to another is chaotic: on the H200, over five seeds, SDPA's own bf16 curve
+      strayed 0.003 to 0.09 nats from the float32 one and flashattn's 0.008 to 0.8, neither one closer at
+      every seed; at 1e-3 both stayed within 0.05."""
     from flashattn.reference import relative_error
     cfg = tr.Config(vocab_size=data.vocab_size, block_size=128, n_layer=2, n_head=2, head_dim=64, batch_size=8,
-                    steps=30, lr=3e-3, warmup_steps=5, eval_every=30)
+                    steps=30, lr=1e-3, warmup_steps=5, eval_every=30)
     models = {a: tr.build_model(cfg, a, "cuda") for a in tr.ATTENTIONS}
     x, y = data.batch(torch.Generator().manual_seed(0), cfg.batch_size, cfg.block_size, "cuda")
     g = {a: _grads(m, x, y) for a, m in models.items()}
@@ -202,11 +206,19 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
     assert all(torch.isfinite(v).all() for v in g.values())
     assert 0 < err["flashattn"] <= 2 * err["sdpa"], err
 
-    curves, _, _ = tr.train(cfg, data, tr.ATTENTIONS, "cuda")
-    ref = torch.tensor(curves["sdpa_fp32"]["train_loss"])
-    dev = {a: (torch.tensor(curves[a]["train_loss"]) - ref).abs().max().item() for a in ("sdpa", "flashattn")}
-    assert ref[-5:].mean() < ref[:5].mean() - 0.5
-    assert dev["flashattn"] <= 2 * dev["sdpa"] + 0.01, dev
+    mean = {"sdpa": 0.0, "flashattn": 0.0}
+    worst = {"sdpa": 0.0, "flashattn": 0.0}
+    for seed in range(3):
+        cfg.seed = seed
+        curves, _, _ = tr.train(cfg, data, tr.ATTENTIONS, "cuda")
+        ref = torch.tensor(curves["sdpa_fp32"]["train_loss"])
+        assert ref[-5:].mean() < ref[:5].mean() - 0.5
+        for a in mean:
+            d = (torch.tensor(curves[a]["train_loss"]) - ref).abs()
+            mean[a] += d.mean().item()
+            worst[a] = max(worst[a], d.max().item())
+    assert mean["flashattn"] <= 2 * mean["sdpa"] + 0.01, mean
+    assert worst["flashattn"] <= 2 * worst["sdpa"] + 0.01, worst
 
 
 @needs_gpu
