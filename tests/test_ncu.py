@@ -189,3 +189,23 @@ def test_register_waits_finds_the_memory_instruction_that_holds_the_register():
     assert waits[1]["waits_for"]["source"].startswith("REDG") and waits[1]["waits_for"]["distance"] == 2
     assert waits[2]["waits_for"] is None                      # R9: no memory instruction reads it
     assert ncu.register_waits(rows, top=2, window=2)[1]["waits_for"] is None   # the REDG is 2 back
+
+
+def test_recorded_dq_profile_backs_the_backward_chapter():
+    """The chapter's claim about results/h200/backward_dq_ncu.*: in the red.global build, most of the
+    instructions with the most long-scoreboard samples overwrite a register of a pending REDG, and the bulk
+    build has a small fraction of those samples."""
+    import json
+
+    from flashattn.records import RESULTS
+    info = json.loads((RESULTS / "backward_dq_ncu.json").read_text())
+    pages = ncu.read_source_rows(RESULTS / info["source_csv"])
+    assert list(pages) == info["kernels"] == ["v6_layout2", "v6_layout2_bulk"]
+    waits = ncu.register_waits(pages["v6_layout2"], top=3)
+    assert sum(bool(w["waits_for"]) and w["waits_for"]["source"].startswith("REDG") for w in waits) >= 2, waits
+
+    def long_scoreboard(rows):
+        return sum(float(r["stall_long_sb"] or 0) for r in rows)
+
+    assert long_scoreboard(pages["v6_layout2_bulk"]) < 0.25 * long_scoreboard(pages["v6_layout2"])
+    assert not any(r["Source"].lstrip().startswith("REDG") for r in pages["v6_layout2_bulk"])
