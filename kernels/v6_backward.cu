@@ -32,10 +32,10 @@
 //      shared-memory bytes per mma than in bwd_dkdv, where every warp reads all of Q_i and dO_i (twice) for
 //      its 16 keys. Layout 1 is the split with 4-byte stores and bwd_dkdv's dQ split (the step between).
 //      dK and dV are bit-identical in every layout (the same sums in the same order).
-//      On sm_90 (V6B_DQ_BULK = 1, the default) dQ_i's contribution is not added element by element: the
-//      warps store it into a float32 image of the tile's accumulator rows in shared memory, and one thread
-//      hands the whole tile to the copy engine, cp.reduce.async.bulk .add.f32, one instruction per tile
-//      instead of a red.global.add.v2 per two elements from every thread. Each red held the registers of
+//      Layout 2 on sm_90 (V6B_DQ_BULK = 1, the default): dQ_i's contribution is not added element by
+//      element. The warps store it into a float32 image of the tile's accumulator rows in shared memory,
+//      and one thread hands the whole tile to the copy engine, cp.reduce.async.bulk .add.f32, one
+//      instruction per tile instead of a red.global.add.v2 per two elements from every thread. Each red held the registers of
 //      its address and data until the memory pipeline had read them, and the instructions that reused
 //      those registers waited (Nsight Compute's long-scoreboard stall; the chapter shows the samples).
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
@@ -173,8 +173,9 @@
 #ifndef V6B_SPLIT_STAGES
 #define V6B_SPLIT_STAGES 2
 #endif
-// bwd_dkdv_split on sm_90: 1 stages dQ_i in shared memory and adds it into the accumulator with one bulk
-// reduction (cp.reduce.async.bulk) per tile instead of a red.global per element pair from every thread.
+// bwd_dkdv_split with layout 2 on sm_90: 1 stages dQ_i in shared memory and adds it into the accumulator
+// with one bulk reduction (cp.reduce.async.bulk) per tile instead of a red.global per element pair from
+// every thread. Layout 1 and other GPUs always take the red.global path.
 #ifndef V6B_DQ_BULK
 #define V6B_DQ_BULK 1
 #endif
@@ -1218,13 +1219,14 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  // the bulk reduction (sm_90 only) stages dQ in the swizzled accumulator layout
-  const bool bulk = LAYOUT != 0 && V6B_DQ_BULK && a.sm90;
+  // the bulk reduction (layout 2 on sm_90) stages dQ in the swizzled accumulator layout
+  constexpr bool kBulk = LAYOUT == 2 && V6B_DQ_BULK != 0;
+  const bool bulk = kBulk && a.sm90;
   const char* err_dkdv;
   if (!atomic)
     err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
   else if constexpr (LAYOUT != 0)
-    err_dkdv = bulk ? launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, V6B_DQ_BULK != 0, CAUSAL>(a, scale_log2, scale)
+    err_dkdv = bulk ? launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, kBulk, CAUSAL>(a, scale_log2, scale)
                     : launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, false, CAUSAL>(a, scale_log2, scale);
   else
     err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
