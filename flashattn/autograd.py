@@ -221,11 +221,6 @@ def variant_module(name: str):
                  module_name=f"flashattn_v6_backward_{name}")
 
 
-def layout_module(layout: int):
-    """v6's backward with the atomic mode's dK/dV layout `layout` (0, 1, 2) at both head dims."""
-    return variant_module(f"v6_layout{layout}")
-
-
 def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torch.bfloat16, warmup: int = 25,
                     repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
     """The builds of LAYOUT_VARIANTS (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
@@ -364,6 +359,7 @@ def main(argv=None) -> int:
                                         labels=variants)
             info["source_csv"] = f"{name}_ncu.source.csv"
         (args.profile / f"{name}_ncu.json").write_text(json.dumps(info, indent=1) + "\n")
+        shutil.rmtree(rep.parent, ignore_errors=True)
         print(f"wrote {args.profile / f'{name}_ncu.json'}")
         return 0
     if args.set == "dq":   # the steps are a few percent apart: twice the layouts' repetitions
