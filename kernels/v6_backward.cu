@@ -426,6 +426,28 @@ __device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restr
     }
 }
 
+// The key tile of one block of the dK/dV kernels: keys [n0, n0 + BC) of (batch, head) bh. heads_first:
+// consecutive blocks take the same key tile of different heads (causal: the first key tiles, which see
+// the most query tiles, start first, all heads at once, and the blocks running at one time add into the dQ
+// rows of many heads); otherwise the key tiles of one head are consecutive.
+struct KeyTile {
+  int bh, n0;
+};
+template <int BC>
+__device__ __forceinline__ KeyTile key_tile(bool heads_first, int BH, int n_blocks) {
+  if (heads_first) return {(int)(blockIdx.x % BH), (int)(blockIdx.x / BH) * BC};
+  return {(int)(blockIdx.x / n_blocks), (int)(blockIdx.x % n_blocks) * BC};
+}
+
+// The first query tile (of B_R rows) that sees any key of the tile starting at n0: key j is seen by rows
+// i >= j - (N - M), so the tile's first key bounds them from below; m_tiles when no row sees it.
+template <int BR, bool CAUSAL>
+__device__ __forceinline__ int first_query_tile(int n0, int M, int N, int m_tiles) {
+  if (!CAUSAL) return 0;
+  const long long first = (long long)n0 - N + M;
+  return first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
+}
+
 // ---------------------------------------------------------------- 1. pre-pass -------------------------
 // CPR threads per row (16-byte chunks), rows = B * H * M.
 template <typename T, int D>
@@ -490,16 +512,8 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
   float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
   float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
 
-  // Causal: the first key tiles see the most query tiles; they start first, all heads at once.
-  int n_block, bh;
-  if (CAUSAL) {
-    bh = blockIdx.x % BH;
-    n_block = (int)(blockIdx.x / BH);
-  } else {
-    n_block = blockIdx.x % n_blocks;
-    bh = blockIdx.x / n_blocks;
-  }
-  const int n0 = n_block * BC;
+  const KeyTile tile = key_tile<BC>(CAUSAL, BH, n_blocks);
+  const int bh = tile.bh, n0 = tile.n0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
 
@@ -509,15 +523,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
   const T* dOh = dO + (size_t)bh * M * D;
   const float* lse2h = lse2 + (size_t)bh * M;
   const float* Dh = Dvec + (size_t)bh * M;
-
-  // Query tiles to visit. Causal: key j is seen by rows i >= j - (N - M), so the tile's first key bounds
-  // them from below.
-  const int m_tiles = (M + BR - 1) / BR;
-  int it_begin = 0;
-  if (CAUSAL) {
-    const long long first = (long long)n0 - N + M;
-    it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
-  }
+  const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
 
   float dv[DT][4], dk[DT][4];
 #pragma unroll
@@ -709,18 +715,8 @@ __global__ void __launch_bounds__(256, 1)
   float* sL = sdQ + (BULK_DQ ? BR * D : 0);               // STAGES buffers of B_r lse2
   float* sDv = sL + STAGES * BR;                          // STAGES buffers of B_r D_i
 
-  // Causal (and V6B_SPLIT_HEADS_FIRST): consecutive blocks take the same key tile of different heads, so
-  // the blocks running at one time add into the dQ rows of many heads; otherwise the key tiles of one head
-  // are consecutive, and the blocks running at one time add into the same few query rows.
-  int n_block, bh;
-  if (CAUSAL || V6B_SPLIT_HEADS_FIRST) {
-    bh = blockIdx.x % BH;
-    n_block = (int)(blockIdx.x / BH);
-  } else {
-    n_block = blockIdx.x % n_blocks;
-    bh = blockIdx.x / n_blocks;
-  }
-  const int n0 = n_block * BC;
+  const KeyTile tile = key_tile<BC>(CAUSAL || V6B_SPLIT_HEADS_FIRST, BH, n_blocks);
+  const int bh = tile.bh, n0 = tile.n0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int wk = warp >> 1, wq = warp & 1;   // wq: query half in the S^T step, head-dim half in dK/dV
@@ -731,13 +727,7 @@ __global__ void __launch_bounds__(256, 1)
   const T* dOh = dO + (size_t)bh * M * D;
   const float* lse2h = lse2 + (size_t)bh * M;
   const float* Dh = Dvec + (size_t)bh * M;
-
-  const int m_tiles = (M + BR - 1) / BR;
-  int it_begin = 0;
-  if (CAUSAL) {
-    const long long first = (long long)n0 - N + M;
-    it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
-  }
+  const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
 
   float dv[2][DHT][4], dk[2][DHT][4];
 #pragma unroll
