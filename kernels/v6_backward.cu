@@ -35,9 +35,10 @@
 //      Layout 2 on sm_90 (V6B_DQ_BULK = 1, the default): dQ_i's contribution is not added element by
 //      element. The warps store it into a float32 image of the tile's accumulator rows in shared memory,
 //      and one thread hands the whole tile to the copy engine, cp.reduce.async.bulk .add.f32, one
-//      instruction per tile instead of a red.global.add.v2 per two elements from every thread. Each red held the registers of
-//      its address and data until the memory pipeline had read them, and the instructions that reused
-//      those registers waited (Nsight Compute's long-scoreboard stall; the chapter shows the samples).
+//      instruction per tile instead of a red.global.add.v2 per two elements from every thread. Each red
+//      held the registers of its address and data until the memory pipeline had read them, and the
+//      instructions that reused those registers waited (Nsight Compute's long-scoreboard stall; the
+//      chapter shows the samples).
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
 //      reductions, the accumulator's column swizzle undone: see acc_pair).
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
