@@ -195,9 +195,10 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 # warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
 # 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
 # (non-causal blocks ordered head-fastest, as the causal ones are).
-def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0) -> dict:
+def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0, br: int = 64) -> dict:
     return {"V6B_D64_LAYOUT": layout, "V6B_D128_LAYOUT": layout, "V6B_SPLIT_FUSE": fuse,
-            "V6B_SPLIT_HEADS_FIRST": heads_first, "V6B_SPLIT_STAGES": stages, "V6B_DQ_BULK": bulk}
+            "V6B_SPLIT_HEADS_FIRST": heads_first, "V6B_SPLIT_STAGES": stages, "V6B_DQ_BULK": bulk,
+            "V6B_D64_BR": br}
 
 
 # every entry spells out all the macros, so that a change of the file's defaults changes no entry
@@ -208,7 +209,10 @@ LAYOUT_VARIANTS = {"v6_layout0": _macros(0), "v6_layout1": _macros(1), "v6_layou
 # reduction per tile from shared memory) and how far ahead Q_i, dO_i are loaded (V6B_SPLIT_STAGES).
 DQ_VARIANTS = {"v6_layout2": _macros(2), "v6_layout2_stages3": _macros(2, stages=3),
                "v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_stages3": _macros(2, stages=3, bulk=1)}
-VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS}
+# The step after it, at D=64 only: 128 query rows per tile (B_r) instead of 64, FlashAttention-2's tile at this
+# head dim. At D=128 both builds are the same kernel, so their D=128 rows measure the run's own spread.
+TILE_VARIANTS = {"v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_br128": _macros(2, bulk=1, br=128)}
+VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS, **TILE_VARIANTS}
 
 
 def variant_module(name: str):
@@ -263,7 +267,8 @@ def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torc
     return rows
 
 
-PROFILE_SHAPE = (2, 16, 8192, 128)   # B, H, M = N, D of the layouts' Nsight Compute record (non-causal)
+# B, H, M = N, D of each step's Nsight Compute record (non-causal): the tile step changes only D=64
+PROFILE_SHAPES = {"layouts": (2, 16, 8192, 128), "dq": (2, 16, 8192, 128), "tile": (4, 12, 2048, 64)}
 NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
                "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,"
                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,"
@@ -272,17 +277,19 @@ NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
 
 
 # The two steps main records: the dK/dV layouts, and layout 2's dQ sum and pipeline depth.
-STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS}
+STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS, "tile": TILE_VARIANTS}
 # Nsight Compute's builds per step, and for the dQ step its source page too (warp stall samples per SASS
 # instruction, which name the instruction a stall sits on)
-PROFILED = {"layouts": tuple(LAYOUT_VARIANTS), "dq": ("v6_layout2", "v6_layout2_bulk")}
-RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq"}
+PROFILED = {"layouts": tuple(LAYOUT_VARIANTS), "dq": ("v6_layout2", "v6_layout2_bulk"), "tile": tuple(TILE_VARIANTS)}
+RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq", "tile": "backward_tile"}
+SOURCE_PAGES = ("dq",)   # steps whose record keeps the per-instruction stall samples
 
 
-def profile_target(variants=tuple(LAYOUT_VARIANTS)) -> None:
-    """One backward of each build at PROFILE_SHAPE, in order: the program Nsight Compute runs (main's
-    --profile)."""
-    B, H, L, D = PROFILE_SHAPE
+def profile_target(step: str = "layouts") -> None:
+    """One backward of each of PROFILED[step]'s builds at PROFILE_SHAPES[step], in order: the program
+    Nsight Compute runs (main's --profile)."""
+    variants = PROFILED[step]
+    B, H, L, D = PROFILE_SHAPES[step]
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     o, lse = forward_module("v6").forward_lse(q, k, v, False)
     modules = [variant_module(name) for name in variants]   # built before the first profiled launch
@@ -293,20 +300,20 @@ def profile_target(variants=tuple(LAYOUT_VARIANTS)) -> None:
 
 def main(argv=None) -> int:
     """A step of the key-tile kernel at the four targets (compare_layouts), or with --profile its Nsight
-    Compute record; --set picks the step (STEP_SETS: "layouts", the default, or "dq"):
+    Compute record; --set picks the step (STEP_SETS: "layouts", the default, "dq" or "tile"):
 
         python -c "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"
         python -c "from flashattn.autograd import main; main(['--profile', 'results/h200'])"
         python -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', OUT])"
         python -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', 'results/h200'])"
 
-    with OUT = 'results/h200/backward_dq.json' for the book's record.
+    with OUT = 'results/h200/backward_dq.json' for the book's record ('backward_tile.json' for "tile").
 
     (not `python -m`: running this file as __main__ would register the custom ops a second time if
     anything imports flashattn.autograd). --profile runs ncu on profile_target (the report goes to a
     temporary folder) and writes <record>_ncu.raw.csv and <record>_ncu.json (which kernel is which) into
-    the folder, <record> being RECORD_NAMES[set]; for "dq" also <record>_ncu.source.csv, the stall
-    samples per SASS instruction."""
+    the folder, <record> being RECORD_NAMES[set]; for the steps of SOURCE_PAGES also
+    <record>_ncu.source.csv, the stall samples per SASS instruction."""
     import argparse
     import json
     import shutil
@@ -325,7 +332,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     variants = PROFILED[args.set]
     if args.profile_target:
-        profile_target(variants)
+        profile_target(args.set)
         return 0
     quoted = ", ".join(repr(a) for a in (argv or []))
     if args.profile:
@@ -338,7 +345,7 @@ def main(argv=None) -> int:
         # below are what the book reads
         rep = Path(tempfile.mkdtemp()) / f"{name}_ncu"
         sections = ["--section", "SpeedOfLight", "--section", "WarpStateStats"]
-        if args.set == "dq":
+        if args.set in SOURCE_PAGES:
             sections += ["--section", "SourceCounters"]
         cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv", "--launch-count",
                str(len(variants)), *sections, "--metrics", NCU_METRICS, "--export", str(rep), "--force-overwrite",
@@ -348,11 +355,11 @@ def main(argv=None) -> int:
         raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"], check=True,
                              capture_output=True, text=True).stdout
         (args.profile / f"{name}_ncu.raw.csv").write_text(raw)
-        B, H, L, D = PROFILE_SHAPE
+        B, H, L, D = PROFILE_SHAPES[args.set]
         info = {"shape": f"B={B}, H={H}, M=N={L}, D={D}, non-causal", "raw_csv": f"{name}_ncu.raw.csv",
                 "kernels": list(variants), "command": " ".join(cmd[:-1]) + f' "{cmd[-1]}"',
                 "git_commit": environment([])["git"].get("commit")}
-        if args.set == "dq":
+        if args.set in SOURCE_PAGES:
             page = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
                                    "--print-source", "sass"], check=True, capture_output=True, text=True).stdout
             ncu_pages.write_source_rows(ncu_pages.split_source_page(page), args.profile / f"{name}_ncu.source.csv",
@@ -362,8 +369,8 @@ def main(argv=None) -> int:
         shutil.rmtree(rep.parent, ignore_errors=True)
         print(f"wrote {args.profile / f'{name}_ncu.json'}")
         return 0
-    if args.set == "dq":   # the steps are a few percent apart: twice the layouts' repetitions
-        rows = compare_layouts(variants=tuple(DQ_VARIANTS), repetitions=200, rounds=20)
+    if args.set != "layouts":   # these steps are a few percent apart: twice the layouts' repetitions
+        rows = compare_layouts(variants=tuple(STEP_SETS[args.set]), repetitions=200, rounds=20)
     else:
         rows = compare_layouts()
     if args.json:

@@ -180,6 +180,11 @@
 #ifndef V6B_DQ_BULK
 #define V6B_DQ_BULK 1
 #endif
+// Query rows per tile (B_r) of bwd_dkdv_split on that bulk path at D=64: 64 or 128 (FlashAttention-2's
+// tile at this head dim). At D=128 a 128-row tile does not fit in shared memory, so B_r stays 64 there.
+#ifndef V6B_D64_BR
+#define V6B_D64_BR 64
+#endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
 #endif
@@ -353,17 +358,17 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
   }
 }
 
-// lse2 and D_i of query rows [row0, row0 + kBr) into shared memory: threads 0..63 copy lse2, 64..127
-// copy D_i, one float each (threads past 127 have nothing to copy). Rows past M become 0, which with
+// lse2 and D_i of query rows [row0, row0 + BR) into shared memory: threads 0..BR-1 copy lse2, BR..2BR-1
+// copy D_i, one float each (the threads after them have nothing to copy). Rows past M become 0, which with
 // their zero Q and dO rows gives P * (dP - D) = 1 * (0 - 0) = 0: padded rows add nothing.
+template <int BR = kBr>
 __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const float* __restrict__ lse2,
                                                const float* __restrict__ Dvec, int row0, int M, int tid) {
-  static_assert(2 * kBr == 128, "one float per thread of the first four warps");
-  if (tid >= 2 * kBr) return;
-  const int r = tid % kBr, row = row0 + r;
+  if (tid >= 2 * BR) return;
+  const int r = tid % BR, row = row0 + r;
   const bool valid = row < M;
-  const float* src = tid < kBr ? lse2 : Dvec;
-  float* dst = tid < kBr ? s_lse : s_d;
+  const float* src = tid < BR ? lse2 : Dvec;
+  float* dst = tid < BR ? s_lse : s_d;
   cp_async_4(smem_addr(dst + r), valid ? src + row : src, valid);
 }
 
@@ -371,13 +376,13 @@ __device__ __forceinline__ void load_row_terms(float* s_lse, float* s_d, const f
 // A = dS [16 queries x 16 keys] through ldmatrix.trans of the stored dS^T [keys][B_r queries]: matrices
 // (keys 0-7, queries 0-7), (keys 0-7, queries 8-15), (keys 8-15, queries 0-7), (keys 8-15, queries 8-15),
 // transposed. B = K_j [keys][D] through ldmatrix.trans. row0 = the tile's first flat row (bh * M + i0),
-// rows = how many of its B_r rows exist. STAGE = false: red.global into the accumulator (plain layout,
+// rows = how many of its BR rows exist. STAGE = false: red.global into the accumulator (plain layout,
 // rows past the end skipped); true: the tile's image in sdQ ([B_r][D] fp32, acc_pair order), for one
 // bulk reduction.
-template <typename T, int D, int BC, int MQ, int NT, bool STAGE>
+template <typename T, int D, int BC, int MQ, int NT, bool STAGE, int BR = kBr>
 __device__ __forceinline__ void dq_add(const T* sdS, const T* sK, float* __restrict__ acc, float* sdQ, int q0,
                                        int t0, long long row0, int rows, int lane) {
-  constexpr int ROWB = D * 2, SROWB = kBr * 2;
+  constexpr int ROWB = D * 2, SROWB = BR * 2;
   const int x = lane & 7, g = lane >> 2, q = lane & 3;
   const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
   const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
@@ -689,20 +694,23 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 // Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
-template <typename T, int D, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
+template <typename T, int D, int BR, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
                    T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
                    int n_blocks, float scale_log2, float scale) {
-  constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128, BR = kBr;
+  constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, DT = D / 8;
   constexpr int SROWB = BR * 2;         // bytes per row of P^T and dS^T
-  static_assert(SROWB == 128, "the P^T / dS^T swizzle assumes 8 chunks per row");
-  constexpr int KW = 32, QW = 32;       // S^T step: keys x queries per warp
+  static_assert(BR == 64 || (BR == 128 && LAYOUT == 2), "B_r = 128 is built with layout 2 only");
+  constexpr int KW = 32, QW = BR / 2;   // S^T step: keys x queries per warp
+  constexpr int QT = QW / 8;            // n8 tiles over a warp's queries
   constexpr int DH = D / 2, DHT = DH / 8;   // dK/dV step: head-dim columns per warp, their n8 tiles
-  constexpr int QS = BR / 16, DQT = DT / 2;  // dQ step: query slices, n8 tiles per warp
-  static_assert(BC == KW * (WARPS / 2) && BR == QW * 2 && QS * 2 == WARPS, "warp split of the tile");
+  constexpr int QS = BR / 16, DQT = DT / 2;  // dQ step, layout 1: query slices, n8 tiles per warp
+  constexpr int QG = BR / 32, DQT2 = DT * QG / WARPS;   // dQ step, layout 2: 32-query groups (2 or 4), n8 tiles
+  static_assert(QG == 2 || QG == 4, "warp >> (QG / 2) below is warp / QG");
+  static_assert(BC == KW * (WARPS / 2) && BR == QW * 2 && (LAYOUT == 2 || QS * 2 == WARPS), "warp split of the tile");
   static_assert(STAGES >= 2, "Q_i, dO_i need at least a double buffer");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -753,7 +761,7 @@ __global__ void __launch_bounds__(256, 1)
       const int b = (it - it_begin) % STAGES;
       load_tile<BR, CPR, THREADS>(sQ + b * BR * D, Qh, it * BR, M, tid);
       load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dOh, it * BR, M, tid);
-      load_row_terms(sL + b * BR, sDv + b * BR, lse2h, Dh, it * BR, M, tid);
+      load_row_terms<BR>(sL + b * BR, sDv + b * BR, lse2h, Dh, it * BR, M, tid);
     };
     load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
     load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
@@ -763,18 +771,19 @@ __global__ void __launch_bounds__(256, 1)
       cp_async_commit();
     }
 
-    // k16 step ks of the [32 keys x 32 queries] product acc = A B^T: A = 32 rows at a_base (K_j or V_j),
-    // B = 32 rows at b_base (Q_i or dO_i).
-    auto keys_times_rows_step = [&](float (&acc)[2][4][4], uint32_t a_base, uint32_t b_base, int ks) {
-      uint32_t a[2][4], b[2][4];
+    // k16 step ks of the [32 keys x QW queries] product acc = A B^T: A = 32 rows at a_base (K_j or V_j),
+    // B = QW rows at b_base (Q_i or dO_i).
+    auto keys_times_rows_step = [&](float (&acc)[2][QT][4], uint32_t a_base, uint32_t b_base, int ks) {
+      uint32_t a[2][4], b[QT / 2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(a[mi], a_base + mi * 16 * ROWB + (((2 * ks + a_chunk) ^ x) << 4));
 #pragma unroll
-      for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
+      for (int np = 0; np < QT / 2; ++np)
+        ldmatrix_x4(b[np], b_base + np * 16 * ROWB + (((2 * ks + b_chunk) ^ x) << 4));
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < QT / 2; ++np) {
           mma<T>(acc[mi][2 * np], a[mi], b[np][0], b[np][1]);
           mma<T>(acc[mi][2 * np + 1], a[mi], b[np][2], b[np][3]);
         }
@@ -821,11 +830,11 @@ __global__ void __launch_bounds__(256, 1)
       const float* L = sL + buf * BR + QW * wq;
       const float* Dv = sDv + buf * BR + QW * wq;
 
-      float s[2][4][4], dp[2][4][4];   // S^T = K_j Q_i^T, dP^T = V_j dO_i^T
+      float s[2][QT][4], dp[2][QT][4];   // S^T = K_j Q_i^T, dP^T = V_j dO_i^T
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int t = 0; t < 4; ++t)
+        for (int t = 0; t < QT; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][t][e] = dp[mi][t][e] = 0.f;
       if constexpr ((V6B_SPLIT_FUSE & 1) != 0) {   // both products in one k loop: two independent mma chains
@@ -841,15 +850,15 @@ __global__ void __launch_bounds__(256, 1)
         for (int ks = 0; ks < KSTEPS; ++ks) keys_times_rows_step(dp, sV_a, sdO_b, ks);
       }
 
-      // ---- P^T and dS^T, masked where needed, packed, to shared memory ([key][query], 128-byte rows,
+      // ---- P^T and dS^T, masked where needed, packed, to shared memory ([key][query], 2 B_r-byte rows,
       //      16-byte chunk c of row r at chunk c ^ (r % 8)) ----
       const bool tail = n0 + BC > N;
       const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;
       unsigned char* sPb = reinterpret_cast<unsigned char*>(sP);
       unsigned char* sdSb = reinterpret_cast<unsigned char*>(sdS);
-      uint32_t p_pk[2][4][2], ds_pk[2][4][2];   // [m16 tile][n8 tile][key row g, g + 8]
+      uint32_t p_pk[2][QT][2], ds_pk[2][QT][2];   // [m16 tile][n8 tile][key row g, g + 8]
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
+      for (int t = 0; t < QT; ++t) {
         const float2 l2 = *reinterpret_cast<const float2*>(L + 8 * t + 2 * q);
         const float2 d2 = *reinterpret_cast<const float2*>(Dv + 8 * t + 2 * q);
 #pragma unroll
@@ -885,8 +894,8 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-          for (int tp = 0; tp < 2; ++tp) {
-            const int r = KW * wk + 16 * mi + 8 * (i & 1) + j, chunk = 4 * wq + 2 * tp + (i >> 1);
+          for (int tp = 0; tp < QT / 2; ++tp) {
+            const int r = KW * wk + 16 * mi + 8 * (i & 1) + j, chunk = QT * wq + 2 * tp + (i >> 1);
             const uint32_t off = (uint32_t)(r * SROWB + ((chunk ^ j) << 4));
             stmatrix_x4(smem_addr(sPb) + off, p_pk[mi][2 * tp][0], p_pk[mi][2 * tp][1], p_pk[mi][2 * tp + 1][0],
                         p_pk[mi][2 * tp + 1][1]);
@@ -898,10 +907,10 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-          for (int t = 0; t < 4; ++t)
+          for (int t = 0; t < QT; ++t)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int r = KW * wk + 16 * mi + g + 8 * h, chunk = 4 * wq + t;
+              const int r = KW * wk + 16 * mi + g + 8 * h, chunk = QT * wq + t;
               const int off = r * SROWB + ((chunk ^ (r & 7)) << 4) + 4 * q;
               *reinterpret_cast<uint32_t*>(sPb + off) = p_pk[mi][t][h];
               *reinterpret_cast<uint32_t*>(sdSb + off) = ds_pk[mi][t][h];
@@ -929,11 +938,12 @@ __global__ void __launch_bounds__(256, 1)
 
       // dQ_i += dS K_j. Layout 1: bwd_dkdv's split, warp w: queries 16 * (w % 4) .. +16, head-dim columns
       // (D/2) * (w/4) .. +D/2 -- per k16 step 1 + D/32 ldmatrix for D/16 mma. Layout 2: queries
-      // 32 * (w % 2) .. +32, columns (D/4) * (w/2) .. +D/4 -- 2 + D/64 ldmatrix for D/8 mma.
+      // 32 * (w % QG) .. +32, columns (D/4) * (w/2) .. +D/4 with B_r = 64 (2 + D/64 ldmatrix for D/8 mma)
+      // or (D/2) * (w/4) .. +D/2 with B_r = 128 (2 + D/32 ldmatrix for D/4 mma).
       const long long row0 = (long long)bh * M + i0;
       if constexpr (LAYOUT == 2)
-        dq_add<T, D, BC, 2, D / 32, BULK_DQ>(sdS, sK, dq_acc, sdQ, 32 * (warp & 1), (warp >> 1) * (D / 32), row0,
-                                             M - i0, lane);
+        dq_add<T, D, BC, 2, DQT2, BULK_DQ, BR>(sdS, sK, dq_acc, sdQ, 32 * (warp & (QG - 1)), (warp >> (QG / 2)) * DQT2,
+                                               row0, M - i0, lane);
       else
         dq_add<T, D, BC, 1, DQT, BULK_DQ>(sdS, sK, dq_acc, sdQ, 16 * (warp % QS), (warp / QS) * DQT, row0, M - i0,
                                           lane);
@@ -1177,15 +1187,15 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
+template <typename T, int D, int BR, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
 const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 128;
   const long long BH = (long long)a.B * a.H;
   const int n_blocks = (a.N + BC - 1) / BC;
   if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
-  constexpr size_t smem = (size_t)(2 * BC + 2 * STAGES * kBr) * D * sizeof(T) + 2 * BC * kBr * sizeof(T) +
-                          (BULK_DQ ? kBr * D * sizeof(float) : 0) + 2 * STAGES * kBr * sizeof(float);
-  auto kernel = bwd_dkdv_split<T, D, LAYOUT, STAGES, BULK_DQ, CAUSAL>;
+  constexpr size_t smem = (size_t)(2 * BC + 2 * STAGES * BR) * D * sizeof(T) + 2 * BC * BR * sizeof(T) +
+                          (BULK_DQ ? BR * D * sizeof(float) : 0) + 2 * STAGES * BR * sizeof(float);
+  auto kernel = bwd_dkdv_split<T, D, BR, LAYOUT, STAGES, BULK_DQ, CAUSAL>;
   if (const char* err = set_smem(kernel, smem)) return err;
   kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -1194,7 +1204,7 @@ const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, bool CAUSAL>
+template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, int BULK_BR, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
   const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
@@ -1210,15 +1220,17 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  // the bulk reduction (layout 2 on sm_90) stages dQ in the swizzled accumulator layout
+  // the bulk reduction (layout 2 on sm_90) stages dQ in the swizzled accumulator layout; only this path
+  // takes B_r = BULK_BR, so that other GPUs keep the tile that fits their shared memory
   constexpr bool kBulk = LAYOUT == 2 && V6B_DQ_BULK != 0;
+  constexpr int kBulkBr = kBulk ? BULK_BR : kBr;
   const bool bulk = kBulk && a.sm90;
   const char* err_dkdv;
   if (!atomic)
     err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
   else if constexpr (LAYOUT != 0)
-    err_dkdv = bulk ? launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, kBulk, CAUSAL>(a, scale_log2, scale)
-                    : launch_dkdv_split<T, D, LAYOUT, V6B_SPLIT_STAGES, false, CAUSAL>(a, scale_log2, scale);
+    err_dkdv = bulk ? launch_dkdv_split<T, D, kBulkBr, LAYOUT, V6B_SPLIT_STAGES, kBulk, CAUSAL>(a, scale_log2, scale)
+                    : launch_dkdv_split<T, D, kBr, LAYOUT, V6B_SPLIT_STAGES, false, CAUSAL>(a, scale_log2, scale);
   else
     err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
   if (err_dkdv != nullptr) return err_dkdv;
@@ -1247,11 +1259,11 @@ const char* run(const Args& a) {
 template <typename T>
 const char* dispatch(const Args& a, int D, bool causal) {
   if (D == 64)
-    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, true>(a)
-                  : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, false>(a);
+    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, V6B_D64_BR, true>(a)
+                  : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, V6B_D64_BR, false>(a);
   if (D == 128)
-    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, true>(a)
-                  : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, false>(a);
+    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, kBr, true>(a)
+                  : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, kBr, false>(a);
   return "v6 backward supports head_dim 64 and 128 only";
 }
 

@@ -39,6 +39,10 @@
 #            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
 #            stall samples -> OUTDIR/backward_dq.json, backward_dq_ncu.{json,raw.csv,source.csv}
 #            (about 90 s once built)
+#   backward-tile the next step at D=64: B_r = 128 query rows per tile instead of 64 (flashattn.autograd.
+#            TILE_VARIANTS) beside SDPA's FlashAttention-2 and cuDNN backward, the same four configurations (the
+#            two builds are one kernel at D=128), then Nsight Compute on both at B=4,H=12,2048,D=64
+#            -> OUTDIR/backward_tile.json, backward_tile_ncu.{json,raw.csv} (about 60 s once built)
 #   backward-repeat the backward of v6 beside FlashAttention-2 (sdpa_flash) again, non-causal at both shapes,
 #            in 5 separate processes: how much the target table's ratios move from run to run
 #            -> OUTDIR/bench_backward_repeat.json, bench_backward_repeat.txt (about 100 s)
@@ -162,6 +166,12 @@ for step in $STEPS; do
         run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', '$OUT/backward_dq.json'])"
         run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', '$OUT'])"
         ;;
+    backward-tile)
+        ncu_version
+        rm -f "$OUT/backward_tile.json" "$OUT/backward_tile.txt"
+        run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--json', '$OUT/backward_tile.json'])"
+        run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--profile', '$OUT'])"
+        ;;
     train)
         rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
         run train_demo.txt $PY -m flashattn.training --steps 300 --json "$OUT/train_demo.json"
@@ -198,7 +208,8 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, backward-repeat," \
+        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, backward-tile," \
+             "backward-repeat," \
              "train, sweep-VERSION," \
              "profile-new, new, v8, profile-v8, new-v8)" >&2; status=2
         ;;

@@ -28,15 +28,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ================================================================ CPU: the dS^T tile and its .trans read
-def test_ds_transposed_tile_emulated():
+# B_r = 64 everywhere, and 128 in bwd_dkdv_split at D=64 (V6B_D64_BR): tile rows of 128 or 256 bytes
+@pytest.mark.parametrize("BR", [64, 128])
+def test_ds_transposed_tile_emulated(BR):
     """Warp w stores dS^T[key][query] from its accumulator registers (key row r = 16w + g + 8h, queries
     8t + 2q, +1 at chunk t ^ (r % 8), byte 4q); the dQ step then reads dS[query][key] A fragments with
     ldmatrix.trans (row b_row, chunk (2 * slice + b_chunk) ^ (lane % 8)). Checks both against the
     matrix and that the 4-byte stores hit 32 distinct banks."""
     rng = np.random.default_rng(1)
-    BC, BR = 64, 64
+    BC = 64
     dsT = rng.integers(-8, 9, (BC, BR)).astype(np.float16)    # [key][query]
-    mem = np.zeros(BC * BR, np.uint16)                          # 128-byte rows
+    mem = np.zeros(BC * BR, np.uint16)                          # 2 B_r-byte rows
     bits = dsT.view(np.uint16)
     for w in range(4):
         for t in range(BR // 8):
@@ -64,28 +66,31 @@ def test_ds_transposed_tile_emulated():
                     assert got == dsT[kk * 16 + k, slice_ * 16 + row], (slice_, kk, lane, i)
 
 
-def test_split_layout_tiles_emulated():
-    """bwd_dkdv_split: warp w (keys 32(w/2) + 16mi + g + 8h, queries 32(w%2) + 8t + 2q, +1) stores P^T
-    (and dS^T, same addresses) at chunk (4(w%2) + t) ^ (r % 8), byte 4q of 128-byte key rows; the dK/dV
-    step then reads its 32 key rows as mma A fragments with plain ldmatrix (row 32(w/2) + 16mi + a_row,
-    chunk (2kk + a_chunk) ^ (lane % 8)). Checks every fragment against the matrix and the stores for
-    bank conflicts (the dQ step's .trans read of the same tile is test_ds_transposed_tile_emulated's)."""
+@pytest.mark.parametrize("BR", [64, 128])
+def test_split_layout_tiles_emulated(BR):
+    """bwd_dkdv_split: warp w (keys 32(w/2) + 16mi + g + 8h, queries QW(w%2) + 8t + 2q, +1, with QW = B_r/2
+    and QT = QW/8 n8 tiles) stores P^T (and dS^T, same addresses) at chunk (QT(w%2) + t) ^ (r % 8), byte
+    4q of 2 B_r-byte key rows; the dK/dV step then reads its 32 key rows as mma A fragments with plain
+    ldmatrix (row 32(w/2) + 16mi + a_row, chunk (2kk + a_chunk) ^ (lane % 8)). Checks every fragment
+    against the matrix and the stores for bank conflicts (the dQ step's .trans read of the same tile is
+    test_ds_transposed_tile_emulated's)."""
     rng = np.random.default_rng(2)
-    BC, BR = 128, 64
+    BC, QW = 128, BR // 2
+    QT = QW // 8
     pT = rng.integers(-8, 9, (BC, BR)).astype(np.float16)      # [key][query]
     bits = pT.view(np.uint16)
     mem = np.zeros(BC * BR, np.uint16)
     for w in range(8):
         wk, wq = divmod(w, 2)
         for mi in range(2):
-            for t in range(4):
+            for t in range(QT):
                 for h in range(2):
                     addrs = []
                     for lane in range(32):
                         g, q = divmod(lane, 4)
-                        r, chunk = 32 * wk + 16 * mi + g + 8 * h, 4 * wq + t
+                        r, chunk = 32 * wk + 16 * mi + g + 8 * h, QT * wq + t
                         byte = r * 2 * BR + ((chunk ^ (r & 7)) << 4) + 4 * q
-                        col = 32 * wq + 8 * t + 2 * q
+                        col = QW * wq + 8 * t + 2 * q
                         mem[byte // 2], mem[byte // 2 + 1] = bits[r, col], bits[r, col + 1]
                         addrs.append(byte)
                     assert len({(a // 4) % 32 for a in addrs}) == 32, "P^T store has a bank conflict"
@@ -96,11 +101,11 @@ def test_split_layout_tiles_emulated():
     for w in range(8):
         wk, wq = divmod(w, 2)
         for mi in range(2):
-            for tp in range(2):
+            for tp in range(QT // 2):
                 rows = []
                 for lane in range(32):
                     i, j = divmod(lane, 8)
-                    r, chunk = 32 * wk + 16 * mi + 8 * (i & 1) + j, 4 * wq + 2 * tp + (i >> 1)
+                    r, chunk = 32 * wk + 16 * mi + 8 * (i & 1) + j, QT * wq + 2 * tp + (i >> 1)
                     rows.append(r * 2 * BR + ((chunk ^ j) << 4))
                 for i in range(4):   # one phase per matrix: its 8 rows must cover the 32 banks
                     assert len({(a // 4 + b) % 32 for a in rows[8 * i:8 * i + 8] for b in range(4)}) == 32
@@ -108,7 +113,7 @@ def test_split_layout_tiles_emulated():
                     g, q = divmod(lane, 4)
                     for i in range(4):
                         h, t = i & 1, 2 * tp + (i >> 1)
-                        r, col = 32 * wk + 16 * mi + g + 8 * h, 32 * wq + 8 * t + 2 * q
+                        r, col = 32 * wk + 16 * mi + g + 8 * h, QW * wq + 8 * t + 2 * q
                         dst = rows[8 * i + g] // 2 + 2 * q   # row g of matrix i, elements 2q, 2q + 1
                         stm[dst], stm[dst + 1] = bits[r, col], bits[r, col + 1]
     assert np.array_equal(stm, mem), "stmatrix addresses do not reproduce the 4-byte stores' tile"
@@ -132,26 +137,28 @@ def acc_pair(row: int, cp: int) -> int:
     return cp ^ ((row & 7) << 2)
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_bulk_dq_image_emulated(D):
-    """V6B_DQ_BULK: warp w stores its dQ fragment (queries 32(w%2) + 16mq + g + 8h, column pairs
-    4(t0 + t) + q with t0 = (w/2) D/32) as 8-byte float2 at pair acc_pair(row, cp) of D-float rows of the
-    tile's image; bwd_convert reads column quad c of a row as the float4 at pair acc_pair(row, 2c). Checks
-    that every element lands once, that the convert's read gives back the matrix for a row base that is
-    not a multiple of 8 (the flat row bh * M + i0), and that each store instruction takes the minimum of 2
-    shared-memory wavefronts (256 bytes over 32 4-byte banks), where the plain layout takes 8."""
-    BR = 64
+@pytest.mark.parametrize("D,BR", [(64, 64), (128, 64), (64, 128)])
+def test_bulk_dq_image_emulated(D, BR):
+    """V6B_DQ_BULK: warp w stores its dQ fragment (queries 32(w%QG) + 16mq + g + 8h with QG = B_r/32 query
+    groups, column pairs 4(t0 + t) + q with t0 = (w/QG) NT, NT = (D/8) QG/8 n8 tiles per warp) as 8-byte
+    float2 at pair acc_pair(row, cp) of D-float rows of the tile's image; bwd_convert reads column quad c
+    of a row as the float4 at pair acc_pair(row, 2c). Checks that every element lands once, that the
+    convert's read gives back the matrix for a row base that is not a multiple of 8 (the flat row
+    bh * M + i0), and that each store instruction takes the minimum of 2 shared-memory wavefronts (256
+    bytes over 32 4-byte banks), where the plain layout takes 8."""
+    QG = BR // 32
+    NT = D // 8 * QG // 8
     for row0 in (0, 5):                                  # flat row of the tile's first query
         dq = np.arange(BR * D, dtype=np.float32).reshape(BR, D)
         image = np.full(BR * D, np.nan, np.float32)
         for w in range(8):
             for mq in range(2):
-                for t in range(D // 32):
+                for t in range(NT):
                     for h in range(2):
                         banks_plain, banks = [], []
                         for lane in range(32):
                             g, q = divmod(lane, 4)
-                            r, cp = 32 * (w % 2) + 16 * mq + g + 8 * h, 4 * ((w // 2) * (D // 32) + t) + q
+                            r, cp = 32 * (w % QG) + 16 * mq + g + 8 * h, 4 * ((w // QG) * NT + t) + q
                             at = r * D + 2 * acc_pair(row0 + r, cp)
                             assert np.isnan(image[at:at + 2]).all(), "two stores to one place"
                             image[at:at + 2] = dq[r, 2 * cp:2 * cp + 2]
@@ -316,9 +323,10 @@ def test_bad_inputs_refused(bwd, fwd):
     assert torch.isfinite(dq).all() and dk.shape == k.shape
 
 
-# the atomic mode's builds beside the default: every dK/dV layout, and layout 2's dQ and pipeline steps
+# the atomic mode's builds beside the default: every dK/dV layout, layout 2's dQ and pipeline steps, and
+# the query tile (B_r) at D=64
 BUILDS = ["v6_layout0", "v6_layout1", "v6_layout2", "v6_layout2_stages3", "v6_layout2_bulk",
-          "v6_layout2_bulk_stages3"]
+          "v6_layout2_bulk_stages3", "v6_layout2_bulk_br128"]
 
 
 @needs_gpu
