@@ -39,6 +39,10 @@
 //      held the registers of its address and data until the memory pipeline had read them, and the
 //      instructions that reused those registers waited (Nsight Compute's long-scoreboard stall; the
 //      chapter shows the samples).
+//      On that path at D=64 the query tile is 128 rows (V6B_D64_BR = 128, FlashAttention-2's tile at this
+//      head dim): each warp's S^T and dP^T are 32 keys x 64 queries, and dQ_i is split 4 x 2 (32 queries x
+//      D/2 per warp), so every fragment a warp loads feeds twice the mma, and the two barriers, the row
+//      terms and the loop's bookkeeping are paid once per 128 query rows instead of 64.
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
 //      reductions, the accumulator's column swizzle undone: see acc_pair).
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
@@ -58,7 +62,8 @@
 //             double-buffered (4 x 64 x D; V6B_SPLIT_STAGES), P^T and dS^T (2 x 128 x 64), with
 //             V6B_DQ_BULK dQ_i's image (64 x D floats), lse2 and D_i (2 x 2 x 64 floats): D=64 113 KB,
 //             D=128 193 KB (without the dQ image 97 and 161 KB), one block per SM (registers allow no
-//             more either).
+//             more either). With B_r = 128 (D=64, bulk path): 32 + 64 + 64 + 32 + 2 = 194 KB; at D=128 the
+//             same tile would need 64 + 128 + 64 + 64 KB, more than the 227 KB a block may have.
 //   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode: 4 warps, B_c = 64, B_r = 64
 //             (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
 //             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
@@ -74,7 +79,8 @@
 //   ptxas (nvcc 13.0, sm_90; nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu
 //   kernels/v6_backward.cu, plus -DV6B_D64_LAYOUT=0 -DV6B_D128_LAYOUT=0 for bwd_dkdv atomic), registers
 //   per thread, bf16 and fp16 alike, no spills:
-//     bwd_dkdv_split (layout 2), bulk dQ: D=64 216 (causal 214), D=128 255 (causal 253)
+//     bwd_dkdv_split (layout 2), bulk dQ: D=64 B_r = 128 254 (causal 255), D=64 B_r = 64 216 (causal 214),
+//                                         D=128 255 (causal 253)
 //     bwd_dkdv_split (layout 2), red dQ: D=64 221 (causal 219), D=128 255 (causal 252)
 //     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
 //     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
@@ -122,7 +128,19 @@
 //   B=2 H=16 M=N=8192 D=128  yes      5,036.1         4,773.0   4,132.6         4,235.1     5,178.6   2,778.7
 //   Bulk dQ is 1.057x, 1.243x, 1.054x, 1.219x the speed of red dQ (rows in order): the default on sm_90, with
 //   2 stages (a third stage helped only the red build, at D=128). Against FlashAttention-2 the D=64 non-causal
-//   point is within run-to-run spread: 1.019x here, 0.971x in the target run below.
+//   point is within run-to-run spread: 1.019x here, 0.971x in the target run at commit 4ab3d2e.
+// The query tile at D=64 (V6B_D64_BR, on the bulk path; results/h200/backward_tile.json, commit 3d56a9f;
+// python -c "from flashattn.autograd import main; main(['--set', 'tile', '--json', 'results/h200/backward_tile.json'])"),
+// one interleaved run per row, 200 calls in 20 rounds, bf16, us. At D=128 both builds are the same kernel
+// (B_r stays 64 there), so those two rows show how far one kernel moves within a run:
+//   shape (bf16)             causal   B_r = 64   B_r = 128   SDPA flash       cuDNN
+//   B=4 H=12 M=N=2048 D=64   no          566.9       485.2        633.5       400.5
+//   B=2 H=16 M=N=8192 D=128  no        8,094.6     7,862.8      9,381.0     4,915.3   (same kernel)
+//   B=4 H=12 M=N=2048 D=64   yes         320.0       283.6        409.4       273.7
+//   B=2 H=16 M=N=8192 D=128  yes       4,267.2     4,221.9      5,137.8     2,727.7   (same kernel)
+//   B_r = 128 is 1.168x (non-causal) and 1.128x (causal) the speed of B_r = 64 at D=64, more than the 2.9% and
+//   1.1% by which the same kernel moved at D=128; Nsight Compute at D=64 (backward_tile_ncu.json): 10.5% fewer
+//   instructions, 18% fewer ldmatrix, tensor pipe 38.3% -> 45.6% active. The default since then.
 // The targets with the default build (results/h200/bench_backward.json, commit 4ab3d2e; scripts/record_h200.sh
 // results/h200 backward), one interleaved run per row, bf16, us (TFLOP/s):
 //   shape (bf16)             causal            v6   deterministic    SDPA flash       cuDNN   v6 vs FA2 / cuDNN
@@ -183,7 +201,7 @@
 // Query rows per tile (B_r) of bwd_dkdv_split on that bulk path at D=64: 64 or 128 (FlashAttention-2's
 // tile at this head dim). At D=128 a 128-row tile does not fit in shared memory, so B_r stays 64 there.
 #ifndef V6B_D64_BR
-#define V6B_D64_BR 64
+#define V6B_D64_BR 128
 #endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
