@@ -141,13 +141,16 @@
 //   B_r = 128 is 1.168x (non-causal) and 1.128x (causal) the speed of B_r = 64 at D=64, more than the 2.9% and
 //   1.1% by which the same kernel moved at D=128; Nsight Compute at D=64 (backward_tile_ncu.json): 10.5% fewer
 //   instructions, 18% fewer ldmatrix, tensor pipe 38.3% -> 45.6% active. The default since then.
-// The targets with the default build (results/h200/bench_backward.json, commit 4ab3d2e; scripts/record_h200.sh
+// The targets with the default build (results/h200/bench_backward.json, commit 0983125; scripts/record_h200.sh
 // results/h200 backward), one interleaved run per row, bf16, us (TFLOP/s):
 //   shape (bf16)             causal            v6   deterministic    SDPA flash       cuDNN   v6 vs FA2 / cuDNN
-//   B=4 H=12 M=N=2048 D=64   no         566.1 (228)       636.7         549.8       336.3   0.971x / 0.594x
-//   B=2 H=16 M=N=8192 D=128  no       8,104.0 (339)    11,455.2       9,443.1     4,855.4   1.165x / 0.599x
-//   B=4 H=12 M=N=2048 D=64   yes        322.5 (200)       348.6         433.9       285.4   1.346x / 0.885x
-//   B=2 H=16 M=N=8192 D=128  yes      4,291.4 (320)     5,866.1       5,067.0     2,669.4   1.181x / 0.622x
+//   B=4 H=12 M=N=2048 D=64   no         488.5 (264)       641.4         623.6       394.2   1.276x / 0.807x
+//   B=2 H=16 M=N=8192 D=128  no       8,208.1 (335)    11,451.9       9,668.3     5,114.9   1.178x / 0.623x
+//   B=4 H=12 M=N=2048 D=64   yes        284.9 (226)       346.7         417.2       280.1   1.464x / 0.983x
+//   B=2 H=16 M=N=8192 D=128  yes      4,289.6 (320)     5,919.2       5,312.7     2,846.0   1.239x / 0.663x
+//   Five more processes of the non-causal rows (results/h200/bench_backward_repeat.json, same commit;
+//   scripts/record_h200.sh results/h200 backward-repeat): v6 at 1.222x-1.268x FA2's speed at D=64, 1.195x-1.204x
+//   at D=128. The D=64 deterministic mode (bwd_dkdv, B_r = 64) did not take the taller tile: it costs 31% there.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
