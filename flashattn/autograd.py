@@ -195,10 +195,11 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
 # warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
 # 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
 # (non-causal blocks ordered head-fastest, as the causal ones are).
-def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0, br: int = 64) -> dict:
+def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0, br: int = 64,
+            det_split: int = 0) -> dict:
     return {"V6B_D64_LAYOUT": layout, "V6B_D128_LAYOUT": layout, "V6B_SPLIT_FUSE": fuse,
             "V6B_SPLIT_HEADS_FIRST": heads_first, "V6B_SPLIT_STAGES": stages, "V6B_DQ_BULK": bulk,
-            "V6B_D64_BR": br}
+            "V6B_D64_BR": br, "V6B_DET_SPLIT": det_split}
 
 
 # every entry spells out all the macros, so that a change of the file's defaults changes no entry
@@ -212,7 +213,11 @@ DQ_VARIANTS = {"v6_layout2": _macros(2), "v6_layout2_stages3": _macros(2, stages
 # The step after it, at D=64 only: 128 query rows per tile (B_r) instead of 64, FlashAttention-2's tile at this
 # head dim. At D=128 both builds are the same kernel, so their D=128 rows measure the run's own spread.
 TILE_VARIANTS = {"v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_br128": _macros(2, bulk=1, br=128)}
-VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS, **TILE_VARIANTS}
+# The deterministic mode's dK/dV kernel (V6B_DET_SPLIT): the 4-warp bwd_dkdv it started with, or the atomic
+# mode's bwd_dkdv_split without its dQ step; timed in deterministic mode (compare_layouts(deterministic=True)).
+DET_VARIANTS = {"v6_layout2_bulk_br128": _macros(2, bulk=1, br=128),
+                "v6_det_split": _macros(2, bulk=1, br=128, det_split=1)}
+VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS, **TILE_VARIANTS, **DET_VARIANTS}
 
 
 def variant_module(name: str):
@@ -226,10 +231,13 @@ def variant_module(name: str):
 
 
 def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torch.bfloat16, warmup: int = 25,
-                    repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0) -> list[dict]:
+                    repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0,
+                    deterministic: bool = False) -> list[dict]:
     """The builds of LAYOUT_VARIANTS (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
     configuration (flashattn.timing.time_interleaved), rows in the benchmark's backward format; each v6
-    row also says whether its dK, dV are bit-identical to the first variant's on the same inputs."""
+    row also says whether its dK, dV are bit-identical to the first variant's on the same inputs.
+    deterministic=True times the builds' deterministic mode instead, and the last build's atomic mode
+    beside them (row "atomic"), for what determinism costs in the same run."""
     import contextlib
 
     from .timing import time_interleaved
@@ -242,12 +250,16 @@ def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torc
         o, lse = forward_module("v6").forward_lse(q, k, v, causal)
         calls, same = {}, {}
         for name, module in modules.items():
-            fn = functools.partial(module.backward, q, k, v, o, lse, do, causal, False)
+            fn = functools.partial(module.backward, q, k, v, o, lse, do, causal, deterministic)
             grads = fn()
             first = same.setdefault("grads", grads)
             same[name] = bool(torch.equal(grads[1], first[1]) and torch.equal(grads[2], first[2]))
             calls[name] = (fn, contextlib.nullcontext)
         del same["grads"]
+        if deterministic:
+            last = modules[variants[-1]]
+            calls["atomic"] = (functools.partial(last.backward, q, k, v, o, lse, do, causal, False),
+                               contextlib.nullcontext)
         for name in ("sdpa_flash", "sdpa_cudnn"):
             calls[name] = (backward_call(name, q, k, v, do, causal), contextlib.nullcontext)
         timings = time_interleaved(calls, warmup=warmup, repetitions=repetitions, rounds=rounds,
@@ -277,11 +289,11 @@ NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
 
 
 # The two steps main records: the dK/dV layouts, and layout 2's dQ sum and pipeline depth.
-STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS, "tile": TILE_VARIANTS}
+STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS, "tile": TILE_VARIANTS, "det": DET_VARIANTS}
 # Nsight Compute's builds per step, and for the dQ step its source page too (warp stall samples per SASS
 # instruction, which name the instruction a stall sits on)
 PROFILED = {"layouts": tuple(LAYOUT_VARIANTS), "dq": ("v6_layout2", "v6_layout2_bulk"), "tile": tuple(TILE_VARIANTS)}
-RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq", "tile": "backward_tile"}
+RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq", "tile": "backward_tile", "det": "backward_det"}
 SOURCE_PAGES = ("dq",)   # steps whose record keeps the per-instruction stall samples
 
 
@@ -300,14 +312,15 @@ def profile_target(step: str = "layouts") -> None:
 
 def main(argv=None) -> int:
     """A step of the key-tile kernel at the four targets (compare_layouts), or with --profile its Nsight
-    Compute record; --set picks the step (STEP_SETS: "layouts", the default, "dq" or "tile"):
+    Compute record (not for "det"); --set picks the step (STEP_SETS: "layouts", the default, "dq", "tile" or
+    "det", whose builds are timed in deterministic mode):
 
         python -c "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"
         python -c "from flashattn.autograd import main; main(['--profile', 'results/h200'])"
         python -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', OUT])"
         python -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', 'results/h200'])"
 
-    with OUT = 'results/h200/backward_dq.json' for the book's record ('backward_tile.json' for "tile").
+    with OUT = 'results/h200/backward_dq.json' for the book's record (RECORD_NAMES[set] + '.json' for the others).
 
     (not `python -m`: running this file as __main__ would register the custom ops a second time if
     anything imports flashattn.autograd). --profile runs ncu on profile_target (the report goes to a
@@ -330,7 +343,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="folder for the Nsight Compute record")
     parser.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    variants = PROFILED[args.set]
+    variants = PROFILED.get(args.set, ())
+    if (args.profile or args.profile_target) and not variants:
+        raise SystemExit(f"the {args.set!r} step has no Nsight Compute record (PROFILED)")
     if args.profile_target:
         profile_target(args.set)
         return 0
@@ -370,7 +385,8 @@ def main(argv=None) -> int:
         print(f"wrote {args.profile / f'{name}_ncu.json'}")
         return 0
     if args.set != "layouts":   # these steps are a few percent apart: twice the layouts' repetitions
-        rows = compare_layouts(variants=tuple(STEP_SETS[args.set]), repetitions=200, rounds=20)
+        rows = compare_layouts(variants=tuple(STEP_SETS[args.set]), repetitions=200, rounds=20,
+                               deterministic=args.set == "det")
     else:
         rows = compare_layouts()
     if args.json:

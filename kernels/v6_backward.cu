@@ -45,6 +45,8 @@
 //      terms and the loop's bookkeeping are paid once per 128 query rows instead of 64.
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
 //      reductions, the accumulator's column swizzle undone: see acc_pair).
+//   2''. deterministic mode (V6B_DET_SPLIT = 1, the default): bwd_dkdv_split with its dQ step compiled out
+//      (DQ_SUM = kDqNone), the same layout and, on sm_90, the same B_r; V6B_DET_SPLIT = 0 runs bwd_dkdv.
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
 //      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
 //      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
@@ -62,10 +64,11 @@
 //             double-buffered (4 x 64 x D; V6B_SPLIT_STAGES), P^T and dS^T (2 x 128 x 64), with
 //             V6B_DQ_BULK dQ_i's image (64 x D floats), lse2 and D_i (2 x 2 x 64 floats): D=64 113 KB,
 //             D=128 193 KB (without the dQ image 97 and 161 KB), one block per SM (registers allow no
-//             more either). With B_r = 128 (D=64, bulk path): 32 + 64 + 64 + 32 + 2 = 194 KB; at D=128 the
-//             same tile would need 64 + 128 + 64 + 64 KB, more than the 227 KB a block may have.
-//   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode: 4 warps, B_c = 64, B_r = 64
-//             (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
+//             more either). With B_r = 128 (D=64, bulk path): 32 + 64 + 64 + 32 + 2 = 194 KB (the
+//             deterministic mode, without the dQ image, 162 KB); at D=128 the same tile would need
+//             64 + 128 + 64 + 64 KB, more than the 227 KB a block may have.
+//   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode (V6B_DET_SPLIT = 0):
+//             4 warps, B_c = 64, B_r = 64 (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
 //             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
 //             8 warps: D=64 81 KB, D=128 145 KB (one block per SM); 4 warps: D=64 57 KB, D=128 105 KB (two).
 //             Registers per thread: dV_j and dK_j accumulators D/2 each, S^T and dP^T B_r/2 each -- 192 at
@@ -83,7 +86,9 @@
 //                                         D=128 255 (causal 253)
 //     bwd_dkdv_split (layout 2), red dQ: D=64 221 (causal 219), D=128 255 (causal 252)
 //     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
-//     bwd_dkdv deterministic (4 warps): D=64 233 (causal 236), D=128 255, no spills
+//     bwd_dkdv_split (layout 2), no dQ (deterministic mode): D=64 B_r = 128 254 (causal 254), D=128 255
+//                                         (causal 253)
+//     bwd_dkdv deterministic (4 warps, V6B_DET_SPLIT = 0): D=64 233 (causal 236), D=128 255, no spills
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
 //
 // Measured on H200 with layout 0 (bwd_dkdv; bf16, one interleaved run per shape and causal flag, backward
@@ -206,6 +211,11 @@
 #ifndef V6B_D64_BR
 #define V6B_D64_BR 128
 #endif
+// The deterministic mode's dK/dV kernel: 1 = bwd_dkdv_split without its dQ step (the atomic mode's layout
+// and, on sm_90, its B_r), 0 = bwd_dkdv with V6B_D*_DET_WARPS warps (the mode's first kernel).
+#ifndef V6B_DET_SPLIT
+#define V6B_DET_SPLIT 1
+#endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
 #endif
@@ -217,6 +227,9 @@ namespace v6b {
 
 constexpr int kThreads = 128;      // bwd_prep, bwd_convert, bwd_dq: 4 warps
 constexpr int kBr = 64;            // query rows per tile (both kernels)
+// How bwd_dkdv_split adds dQ_i's contribution: red.global per element pair, one bulk reduction per tile
+// (V6B_DQ_BULK), or not at all (the deterministic mode, where bwd_dq sums dQ).
+constexpr int kDqRed = 0, kDqBulk = 1, kDqNone = 2;
 
 // ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
 
@@ -715,13 +728,14 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 // Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
-template <typename T, int D, int BR, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
+template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CAUSAL>
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
                    T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
                    int n_blocks, float scale_log2, float scale) {
   constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128;
+  constexpr bool BULK_DQ = DQ_SUM == kDqBulk;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, DT = D / 8;
   constexpr int SROWB = BR * 2;         // bytes per row of P^T and dS^T
   static_assert(BR == 64 || (BR == 128 && LAYOUT == 2), "B_r = 128 is built with layout 2 only");
@@ -962,7 +976,9 @@ __global__ void __launch_bounds__(256, 1)
       // 32 * (w % QG) .. +32, columns (D/4) * (w/2) .. +D/4 with B_r = 64 (2 + D/64 ldmatrix for D/8 mma)
       // or (D/2) * (w/4) .. +D/2 with B_r = 128 (2 + D/32 ldmatrix for D/4 mma).
       const long long row0 = (long long)bh * M + i0;
-      if constexpr (LAYOUT == 2)
+      if constexpr (DQ_SUM == kDqNone) {
+        // the deterministic mode: bwd_dq sums dQ
+      } else if constexpr (LAYOUT == 2)
         dq_add<T, D, BC, 2, DQT2, BULK_DQ, BR>(sdS, sK, dq_acc, sdQ, 32 * (warp & (QG - 1)), (warp >> (QG / 2)) * DQT2,
                                                row0, M - i0, lane);
       else
@@ -1187,7 +1203,7 @@ struct Args {
   void *dq, *dk, *dv;
   float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
   int B, H, M, N;
-  bool sm90;   // the bulk reduction of V6B_DQ_BULK needs compute capability 9.0
+  bool sm90;   // compute capability 9.0: the bulk reduction of V6B_DQ_BULK, and room for B_r = 128
   cudaStream_t stream;
 };
 
@@ -1208,15 +1224,15 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int BR, int LAYOUT, int STAGES, bool BULK_DQ, bool CAUSAL>
+template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CAUSAL>
 const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 128;
   const long long BH = (long long)a.B * a.H;
   const int n_blocks = (a.N + BC - 1) / BC;
   if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
   constexpr size_t smem = (size_t)(2 * BC + 2 * STAGES * BR) * D * sizeof(T) + 2 * BC * BR * sizeof(T) +
-                          (BULK_DQ ? BR * D * sizeof(float) : 0) + 2 * STAGES * BR * sizeof(float);
-  auto kernel = bwd_dkdv_split<T, D, BR, LAYOUT, STAGES, BULK_DQ, CAUSAL>;
+                          (DQ_SUM == kDqBulk ? BR * D * sizeof(float) : 0) + 2 * STAGES * BR * sizeof(float);
+  auto kernel = bwd_dkdv_split<T, D, BR, LAYOUT, STAGES, DQ_SUM, CAUSAL>;
   if (const char* err = set_smem(kernel, smem)) return err;
   kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -1225,7 +1241,7 @@ const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   return nullptr;
 }
 
-template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, int BULK_BR, bool CAUSAL>
+template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, int SM90_BR, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
   const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
@@ -1241,19 +1257,26 @@ const char* run(const Args& a) {
   bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), dout, static_cast<const float*>(a.lse), a.dvec, a.lse2, a.dq_acc, rows);
 
-  // the bulk reduction (layout 2 on sm_90) stages dQ in the swizzled accumulator layout; only this path
-  // takes B_r = BULK_BR, so that other GPUs keep the tile that fits their shared memory
+  // the bulk reduction (layout 2 on sm_90) stages dQ in the swizzled accumulator layout. Only sm_90 takes
+  // B_r = SM90_BR (with layout 2: the bulk path, and the deterministic mode's split kernel), so that other
+  // GPUs keep the tile that fits their shared memory.
   constexpr bool kBulk = LAYOUT == 2 && V6B_DQ_BULK != 0;
-  constexpr int kBulkBr = kBulk ? BULK_BR : kBr;
+  constexpr int kBulkBr = kBulk ? SM90_BR : kBr, kDetBr = LAYOUT == 2 ? SM90_BR : kBr;
+  constexpr int kStages = V6B_SPLIT_STAGES, kBulkSum = kBulk ? kDqBulk : kDqRed;
   const bool bulk = kBulk && a.sm90;
   const char* err_dkdv;
-  if (!atomic)
-    err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
-  else if constexpr (LAYOUT != 0)
-    err_dkdv = bulk ? launch_dkdv_split<T, D, kBulkBr, LAYOUT, V6B_SPLIT_STAGES, kBulk, CAUSAL>(a, scale_log2, scale)
-                    : launch_dkdv_split<T, D, kBr, LAYOUT, V6B_SPLIT_STAGES, false, CAUSAL>(a, scale_log2, scale);
-  else
+  if (!atomic) {
+    if constexpr (LAYOUT != 0 && V6B_DET_SPLIT != 0)
+      err_dkdv = a.sm90 ? launch_dkdv_split<T, D, kDetBr, LAYOUT, kStages, kDqNone, CAUSAL>(a, scale_log2, scale)
+                        : launch_dkdv_split<T, D, kBr, LAYOUT, kStages, kDqNone, CAUSAL>(a, scale_log2, scale);
+    else
+      err_dkdv = launch_dkdv<T, D, DET_WARPS, CAUSAL, false>(a, scale_log2, scale);
+  } else if constexpr (LAYOUT != 0) {
+    err_dkdv = bulk ? launch_dkdv_split<T, D, kBulkBr, LAYOUT, kStages, kBulkSum, CAUSAL>(a, scale_log2, scale)
+                    : launch_dkdv_split<T, D, kBr, LAYOUT, kStages, kDqRed, CAUSAL>(a, scale_log2, scale);
+  } else {
     err_dkdv = launch_dkdv<T, D, WARPS, CAUSAL, true>(a, scale_log2, scale);
+  }
   if (err_dkdv != nullptr) return err_dkdv;
 
   if (atomic) {

@@ -43,6 +43,10 @@
 #            TILE_VARIANTS) beside SDPA's FlashAttention-2 and cuDNN backward, the same four configurations (the
 #            two builds are one kernel at D=128), then Nsight Compute on both at B=4,H=12,2048,D=64
 #            -> OUTDIR/backward_tile.json, backward_tile_ncu.{json,raw.csv} (about 60 s once built)
+#   backward-det the deterministic mode's dK/dV kernel (flashattn.autograd.DET_VARIANTS: the 4-warp bwd_dkdv or
+#            bwd_dkdv_split without its dQ step), both in deterministic mode beside the atomic mode, SDPA's
+#            FlashAttention-2 and cuDNN backward, the same four configurations -> OUTDIR/backward_det.json
+#            (about 60 s once built)
 #   backward-repeat the backward of v6 beside FlashAttention-2 (sdpa_flash) again, non-causal at both shapes,
 #            in 5 separate processes: how much the target table's ratios move from run to run
 #            -> OUTDIR/bench_backward_repeat.json, bench_backward_repeat.txt (about 100 s)
@@ -172,6 +176,10 @@ for step in $STEPS; do
         run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--json', '$OUT/backward_tile.json'])"
         run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--profile', '$OUT'])"
         ;;
+    backward-det)
+        rm -f "$OUT/backward_det.json" "$OUT/backward_det.txt"
+        run backward_det.txt $PY -c "from flashattn.autograd import main; main(['--set', 'det', '--json', '$OUT/backward_det.json'])"
+        ;;
     train)
         rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
         run train_demo.txt $PY -m flashattn.training --steps 300 --json "$OUT/train_demo.json"
@@ -208,7 +216,7 @@ for step in $STEPS; do
         fi
         ;;
     *)
-        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, backward-tile," \
+        echo "unknown step $step (bench, v5, v6, repeat, profile, figures, v7, backward, backward-dq, backward-tile, backward-det," \
              "backward-repeat," \
              "train, sweep-VERSION," \
              "profile-new, new, v8, profile-v8, new-v8)" >&2; status=2

@@ -323,10 +323,10 @@ def test_bad_inputs_refused(bwd, fwd):
     assert torch.isfinite(dq).all() and dk.shape == k.shape
 
 
-# the atomic mode's builds beside the default: every dK/dV layout, layout 2's dQ and pipeline steps, and
-# the query tile (B_r) at D=64
+# the builds beside the default: every dK/dV layout, layout 2's dQ and pipeline steps, the query tile (B_r)
+# at D=64, and the deterministic mode on the split kernel
 BUILDS = ["v6_layout0", "v6_layout1", "v6_layout2", "v6_layout2_stages3", "v6_layout2_bulk",
-          "v6_layout2_bulk_stages3", "v6_layout2_bulk_br128"]
+          "v6_layout2_bulk_stages3", "v6_layout2_bulk_br128", "v6_det_split"]
 
 
 @needs_gpu
