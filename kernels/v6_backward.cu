@@ -45,8 +45,8 @@
 //      terms and the loop's bookkeeping are paid once per 128 query rows instead of 64.
 //   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
 //      reductions, the accumulator's column swizzle undone: see acc_pair).
-//   2''. deterministic mode (V6B_DET_SPLIT = 1, the default): bwd_dkdv_split with its dQ step compiled out
-//      (DQ_SUM = kDqNone), the same layout and, on sm_90, the same B_r; V6B_DET_SPLIT = 0 runs bwd_dkdv.
+//   2''. deterministic mode: bwd_dkdv with 4 warps, no atomics; or, with V6B_DET_SPLIT = 1 (measured no
+//      faster, off), bwd_dkdv_split with its dQ step compiled out (DQ_SUM = kDqNone).
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
 //      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
 //      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
@@ -64,8 +64,8 @@
 //             double-buffered (4 x 64 x D; V6B_SPLIT_STAGES), P^T and dS^T (2 x 128 x 64), with
 //             V6B_DQ_BULK dQ_i's image (64 x D floats), lse2 and D_i (2 x 2 x 64 floats): D=64 113 KB,
 //             D=128 193 KB (without the dQ image 97 and 161 KB), one block per SM (registers allow no
-//             more either). With B_r = 128 (D=64, bulk path): 32 + 64 + 64 + 32 + 2 = 194 KB (the
-//             deterministic mode, without the dQ image, 162 KB); at D=128 the same tile would need
+//             more either). With B_r = 128 (D=64, bulk path): 32 + 64 + 64 + 32 + 2 = 194 KB (without
+//             the dQ image, V6B_DET_SPLIT = 1, 162 KB); at D=128 the same tile would need
 //             64 + 128 + 64 + 64 KB, more than the 227 KB a block may have.
 //   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode (V6B_DET_SPLIT = 0):
 //             4 warps, B_c = 64, B_r = 64 (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
@@ -86,7 +86,7 @@
 //                                         D=128 255 (causal 253)
 //     bwd_dkdv_split (layout 2), red dQ: D=64 221 (causal 219), D=128 255 (causal 252)
 //     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
-//     bwd_dkdv_split (layout 2), no dQ (deterministic mode): D=64 B_r = 128 254 (causal 254), D=128 255
+//     bwd_dkdv_split (layout 2), no dQ (V6B_DET_SPLIT = 1): D=64 B_r = 128 254 (causal 254), D=128 255
 //                                         (causal 253)
 //     bwd_dkdv deterministic (4 warps, V6B_DET_SPLIT = 0): D=64 233 (causal 236), D=128 255, no spills
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
@@ -155,7 +155,7 @@
 //   B=2 H=16 M=N=8192 D=128  yes      4,289.6 (320)     5,919.2       5,312.7     2,846.0   1.239x / 0.663x
 //   Five more processes of the non-causal rows (results/h200/bench_backward_repeat.json, same commit;
 //   scripts/record_h200.sh results/h200 backward-repeat): v6 at 1.222x-1.268x FA2's speed at D=64, 1.195x-1.204x
-//   at D=128. The D=64 deterministic mode (bwd_dkdv, B_r = 64) did not take the taller tile: it costs 31% there.
+//   at D=128. The deterministic mode keeps the 4-warp bwd_dkdv (B_r = 64): it costs 31% at D=64, 40% at D=128.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -211,10 +211,11 @@
 #ifndef V6B_D64_BR
 #define V6B_D64_BR 128
 #endif
-// The deterministic mode's dK/dV kernel: 1 = bwd_dkdv_split without its dQ step (the atomic mode's layout
-// and, on sm_90, its B_r), 0 = bwd_dkdv with V6B_D*_DET_WARPS warps (the mode's first kernel).
+// The deterministic mode's dK/dV kernel: 0 = bwd_dkdv with V6B_D*_DET_WARPS warps, 1 = bwd_dkdv_split without
+// its dQ step (the atomic mode's layout and, on sm_90, its B_r). Measured no faster (results/h200/
+// backward_det.json: 0.95x-1.02x the speed of 0), so it stays off.
 #ifndef V6B_DET_SPLIT
-#define V6B_DET_SPLIT 1
+#define V6B_DET_SPLIT 0
 #endif
 #ifndef V6B_D64_DET_WARPS
 #define V6B_D64_DET_WARPS 4
