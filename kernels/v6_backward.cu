@@ -43,10 +43,10 @@
 //      head dim): each warp's S^T and dP^T are 32 keys x 64 queries, and dQ_i is split 4 x 2 (32 queries x
 //      D/2 per warp), so every fragment a warp loads feeds twice the mma, and the two barriers, the row
 //      terms and the loop's bookkeeping are paid once per 128 query rows instead of 64.
-//   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
-//      reductions, the accumulator's column swizzle undone: see acc_pair).
 //   2''. deterministic mode: bwd_dkdv with 4 warps, no atomics; or, with V6B_DET_SPLIT = 1 (measured no
 //      faster, off), bwd_dkdv_split with its dQ step compiled out (DQ_SUM = kDqNone).
+//   3a. atomic mode: bwd_convert, dQ = scale * accumulator, rounded to the input dtype (and, after bulk
+//      reductions, the accumulator's column swizzle undone: see acc_pair).
 //   3b. deterministic mode: bwd_dq, one block per query tile (B_r = 64, 16 rows per warp) looping over the
 //      key tiles like the forward: S = Q_i K_j^T, dP = dO_i V_j^T, dS = P o (dP - D_i), dQ_i += dS K_j in
 //      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
@@ -68,9 +68,10 @@
 //             the dQ image, V6B_DET_SPLIT = 1, 162 KB); at D=128 the same tile would need
 //             64 + 128 + 64 + 64 KB, more than the 227 KB a block may have.
 //   bwd_dkdv, atomic mode: 8 warps, B_c = 128 keys, B_r = 64; deterministic mode (V6B_DET_SPLIT = 0):
-//             4 warps, B_c = 64, B_r = 64 (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j (2 x B_c x D), Q_i and dO_i
-//             double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2 and D_i (2 x 2 x 64 floats):
-//             8 warps: D=64 81 KB, D=128 145 KB (one block per SM); 4 warps: D=64 57 KB, D=128 105 KB (two).
+//             4 warps, B_c = 64, B_r = 64 (V6B_D*_WARPS / V6B_D*_DET_WARPS). Shared memory: K_j, V_j
+//             (2 x B_c x D), Q_i and dO_i double-buffered with cp.async (4 x 64 x D), dS^T (B_c x 64), lse2
+//             and D_i (2 x 2 x 64 floats): 8 warps: D=64 81 KB, D=128 145 KB (one block per SM); 4 warps:
+//             D=64 57 KB, D=128 105 KB (two).
 //             Registers per thread: dV_j and dK_j accumulators D/2 each, S^T and dP^T B_r/2 each -- 192 at
 //             D=128 before addresses and fragments, which is why a warp keeps 16 keys, not 32.
 //   bwd_dq:   4 warps, B_r = 64 (16 rows per warp), B_c = 64; Q_i and dO_i resident, K_j, V_j
@@ -135,7 +136,7 @@
 //   2 stages (a third stage helped only the red build, at D=128). Against FlashAttention-2 the D=64 non-causal
 //   point is within run-to-run spread: 1.019x here, 0.971x in the target run at commit 4ab3d2e.
 // The query tile at D=64 (V6B_D64_BR, on the bulk path; results/h200/backward_tile.json, commit 3d56a9f;
-// python -c "from flashattn.autograd import main; main(['--set', 'tile', '--json', 'results/h200/backward_tile.json'])"),
+// scripts/record_h200.sh results/h200 backward-tile, i.e. flashattn.autograd.main(['--set', 'tile', ...])),
 // one interleaved run per row, 200 calls in 20 rounds, bf16, us. At D=128 both builds are the same kernel
 // (B_r stays 64 there), so those two rows show how far one kernel moves within a run:
 //   shape (bf16)             causal   B_r = 64   B_r = 128   SDPA flash       cuDNN
@@ -726,7 +727,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 //     from registers, but every warp reads all of dO_i and Q_i for only 16 keys).
 //   dQ_i += dS K_j: layout 1 keeps bwd_dkdv's step (4 query slices x 2 halves of the head dim); layout 2
 //     splits it 2 x 4 (32 queries x D/4 per warp) and stores P^T, dS^T with stmatrix (sm_90).
-// Accumulators per thread: S^T, dP^T 32 floats each, dK_j and dV_j D/2 each.
+// Accumulators per thread: S^T, dP^T B_r/2 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
 // order), so dK and dV come out bit-identical to it and to the deterministic mode.
 template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CAUSAL>
