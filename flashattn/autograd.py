@@ -39,10 +39,12 @@ BACKWARD_DTYPES = (torch.bfloat16, torch.float16)
 # ------------------------------------------------------------------------------------------ kernels
 @functools.cache
 def forward_module(version: str):
-    """The version's kernel file built with its training binding `forward_lse` next to `forward`."""
+    """The version's kernel file built with its training binding `forward_lse` next to `forward`
+    (FLASHATTN_LSE=1: v7 and v8 compile forward_lse's kernels only when asked; v6 always does)."""
     from .loader import build, check_device
     check_device(version)
-    return build(version, functions=("forward", "forward_lse"), module_name=f"flashattn_{version}_train")
+    return build(version, extra_cuda_cflags=["-DFLASHATTN_LSE=1"], functions=("forward", "forward_lse"),
+                 module_name=f"flashattn_{version}_train")
 
 
 @functools.cache

@@ -44,8 +44,12 @@ BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "Lau
                  "ComputeWorkloadAnalysis", "WarpStateStats")
 TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
-# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects).
-BACKWARD = {v.backward: (n, "bwd_dkdv") for n, v in INFO.items() if v.backward}
+# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects). A file
+# that serves several versions (v6_backward: v6, v7, v8) belongs to the first, whose forward it was written for.
+BACKWARD: dict[str, tuple[str, str]] = {}
+for _name, _v in INFO.items():
+    if _v.backward:
+        BACKWARD.setdefault(_v.backward, (_name, "bwd_dkdv"))
 
 
 def owner(version: str) -> str:

@@ -69,13 +69,13 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "Both products on wgmma (warpgroups, operands from swizzled shared memory), K and V tiles by "
             "TMA in a multi-stage mbarrier pipeline; causal; needs an sm_90a build and a Hopper GPU",
             dtypes=HALF, head_dims=(64, 128), causal=True, min_sm=(9, 0), archs=("9.0a",),
-            extra={"tensor_cores": True}),
+            backward="v6_backward", extra={"tensor_cores": True}),
     Version("v8", "Hopper: warp specialization",
             "V7 plus FlashAttention-3's scheduling: a producer warpgroup issuing TMA, setmaxnreg moving "
             "registers to the consumers, ping-pong between consumer warpgroups and the softmax of one tile "
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
             dtypes=HALF, head_dims=(64, 128), causal=True, min_sm=(9, 0), archs=("9.0a",),
-            extra={"tensor_cores": True}),
+            backward="v6_backward", extra={"tensor_cores": True}),
 )}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)

@@ -110,6 +110,11 @@
 #endif
 // V7_TMA 1: tiles arrive by TMA (one thread issues them). 0: the chapter's first step, wgmma fed by plain
 // cp.async copies that every thread issues into the same swizzled layout (v6's loads).
+// FLASHATTN_LSE=1 (the training build, flashattn.autograd.forward_module): also compile the instances of
+// forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).
+#ifndef FLASHATTN_LSE
+#define FLASHATTN_LSE 0
+#endif
 #ifndef V7_TMA
 #define V7_TMA 1
 #endif
@@ -324,12 +329,15 @@ struct Layout {
   static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
 };
 
-template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA>
+// WITH_LSE (training, forward_lse): also write lse_i = ln(sum_j exp(S_ij * scale)), float32 [B*H][M], for
+// the backward (kernels/v6_backward.cu); LSE is the last parameter, so the forward-only instance keeps
+// its parameter layout and machine code.
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA, bool WITH_LSE>
 __global__ void __launch_bounds__(128 * NWG, MINB)
     flash_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const T* __restrict__ Q, const T* __restrict__ K,
                     const T* __restrict__ V, T* __restrict__ O, int BH, int M, int N, int m_blocks,
-                    float scale_log2) {
+                    float scale_log2, float* __restrict__ LSE) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr int BR = L::BR, PANELS = D / 64;
   constexpr int NT = BC / 8;   // n8 column groups of S_ij per thread row
@@ -371,6 +379,8 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
       const int row = m0 + idx / (D / 8);
       if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * D + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
     }
+    if constexpr (WITH_LSE)   // and its lse -inf: the backward reads that as P = 0
+      for (int r = tid; r < BR && m0 + r < M; r += 128 * NWG) LSE[(size_t)bh * M + m0 + r] = -INFINITY;
     return;
   }
 
@@ -545,6 +555,9 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
 #pragma unroll
       for (int t = 0; t < DT; ++t)
         *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
+      // lse_i = (m_i * scale_log2 + log2(l_i)) * ln(2), as v6 writes it; -inf for a row with no visible key
+      if (WITH_LSE && q == 0)
+        LSE[(size_t)bh * M + row] = l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
     }
   }
 }
@@ -584,12 +597,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA>
-const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA, bool WITH_LSE>
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M, int N,
                    cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr size_t smem = L::DYNAMIC;
-  auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA>;
+  auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA, WITH_LSE>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -610,26 +623,47 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
   kernel<<<(unsigned)blocks, 128 * NWG, smem, stream>>>(tmQ, tmK, tmV, static_cast<const T*>(q),
                                                          static_cast<const T*>(k), static_cast<const T*>(v),
-                                                         static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2);
+                                                         static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2,
+                                                         lse);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, bool CAUSAL>
-const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                       int D, cudaStream_t stream) {
+template <typename T, bool CAUSAL, bool WITH_LSE>
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
+                       int N, int D, cudaStream_t stream) {
   if (D == 64)
-    return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB, (V7_TMA != 0)>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB, (V7_TMA != 0), WITH_LSE>(
+        q, k, v, o, lse, B, H, M, N, stream);
   if (D == 128)
-    return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB, (V7_TMA != 0)>(q, k, v, o, B, H, M, N, stream);
+    return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB, (V7_TMA != 0), WITH_LSE>(
+        q, k, v, o, lse, B, H, M, N, stream);
   return "v7 supports head_dim 64 and 128 only";
+}
+
+// lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
+// only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
+// compiles no more kernels than before.
+template <typename T>
+const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
+                         int N, int D, bool causal, cudaStream_t stream) {
+  if (lse == nullptr)
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, stream);
+#if FLASHATTN_LSE
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, stream);
+#else
+  return "v7: forward_lse needs a build with -DFLASHATTN_LSE=1";
+#endif
 }
 
 }  // namespace v7
 
-// dtype: 0 = bfloat16, 1 = float16. Returns nullptr or a message.
-const char* v7_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream) {
+// dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. Returns nullptr or a
+// message.
+const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
+                       int H, int M, int N, int D, bool causal, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v7: B, H, M and N must all be >= 1";
   if (D != 64 && D != 128) return "v7 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
@@ -641,28 +675,28 @@ const char* v7_forward(const void* q, const void* k, const void* v, void* o, int
     return "v7 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v7: dtype must be bfloat16 or float16";
-  if (bf16)
-    return causal ? v7::dispatch_d<__nv_bfloat16, true>(q, k, v, o, B, H, M, N, D, stream)
-                  : v7::dispatch_d<__nv_bfloat16, false>(q, k, v, o, B, H, M, N, D, stream);
-  return causal ? v7::dispatch_d<__half, true>(q, k, v, o, B, H, M, N, D, stream)
-                : v7::dispatch_d<__half, false>(q, k, v, o, B, H, M, N, D, stream);
+  return bf16 ? v7::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, stream)
+              : v7::dispatch_lse<__half>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
 // Only the headers the binding uses: <torch/extension.h> would double this half's build time.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
-const char* v7_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, cudaStream_t stream);
+const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
+                       int H, int M, int N, int D, bool causal, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
-// of compute capability 9.0; D in {64, 128}. Returns o like q. Messages carry no numbers (see v6.cu).
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+// of compute capability 9.0; D in {64, 128}. Returns o like q, and with_lse: lse float32 [B, H, M] too.
+// Messages carry no numbers (see v6.cu).
+static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                                      bool with_lse) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v7 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -684,9 +718,21 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
   const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
-  const char* err = v7_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dtype == at::kBFloat16 ? 0 : 1,
-                               B, H, M, N, D, causal, c10::cuda::getCurrentCUDAStream());
+  at::Tensor lse;
+  if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
+  const char* err = v7_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H, M,
+                               N, D, causal, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
-  return o;
+  return {o, lse};
+}
+
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  return std::get<0>(run_forward(q, k, v, causal, false));
+}
+
+// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(S_ij / sqrt(D))), -inf for a row that sees no key.
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  return run_forward(q, k, v, causal, true);
 }
 #endif

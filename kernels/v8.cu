@@ -182,6 +182,11 @@
 #endif
 // V8_TRACE=1: an instrumented build. One lane of the producer and of every consumer warpgroup writes
 // clock64 stamps at its events per key tile into a buffer (forward_trace); see flashattn/trace.py.
+// FLASHATTN_LSE=1 (the training build, flashattn.autograd.forward_module): also compile the instances of
+// forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).
+#ifndef FLASHATTN_LSE
+#define FLASHATTN_LSE 0
+#endif
 #ifndef V8_TRACE
 #define V8_TRACE 0
 #endif
@@ -479,13 +484,16 @@ struct Registers {
   static_assert(PRODUCER + NWG * CONSUMER <= (NWG + 1) * ENTRY, "the split must fit the launch allotment");
 };
 
+// WITH_LSE (training, forward_lse): also write lse_i = ln(sum_j exp(S_ij * scale)), float32 [B*H][M], for
+// the backward (kernels/v6_backward.cu); LSE comes after scale_log2, so the forward-only instance keeps
+// its parameter layout and machine code.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP, bool PERSISTENT>
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
 __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
                                   Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
-                 float scale_log2
+                 float scale_log2, float* __restrict__ LSE
 #if V8_TRACE
                  , unsigned long long* trace, int trace_items, int trace_tiles
 #endif
@@ -534,12 +542,15 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
     }
   };
-  // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it)
+  // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it), and
+  // its lse -inf, which the backward reads as P = 0
   auto write_zeros = [&](int first, int count) {
     for (int idx = first; idx < BR * D / 8; idx += count) {
       const int row = m0 + idx / (D / 8);
       if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * D + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
     }
+    if constexpr (WITH_LSE)
+      for (int r = first; r < BR && m0 + r < M; r += count) LSE[(size_t)bh * M + m0 + r] = -INFINITY;
   };
   const int items = m_blocks * BH;
   // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
@@ -885,6 +896,9 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
 #pragma unroll
         for (int t = 0; t < DT; ++t)
           *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
+        // lse_i = (m_i * scale_log2 + log2(l_i)) * ln(2), as v6 writes it; -inf for a row with no visible key
+        if (WITH_LSE && q == 0)
+          LSE[(size_t)bh * M + row] = l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
       }
     }
     V8_HEAD(H_END, clock_now());
@@ -1014,12 +1028,13 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 }
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP, bool PERSISTENT>
-const char* launch(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M, int N,
                    const Trace& trace, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
-  auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT>;
+  auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
+                             WITH_LSE>;
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -1048,7 +1063,8 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
       !make_map<T>(&tmV, v, (int)BH, N, D, BC))
     return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
-  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2
+  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2,
+                                             lse
 #if V8_TRACE
                                              , trace.buffer, trace.items, trace.tiles
 #endif
@@ -1057,26 +1073,45 @@ const char* launch(const void* q, const void* k, const void* v, void* o, int B, 
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, bool CAUSAL>
-const char* dispatch_d(const void* q, const void* k, const void* v, void* o, int B, int H, int M, int N,
-                       int D, const Trace& trace, cudaStream_t stream) {
+template <typename T, bool CAUSAL, bool WITH_LSE>
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
+                       int N, int D, const Trace& trace, cudaStream_t stream) {
   constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
     return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
-                  (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0>(
-        q, k, v, o, B, H, M, N, trace, stream);
+                  (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE>(
+        q, k, v, o, lse, B, H, M, N, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0>(q, k, v, o, B, H, M, N, trace, stream);
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
+                                                                                       trace, stream);
   return "v8 supports head_dim 64 and 128 only";
+}
+
+// lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
+// only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
+// compiles no more kernels than before.
+template <typename T>
+const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
+                         int N, int D, bool causal, const Trace& trace, cudaStream_t stream) {
+  if (lse == nullptr)
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, trace, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, trace, stream);
+#if FLASHATTN_LSE
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, trace, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, trace, stream);
+#else
+  return "v8: forward_lse needs a build with -DFLASHATTN_LSE=1";
+#endif
 }
 
 }  // namespace v8
 
-// dtype: 0 = bfloat16, 1 = float16. trace: null, or a buffer [trace_items][TRACE_ROLES][1 + trace_tiles]
-// [TRACE_WORDS] of 64-bit words for a V8_TRACE build. Returns nullptr or a message.
-const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+// dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. trace: null, or a
+// buffer [trace_items][TRACE_ROLES][1 + trace_tiles][TRACE_WORDS] of 64-bit words for a V8_TRACE build.
+// Returns nullptr or a message.
+const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
                        int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
                        int trace_tiles, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
@@ -1092,30 +1127,30 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, int
     return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
-  if (bf16)
-    return causal ? v8::dispatch_d<__nv_bfloat16, true>(q, k, v, o, B, H, M, N, D, tr, stream)
-                  : v8::dispatch_d<__nv_bfloat16, false>(q, k, v, o, B, H, M, N, D, tr, stream);
-  return causal ? v8::dispatch_d<__half, true>(q, k, v, o, B, H, M, N, D, tr, stream)
-                : v8::dispatch_d<__half, false>(q, k, v, o, B, H, M, N, D, tr, stream);
+  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, tr, stream)
+              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, M, N, D, causal, tr, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
 // Only the headers the binding uses: <torch/extension.h> would double this half's build time.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
 
-const char* v8_forward(const void* q, const void* k, const void* v, void* o, int dtype, int B, int H,
+const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
                        int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
                        int trace_tiles, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
-// of compute capability 9.0; D in {64, 128}. Returns o like q. Messages carry no numbers (see v6.cu).
-// trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see flashattn/trace.py.
-static at::Tensor run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor* trace) {
+// of compute capability 9.0; D in {64, 128}. Returns o like q, and with_lse: lse float32 [B, H, M] too.
+// Messages carry no numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE
+// build, see flashattn/trace.py.
+static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                                      at::Tensor* trace, bool with_lse = false) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -1151,19 +1186,27 @@ static at::Tensor run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool cau
     tiles = trace->size(2) - 1;
   }
   auto o = at::empty_like(q);
-  const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dtype == at::kBFloat16 ? 0 : 1,
-                               B, H, M, N, D, causal, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
+  at::Tensor lse;
+  if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
+  const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H, M,
+                               N, D, causal, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
-  return o;
+  return {o, lse};
 }
 
 at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
-  return run_forward(q, k, v, causal, nullptr);
+  return std::get<0>(run_forward(q, k, v, causal, nullptr));
+}
+
+// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(S_ij / sqrt(D))), -inf for a row that sees no key.
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+  return run_forward(q, k, v, causal, nullptr, true);
 }
 
 // The same product, and clock stamps into `trace` (a build with -DV8_TRACE=1 only; others refuse).
 at::Tensor forward_trace(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor trace) {
-  return run_forward(q, k, v, causal, &trace);
+  return std::get<0>(run_forward(q, k, v, causal, &trace));
 }
 #endif
 

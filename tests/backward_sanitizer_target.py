@@ -1,7 +1,8 @@
 """Runs v6's forward_lse and backward (atomic and deterministic dQ) on small and odd shapes;
 tests/test_backward.py runs this file under compute-sanitizer (memcheck, then racecheck). The kernels are
 built by the test before the sanitizer starts. `--variant NAME` runs the backward built with the macros of
-flashattn.autograd.VARIANTS[NAME] (variant_module) instead of the default build."""
+flashattn.autograd.VARIANTS[NAME] (variant_module) instead of the default build; `--forward VERSION` takes
+the log-sum-exp from that version's forward_lse (v7, v8) instead of v6's."""
 import itertools
 import sys
 
@@ -18,9 +19,9 @@ def cases():
         yield B, H, M, N, D, causal, dtype
 
 
-def run(variant=None):
+def run(variant=None, forward="v6"):
     from flashattn.autograd import variant_module
-    fwd = forward_module("v6")
+    fwd = forward_module(forward)
     bwd = backward_module("v6") if variant is None else variant_module(variant)
     for B, H, M, N, D, causal, dtype in cases():
         q, do = (torch.randn(B, H, M, D, device="cuda", dtype=dtype) for _ in range(2))
@@ -30,8 +31,11 @@ def run(variant=None):
             grads = bwd.backward(q, k, v, o, lse, do, causal, deterministic)
             torch.cuda.synchronize()
             assert all(torch.isfinite(g).all() for g in grads), (B, H, M, N, D, causal, deterministic)
-        print(f"ran v6 backward {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+        print(f"ran {forward} forward_lse + v6 backward {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}",
+              flush=True)
 
 
 if __name__ == "__main__":
-    run(sys.argv[sys.argv.index("--variant") + 1] if "--variant" in sys.argv else None)
+    def option(name, default):
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+    run(option("--variant", None), option("--forward", "v6"))

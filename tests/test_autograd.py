@@ -72,7 +72,7 @@ def test_bad_input_names_the_argument(case, exc, match):
 def test_version_without_backward_refuses_grad():
     with FakeTensorMode():
         q = torch.empty(1, 2, 9, 64, device="cuda", requires_grad=True)
-        with pytest.raises(ValueError, match=r"'v5' has no backward pass.*versions that train: v6"):
+        with pytest.raises(ValueError, match=r"'v5' has no backward pass.*versions that train: v6, v7, v8"):
             fa.attention(q, q, q, version="v5")
         h = torch.empty(1, 2, 9, 64, device="cuda", dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="has no backward"):
@@ -123,6 +123,29 @@ def test_attention_matches_raw_kernels_and_handles_views():
     from flashattn.autograd import backward_module, forward_module
     o_raw, lse = forward_module("v6").forward_lse(q, k, v, True)
     raw = backward_module("v6").backward(q, k, v, o_raw, lse, do, True, True)
+    assert torch.equal(o, o_raw)
+    for leaf, r in zip(leaves, raw):
+        assert torch.equal(leaf.grad, r)
+
+
+@needs_gpu
+@pytest.mark.parametrize("version", ["v7", "v8"])
+def test_hopper_versions_train(version):
+    """attention(version="v7" / "v8"): the Hopper forward (its exact output) and v6's backward, through
+    the op, bit-identical to the raw kernels (the gradients' accuracy: test_backward.py's
+    test_hopper_forward_trains)."""
+    from test_v7 import is_hopper
+    if not is_hopper():
+        pytest.skip(f"{version} needs a GPU of compute capability 9.0")
+    import flashattn
+    from flashattn.autograd import backward_module, forward_module
+    q, k, v, do = cuda_inputs(M=203, N=113)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = fa.attention(*leaves, causal=True, version=version, deterministic=True)
+    o.backward(do)
+    assert torch.equal(o, flashattn.forward(q, k, v, version=version, causal=True))
+    o_raw, lse = forward_module(version).forward_lse(q, k, v, True)
+    raw = backward_module(version).backward(q, k, v, o_raw, lse, do, True, True)
     assert torch.equal(o, o_raw)
     for leaf, r in zip(leaves, raw):
         assert torch.equal(leaf.grad, r)

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import HALF_DTYPES, needs_gpu, poison_allocator, run_sanitized
 from test_v6 import a16, halves, ldmatrix_x4
+from test_v7 import is_hopper
 
 from flashattn.reference import attention_reference, sdpa
 
@@ -284,12 +285,27 @@ def test_deterministic_is_bit_identical(fwd, bwd, causal, D):
     assert torch.equal(first[1], atomic[1]) and torch.equal(first[2], atomic[2])
 
 
+# The forwards that train: v6 (also fp32, as TF32) and the Hopper kernels v7 and v8 (16-bit only), whose
+# log-sum-exp feeds the same backward kernel.
+LSE_CASES = [("v6", "bf16"), ("v6", "fp16"), ("v6", "fp32"), ("v7", "bf16"), ("v7", "fp16"), ("v8", "bf16"),
+             ("v8", "fp16")]
+needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v7 and v8 need a GPU of compute capability 9.0")
+
+
+def forward_of(version: str):
+    if version != "v6" and not is_hopper():
+        pytest.skip(f"{version} needs a GPU of compute capability 9.0")
+    from flashattn.autograd import forward_module
+    return forward_module(version)
+
+
 @needs_gpu
 @pytest.mark.parametrize("M,N", [(1, 1), (113, 203), (203, 113), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_forward_lse(fwd, dtype, causal, D, M, N):
+@pytest.mark.parametrize("version,dtype", LSE_CASES)
+def test_forward_lse(version, dtype, causal, D, M, N):
+    fwd = forward_of(version)
     dt = {"fp32": torch.float32, **DTYPES}[dtype]
     q, k, v, _ = make_inputs(2, 3, M, N, D, dt, seed=M + N + D + causal, q_scale=4.0)
     poison_allocator(q, q[..., 0].float())
@@ -306,6 +322,21 @@ def test_forward_lse(fwd, dtype, causal, D, M, N):
     # 16-bit inputs: exact products, fp32 sums; fp32 runs as TF32 (scores off by ~1e-3 relative)
     tol = 5e-3 if dt == torch.float32 else 1e-4
     assert (lse[seen].double() - ref[seen]).abs().max().item() <= tol * max(1.0, ref[seen].abs().max().item())
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("M,N", [(1, 203), (113, 203), (203, 113), (1025, 1023)])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("version", ["v7", "v8"])
+def test_hopper_forward_trains(version, causal, D, M, N):
+    """v7's and v8's forward_lse feeding v6's backward: gradients within twice PyTorch's error (the same
+    check as v6's own, so a wrong lse, which rescales every P, cannot pass)."""
+    from flashattn.autograd import backward_module
+    seed = zlib.crc32(repr((version, causal, D, M, N)).encode())
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    check_grads(forward_of(version), backward_module(version), 2, 3, M, N, D, dtype, causal, False, seed)
 
 
 @needs_gpu
@@ -359,5 +390,17 @@ def test_sanitizer_clean(fwd, bwd, tool, variant):
         from flashattn.autograd import variant_module
         variant_module(variant)
     out, ran = run_sanitized(tool, "backward_sanitizer_target.py", *(() if variant is None else ("--variant", variant)))
+    from backward_sanitizer_target import cases
+    assert len(ran) == len(list(cases())), out[-4000:]
+
+
+@needs_gpu
+@needs_hopper
+@pytest.mark.parametrize("version", ["v7", "v8"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_hopper_forward_lse_sanitizer_clean(tool, version):
+    """v7's and v8's forward_lse (TMA, mbarriers: synccheck too) feeding the default backward."""
+    forward_of(version)   # built outside the sanitizer
+    out, ran = run_sanitized(tool, "backward_sanitizer_target.py", "--forward", version)
     from backward_sanitizer_target import cases
     assert len(ran) == len(list(cases())), out[-4000:]
