@@ -30,6 +30,10 @@
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
+//   Training: forward_lse(q, k, v, causal) returns (o, lse), lse float32 [B, H, M] = m_i * scale + ln(l_i)
+//     (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
+//     forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module),
+//     so the forward-only build and its machine code are as they were.
 //
 // Tiles (per template instance; override with -D at build time, see the V7_* macros below):
 //   D=64 : 2 warpgroups (B_r = 128, 256 threads), B_c = 128, 2 stages. smem 16 KB Q_i + 2 x (16 KB K_j +
