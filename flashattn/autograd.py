@@ -1,7 +1,7 @@
 """`flashattn.autograd.attention`: the kernels as a differentiable PyTorch operator.
 
     from flashattn.autograd import attention
-    o = attention(q, k, v, causal=True)      # version="v6"; q [B, H, M, D], k and v [B, H, N, D]
+    o = attention(q, k, v, causal=True)      # version="v6" (or "v7", "v8"); q [B, H, M, D], k, v [B, H, N, D]
     o.sum().backward()                       # dq, dk, dv from kernels/v6_backward.cu
 
 Two `torch.library.custom_op`s in the "flashattn" namespace carry the calls:
@@ -108,7 +108,7 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     """softmax(q k^T / sqrt(D)) v by `version`, differentiable when the version has a backward kernel.
 
     q [B, H, M, D], k and v [B, H, N, D] on one CUDA device. Bad input raises ValueError or TypeError
-    naming the argument before any launch. A version without a backward (everything but v6 today)
+    naming the argument before any launch. A version without a backward (all but v6, v7 and v8)
     raises when an input requires grad (instead of returning a tensor detached from the graph); with no
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
