@@ -290,7 +290,8 @@ NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
                "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
 
 
-# The two steps main records: the dK/dV layouts, and layout 2's dQ sum and pipeline depth.
+# The steps main records: the dK/dV layouts; layout 2's dQ sum and pipeline depth; the query tile at D=64;
+# the deterministic mode's dK/dV kernel.
 STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS, "tile": TILE_VARIANTS, "det": DET_VARIANTS}
 # Nsight Compute's builds per step, and for the dQ step its source page too (warp stall samples per SASS
 # instruction, which name the instruction a stall sits on)
