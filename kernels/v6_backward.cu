@@ -800,6 +800,12 @@ __global__ void __launch_bounds__(256, 1)
       load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dOh, it * BR, M, tid);
       load_row_terms<BR>(sL + b * BR, sDv + b * BR, lse2h, Dh, it * BR, M, tid);
     };
+    // BULK_DQ: query tile it's dQ image (complete in sdQ) added into the accumulator by the copy engine;
+    // one thread issues it
+    auto reduce_dq_tile = [&](int it) {
+      const int rows = min(BR, M - it * BR);
+      bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + it * BR) * D, smem_addr(sdQ), (uint32_t)(rows * D * 4));
+    };
     load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
     load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
 #pragma unroll
@@ -855,11 +861,8 @@ __global__ void __launch_bounds__(256, 1)
       __syncthreads();
       if (it + STAGES - 1 < m_tiles) load_query_tile(it + STAGES - 1);
       cp_async_commit();
-      // BULK_DQ: dQ_{i-1}'s image is complete; one thread hands it to the copy engine
-      if (BULK_DQ && tid == 0 && it > it_begin) {
-        const int rows = min(BR, M - (it - 1) * BR);
-        bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + (it - 1) * BR) * D, smem_addr(sdQ), (uint32_t)(rows * D * 4));
-      }
+      // BULK_DQ: dQ_{i-1}'s image is complete
+      if (BULK_DQ && tid == 0 && it > it_begin) reduce_dq_tile(it - 1);
 
       const int i0 = it * BR;
       const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
@@ -992,9 +995,7 @@ __global__ void __launch_bounds__(256, 1)
     if constexpr (BULK_DQ) {   // the last tile's dQ, and nothing may be in flight when the block exits
       __syncthreads();
       if (tid == 0) {
-        const int rows = min(BR, M - (m_tiles - 1) * BR);
-        bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + (m_tiles - 1) * BR) * D, smem_addr(sdQ),
-                            (uint32_t)(rows * D * 4));
+        reduce_dq_tile(m_tiles - 1);
         bulk_wait_all();
       }
     }
@@ -1205,7 +1206,7 @@ struct Args {
   void *dq, *dk, *dv;
   float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
   int B, H, M, N;
-  bool sm90;   // compute capability 9.0: the bulk reduction of V6B_DQ_BULK, and room for B_r = 128
+  bool sm90;   // compute capability 9.0 or newer: the bulk reduction of V6B_DQ_BULK, and B_r = SM90_BR
   cudaStream_t stream;
 };
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import needs_gpu
+from test_v7 import is_hopper
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashattn.autograd as fa
@@ -129,14 +130,12 @@ def test_attention_matches_raw_kernels_and_handles_views():
 
 
 @needs_gpu
+@pytest.mark.skipif(not is_hopper(), reason="v7 and v8 need a GPU of compute capability 9.0")
 @pytest.mark.parametrize("version", ["v7", "v8"])
 def test_hopper_versions_train(version):
     """attention(version="v7" / "v8"): the Hopper forward (its exact output) and v6's backward, through
     the op, bit-identical to the raw kernels (the gradients' accuracy: test_backward.py's
     test_hopper_forward_trains)."""
-    from test_v7 import is_hopper
-    if not is_hopper():
-        pytest.skip(f"{version} needs a GPU of compute capability 9.0")
     import flashattn
     from flashattn.autograd import backward_module, forward_module
     q, k, v, do = cuda_inputs(M=203, N=113)
