@@ -13,10 +13,10 @@ imported on first use, since it registers torch.library ops) is the operator tha
 """
 from __future__ import annotations
 
-from . import reference
-from .loader import load
-from .validate import Plan, check_inputs, plan
-from .versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
+from flashattn import reference
+from flashattn.loader import load
+from flashattn.validate import Plan, check_inputs, plan
+from flashattn.versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
 
 __all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "INFO", "forward", "plan", "Plan", "load",
            "reference", "check_inputs", "attention"]
@@ -24,7 +24,7 @@ __all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "INFO", "forward", "
 
 def __getattr__(name: str):
     if name == "attention":
-        from .autograd import attention
+        from flashattn.autograd import attention
         return attention
     raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .versions import ARCH_FEATURES, INFO, KERNEL_VERSIONS
+from flashattn.versions import ARCH_FEATURES, INFO, KERNEL_VERSIONS
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNELS_DIR = REPO_ROOT / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 BUILD_SECONDS: dict[str, float] = {}   # wall time of the last load() per version, build or cache hit
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .versions import INFO, Version
+from flashattn.versions import INFO, Version
 
 INT32_MAX = 2**31 - 1
 
@@ -106,9 +106,9 @@ def plan(q, k, v, version: str = "v4", causal: bool = False) -> Plan:
     argument) and resolve the call; a kernel is compiled or loaded here, before anything is timed."""
     runs_as = check_inputs(q, k, v, version, causal)
     if INFO[runs_as].kernel:
-        from .loader import load
+        from flashattn.loader import load
         binding = load(runs_as).forward
     else:
-        from . import reference
+        from flashattn import reference
         binding = getattr(reference, runs_as)
     return Plan(version, runs_as, causal, binding)

@@ -10,7 +10,7 @@
 // depends on it). Workspace: B*H*N*N floats for S/P, allocated by the binding through PyTorch.
 // Launches: scores 16x16-thread tiles, one thread per score; softmax one warp per row; PV one thread
 // per output element. No shared memory.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 34,557.9 us median, 0.04x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 34,557.9 us median, 0.04x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

@@ -16,7 +16,7 @@
 // Shared memory (dynamic): Q_i, K_j, V_j (32 x D each) + S_ij (32 x 32) floats = 28,672 B at D = 64,
 // 53,248 B at D = 128 (above 48 KB, so the launcher raises the kernel's limit).
 // Workspace: m and l, 2 * B*H*M floats.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 219,141.1 us median, 0.01x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 219,141.1 us median, 0.01x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

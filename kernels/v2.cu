@@ -16,7 +16,7 @@
 // Tiles: B_r = 64, B_c = 32, 128 threads (4 warps, 16 query rows each).
 // Shared memory (dynamic): Q_i, O_i (64 x D), K_j, V_j (32 x D), S_ij (64 x 32), m_i, l_i, alpha
 // (64 each) floats = 58,112 B at D = 64, 107,264 B at D = 128.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 58,056.0 us median, 0.03x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 58,056.0 us median, 0.03x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

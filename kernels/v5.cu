@@ -27,7 +27,7 @@
 // Short sequences at D=64 run a 64 x 64 tile of 4 x 8 (3 blocks per SM) when the launcher's wave count
 // says it finishes first (V5_D64_SMALL below): at B=4, H=12, M=512 the 128-row tile makes 4 x 48 = 192
 // blocks for the 132 x 2 = 264 slots of an H200, and the 64-row tile 384 blocks for 132 x 3 = 396.
-// Defaults, chosen by `python -m flashattn.sweep v5` on the H200 (B=4, H=12, M=N=2048;
+// Defaults, chosen by `python -m flashattn.measure.sweep v5` on the H200 (B=4, H=12, M=N=2048;
 // results/h200/v5_sweep.json):
 //   D=64 : B_r=128, B_c=64, TM=8, TN=8, 128 threads, 255 registers, 105,472 B -> 2 blocks per SM.
 //          1,226.7 us against 1,320.8 us for 64x64 tiles of 4x8 with 3 blocks per SM, the arithmetic's
@@ -54,9 +54,9 @@
 // M, N >= 1 with M != N allowed; global offsets computed in 64 bits. Needs sm_80+ (cp.async).
 // Tile shapes are compile-time: -DV5_D64_BR=... -DV5_D64_BC=... -DV5_D64_TM=... -DV5_D64_TN=... (and
 // V5_D128_*); -DV5_ONLY_D=64 or 128 compiles one head dim only (the tile sweep uses it).
-// `python -m flashattn.sweep v5` builds the candidates, checks them and times them; `... v5-steps` the
+// `python -m flashattn.measure.sweep v5` builds the candidates, checks them and times them; `... v5-steps` the
 // chapter's steps (the V5_CP_ASYNC, V5_EXP2, V5_BLOCKED_PV and V5_INTERLEAVE macros below).
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,231.1 us median, 1.23x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,231.1 us median, 1.23x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <climits>
@@ -621,7 +621,7 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
 }
 
 // [B_r, B_c, TM, TN, threads, shared bytes, registers, spill bytes, blocks/SM] of the head-dim-D kernel
-// on the current device (`python -m flashattn.sweep` records these next to each tile shape's latency).
+// on the current device (`python -m flashattn.measure.sweep` records these next to each tile shape's latency).
 std::vector<int64_t> kernel_info(int64_t D) {
   long long out[9] = {};
   const char* error = flash_attention_v5_info((int)D, out);

@@ -62,7 +62,7 @@
 //     S_i,j+1 before the softmax of tile j in the hope that ptxas interleaves the two (it issued all the
 //     mma first; 9% slower). Those runs (results/h200/explore/v6_sweep*.txt) used intermediate states
 //     of this file; the profile is results/h200/explore/v6_d128_bc32_full.ncu-rep.
-//   * This build's own profile at that shape (python -m flashattn.profile v6 -B 2 -H 16 -D 128
+//   * This build's own profile at that shape (python -m flashattn.measure.profile v6 -B 2 -H 16 -D 128
 //     --seq-len 8192 -> results/h200/flash_v6_s8192_profile.ncu-rep) still has "wait" (dependent mma)
 //     as the largest warp state; the V6 chapter shows the table.
 //   * Run to run: five repeated runs per shape (scripts/record_h200.sh OUT repeat ->
@@ -72,10 +72,10 @@
 //
 // The chapter's steps (issue 12): the V6_P_SMEM, V6_SMEM_LAYOUT, V6_LDMATRIX, V6_BARRIERS and
 // V6_D*_STAGES macros below rebuild this file as it was before each change, one switch per step
-// (flashattn.steps.v6_chain; tests/test_v6.py builds and checks every step, and that the default build
-// is the same machine code with or without the switches spelled out). `python -m flashattn.sweep
+// (flashattn.measure.steps.v6_chain; tests/test_v6.py builds and checks every step, and that the default build
+// is the same machine code with or without the switches spelled out). `python -m flashattn.measure.sweep
 // v6-steps --metrics` times them (results/h200/v6_steps.json); the table between the markers is written
-// from that record by `python -m flashattn.steps header v6`, never by hand.
+// from that record by `python -m flashattn.measure.steps header v6`, never by hand.
 // steps-table-begin
 //   D=64: B,H,M,N = 4,12,2048,2048; D=128: B,H,M,N = 2,16,8192,8192; bfloat16, non-causal; one interleaved
 //   run per D (us: median; x: vs the step before; regs, spill: ptxas; ok: odd-shape check against
@@ -103,9 +103,9 @@
 // of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->
 // key 2q+1, and reads V rows in the same permuted order. So P stays in registers here too, no shuffles.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 452.8 us median, 3.36x SDPA's speed, same run [python -m flashattn.bench all --seq-lens 512 1024 2048 4096]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 167.6 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,870.6 us median, 0.56x SDPA's speed, 1.14x SDPA-flash's, same run [python -m flashattn.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 452.8 us median, 3.36x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 167.6 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.measure.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,870.6 us median, 0.56x SDPA's speed, 1.14x SDPA-flash's, same run [python -m flashattn.measure.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -154,7 +154,7 @@
 #define V6_D128_STAGES 2
 #endif
 
-// The chapter's steps (python -m flashattn.sweep v6-steps), bf16/fp16 only; each default is the final
+// The chapter's steps (python -m flashattn.measure.sweep v6-steps), bf16/fp16 only; each default is the final
 // kernel, so a build without -D flags is the committed one. TF32 keeps the default code in every step.
 //   V6_P_SMEM       1: P_ij is stored to shared memory and reloaded as the A operand of P_ij V_j
 //                   (the plain way to feed one mma's output to the next); 0: P_ij stays in registers.

@@ -93,7 +93,7 @@
 //     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
 //
 // Measured on H200 with layout 0 (bwd_dkdv; bf16, one interleaved run per shape and causal flag, backward
-// given dO, FLOPs = 2.5 x 4*B*H*M*N*D, half for causal; by an earlier flashattn.autograd.main, which the
+// given dO, FLOPs = 2.5 x 4*B*H*M*N*D, half for causal; by an earlier flashattn.book.backward_steps.main, which the
 // layout comparison below has replaced). Run A built the atomic mode with 8 warps, run B (FLASHATTN_CUDA_FLAGS=
 // "-DV6B_D64_WARPS=4 -DV6B_D128_WARPS=4") both modes with 4 warps; each run times v6 beside SDPA's
 // FlashAttention-2 and cuDNN backward, so the ratios are within one run:
@@ -125,7 +125,7 @@
 //   four rows). The fused builds (V6B_SPLIT_FUSE) were no faster; docs/backward_notes.md and the chapter
 //   have them, and the Nsight Compute comparison of the layouts.
 // The dQ step on layout 2 (V6B_DQ_BULK, V6B_SPLIT_STAGES; results/h200/backward_dq.json, commit 4ab3d2e;
-// python -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', 'results/h200/backward_dq.json'])"),
+// python -m flashattn.book.backward_steps --set dq --json results/h200/backward_dq.json),
 // one interleaved run per row, 200 calls in 20 rounds, bf16, us:
 //   shape (bf16)             causal   red dQ  red, 3 stages   bulk dQ  bulk, 3 stages  SDPA flash     cuDNN
 //   B=4 H=12 M=N=2048 D=64   no         599.0           600.0     566.6           565.8       577.1     369.0
@@ -136,7 +136,7 @@
 //   2 stages (a third stage helped only the red build, at D=128). Against FlashAttention-2 the D=64 non-causal
 //   point is within run-to-run spread: 1.019x here, 0.971x in the target run at commit 4ab3d2e.
 // The query tile at D=64 (V6B_D64_BR, on the bulk path; results/h200/backward_tile.json, commit 3d56a9f;
-// scripts/record_h200.sh results/h200 backward-tile, i.e. flashattn.autograd.main(['--set', 'tile', ...])),
+// scripts/record_h200.sh results/h200 backward-tile, i.e. flashattn.book.backward_steps.main(['--set', 'tile', ...])),
 // one interleaved run per row, 200 calls in 20 rounds, bf16, us. At D=128 both builds are the same kernel
 // (B_r stays 64 there), so those two rows show how far one kernel moves within a run:
 //   shape (bf16)             causal   B_r = 64   B_r = 128   SDPA flash       cuDNN

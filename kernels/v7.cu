@@ -44,7 +44,7 @@
 //   spills, no stack frame: D=64 127 registers (so two 256-thread blocks fit the 64K register file),
 //   D=128 161 (159 causal), under the 168 that 384 threads allow.
 //
-// What the steps measured: `python -m flashattn.sweep v7` (results/h200/v7_sweep.json; H200, bf16,
+// What the steps measured: `python -m flashattn.measure.sweep v7` (results/h200/v7_sweep.json; H200, bf16,
 // non-causal, B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim
 // beside SDPA's backends and v6 in one interleaved run, L2 flushed, median; ptxas registers per
 // thread of the timed instance and the blocks per SM they and the shared memory allow):
@@ -72,10 +72,10 @@
 //   second block only if nothing else does: the occupancy column above says one block per SM; at D=128 it forces
 //   2 warpgroups.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 115.1 us median, 1.05x SDPA's speed, 1.61x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 68.2 us median, 1.22x SDPA's speed, 1.92x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,655.7 us median, 1.03x SDPA's speed, 1.99x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 890.1 us median, 1.09x SDPA's speed, 2.12x SDPA-flash's, same run [python -m flashattn.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 115.1 us median, 1.05x SDPA's speed, 1.61x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 68.2 us median, 1.22x SDPA's speed, 1.92x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,655.7 us median, 1.03x SDPA's speed, 1.99x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 890.1 us median, 1.09x SDPA's speed, 2.12x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>

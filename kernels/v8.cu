@@ -67,7 +67,7 @@
 //   FlashAttention-3's key tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB of shared memory).
 //   tests/test_v8.py checks the split in the SASS.
 //
-// What the steps measured: `python -m flashattn.sweep v8` (results/h200/v8_sweep.json; H200, bf16, non-causal,
+// What the steps measured: `python -m flashattn.measure.sweep v8` (results/h200/v8_sweep.json; H200, bf16, non-causal,
 // B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim beside v7 and SDPA's
 // backends in one interleaved run, L2 flushed, median; registers: ptxas's per-thread figure at launch (the cap
 // that setmaxnreg then splits), blocks per SM). Written from the record, not by hand:
@@ -102,10 +102,10 @@
 //   docs/v8_notes.md). The lines below are written by
 //   scripts/update_tables.sh from results/h200/bench_v8.json, never by hand.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 109.0 us median, 1.11x SDPA's speed, 1.70x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 71.6 us median, 1.16x SDPA's speed, 1.82x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,631.4 us median, 1.05x SDPA's speed, 2.06x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 846.3 us median, 1.12x SDPA's speed, 2.09x SDPA-flash's, same run [python -m flashattn.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 109.0 us median, 1.11x SDPA's speed, 1.70x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
+// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 71.6 us median, 1.16x SDPA's speed, 1.82x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,631.4 us median, 1.05x SDPA's speed, 2.06x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 846.3 us median, 1.12x SDPA's speed, 2.09x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
@@ -1181,7 +1181,7 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
     TORCH_CHECK(trace->is_cuda() && trace->device() == q.device(), "trace must be on the device of q");
     TORCH_CHECK(trace->scalar_type() == at::kLong, "trace must be int64");
     TORCH_CHECK(trace->dim() == 4 && trace->size(1) == 4 && trace->size(3) == 10 && trace->size(2) >= 2,
-                "trace must be [items, 4 roles, 1 + key tiles, 10 words] (flashattn.trace.buffer)");
+                "trace must be [items, 4 roles, 1 + key tiles, 10 words] (flashattn.book.trace.buffer)");
     TORCH_CHECK(trace->is_contiguous(), "trace must be contiguous");
     TORCH_CHECK(trace->size(0) < (int64_t{1} << 31) && trace->size(2) < (int64_t{1} << 31),
                 "trace: every dimension must be below 2^31");

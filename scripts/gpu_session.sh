@@ -17,7 +17,7 @@
 #                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
 #     record-v8      scripts/record_h200.sh new-v8 -> results/h200: bench_v8 (issue 13's targets), v8_sweep and
 #                    the v8 profiles at both shapes, written straight into the tree
-#     sweep-VERSION  python -m flashattn.sweep VERSION -> OUTDIR/work/h200
+#     sweep-VERSION  python -m flashattn.measure.sweep VERSION -> OUTDIR/work/h200
 #     notebooks      execute every notebook of book/ in place
 #     notebooks:A,B  execute book/A.ipynb, book/B.ipynb in place, in that order; notebooks-new = v7,backward,results
 #     <bash code>    anything else runs as a command
@@ -75,11 +75,11 @@ for arg in "$@"; do
           > "$W/build_${v}_train.log" 2>&1 || echo "BUILD FAILED ${v} training modules" >> "$W/build_${v}_train.log" ) &
     done
     for v in ${SWEEPS-v7 v8}; do
-      ( python3 -m flashattn.sweep "$v" --build-only --jobs "${JOBS:-16}" > "$W/build_sweep_$v.log" 2>&1 \
+      ( python3 -m flashattn.measure.sweep "$v" --build-only --jobs "${JOBS:-16}" > "$W/build_sweep_$v.log" 2>&1 \
           || echo "BUILD FAILED sweep $v" >> "$W/build_sweep_$v.log" ) &
     done
     wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
-  tests)  # the JUnit XML lands in results/h200: flashattn.table reads it for the README
+  tests)  # the JUnit XML lands in results/h200: flashattn.measure.table reads it for the README
     commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
     $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k "not sanitizer" \
       --junitxml=results/h200/pytest_junit.xml -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
@@ -93,12 +93,12 @@ for arg in "$@"; do
     echo "pytest rc=$?"; wait $nbval; echo "nbval rc=$?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40
     grep -E "^(FAILED|ERROR)|passed|failed" "$W/nbval.log" | tail -20 ;;
-  sanitizer)  # tests/test_sanitizer_gpu.py (every kernel), and the v7, v8 and backward sanitizer tests
+  sanitizer)  # tests/test_sanitizer.py (every kernel), and the v7, v8 and backward sanitizer tests
     $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k sanitizer > "$W/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/sanitizer.log" | tail -20 ;;
-  sweep-*)  # python -m flashattn.sweep VERSION: VERSION_sweep.json next to the other records
+  sweep-*)  # python -m flashattn.measure.sweep VERSION: VERSION_sweep.json next to the other records
     v=${step#sweep-}; mkdir -p "$W/h200"
-    $T python3 -m flashattn.sweep "$v" --out "$W/h200" > "$W/h200/${v}_sweep.txt" 2>&1; echo "$v sweep rc=$?"
+    $T python3 -m flashattn.measure.sweep "$v" --out "$W/h200" > "$W/h200/${v}_sweep.txt" 2>&1; echo "$v sweep rc=$?"
     tail -25 "$W/h200/${v}_sweep.txt" ;;
   record)
     $T bash scripts/record_h200.sh "$W/h200" bench v5 v6 repeat > "$W/record.log" 2>&1; echo "record rc=$?"

@@ -27,23 +27,23 @@
 #   v8       v8 against v7, v6, SDPA (cuDNN by default on Hopper), FlashAttention-2 and cuDNN forced, bf16,
 #            causal and not, at the same two shapes -> OUTDIR/bench_v8.json, bench_v8.txt: issue 13's
 #            targets table (about 45 s once built)
-#   sweep-v8 python -m flashattn.sweep v8: the V8 chapter's steps at both shapes beside v7, cuDNN and
+#   sweep-v8 python -m flashattn.measure.sweep v8: the V8 chapter's steps at both shapes beside v7, cuDNN and
 #            FlashAttention-2 -> OUTDIR/v8_sweep.json, v8_sweep.txt (about 60 s once built)
 #   profile-v8 Nsight Compute reports of v8 (bf16) at both shapes -> OUTDIR/flash_v8_s2048_profile.*,
 #            flash_v8_s8192_profile.* (about 40 s)
-#   backward the gradient call given dO (python -m flashattn.bench --backward) of v6 (atomic and
+#   backward the gradient call given dO (python -m flashattn.measure.bench --backward) of v6 (atomic and
 #            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
 #            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
-#   backward-dq the dQ step of the backward's key-tile kernel (flashattn.autograd.DQ_VARIANTS: red.global or
+#   backward-dq the dQ step of the backward's key-tile kernel (flashattn.book.backward_steps.DQ_VARIANTS: red.global or
 #            one bulk reduction per tile, 2 or 3 stages) beside SDPA's FlashAttention-2 and cuDNN backward,
 #            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
 #            stall samples -> OUTDIR/backward_dq.json, backward_dq_ncu.{json,raw.csv,source.csv}
 #            (about 90 s once built)
-#   backward-tile the next step at D=64: B_r = 128 query rows per tile instead of 64 (flashattn.autograd.
+#   backward-tile the next step at D=64: B_r = 128 query rows per tile instead of 64 (flashattn.book.backward_steps.
 #            TILE_VARIANTS) beside SDPA's FlashAttention-2 and cuDNN backward, the same four configurations (the
 #            two builds are one kernel at D=128), then Nsight Compute on both at B=4,H=12,2048,D=64
 #            -> OUTDIR/backward_tile.json, backward_tile_ncu.{json,raw.csv} (about 60 s once built)
-#   backward-det the deterministic mode's dK/dV kernel (flashattn.autograd.DET_VARIANTS: the 4-warp bwd_dkdv or
+#   backward-det the deterministic mode's dK/dV kernel (flashattn.book.backward_steps.DET_VARIANTS: the 4-warp bwd_dkdv or
 #            bwd_dkdv_split without its dQ step), both in deterministic mode beside the atomic mode, SDPA's
 #            FlashAttention-2 and cuDNN backward, the same four configurations -> OUTDIR/backward_det.json
 #            (about 60 s once built)
@@ -52,7 +52,7 @@
 #            -> OUTDIR/bench_backward_repeat.json, bench_backward_repeat.txt (about 100 s)
 #   train    the training demonstration, 300 steps of each attention from one seed
 #            -> OUTDIR/train_demo.json, train_demo.txt (about 60 s)
-#   sweep-v7 python -m flashattn.sweep v7: every step variant of the chapter at both shapes, one interleaved
+#   sweep-v7 python -m flashattn.measure.sweep v7: every step variant of the chapter at both shapes, one interleaved
 #            run per head dim -> OUTDIR/v7_sweep.json, v7_sweep.txt (about 40 s when the variants are
 #            built already, by gpu_session.sh's build step; 2-3 min more otherwise)
 #   profile-new Nsight Compute reports of v7 (bf16) at both shapes and of v6's backward (its dK/dV kernel,
@@ -84,7 +84,7 @@ run() {   # run LOG CMD...: echo, run, append output to LOG, remember failures
 
 ncu_version() {   # the Nsight Compute version beside the reports it made
     local ncu
-    ncu=$($PY -c "from flashattn.profile import find_ncu; print(find_ncu() or '')")
+    ncu=$($PY -c "from flashattn.measure.profile import find_ncu; print(find_ncu() or '')")
     if [ -n "$ncu" ]; then "$ncu" --version > "$OUT/ncu_version.txt" 2>&1; fi
 }
 targets() {   # targets NAME BENCH-ARGS...: the four configurations of the tensor-core targets in bf16
@@ -92,9 +92,9 @@ targets() {   # targets NAME BENCH-ARGS...: the four configurations of the tenso
     local name=$1 causal; shift
     rm -f "$OUT/$name.json" "$OUT/$name.txt"
     for causal in "" "--causal"; do
-        run "$name.txt" $PY -m flashattn.bench "$@" --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal \
+        run "$name.txt" $PY -m flashattn.measure.bench "$@" --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 $causal \
             --json "$OUT/$name.json" --append
-        run "$name.txt" $PY -m flashattn.bench "$@" --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal \
+        run "$name.txt" $PY -m flashattn.measure.bench "$@" --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 $causal \
             --json "$OUT/$name.json" --append
     done
 }
@@ -112,20 +112,20 @@ for step in $STEPS; do
     case $step in
     bench)
         rm -f "$OUT/bench.json" "$OUT/bench.txt"
-        run bench.txt $PY -m flashattn.bench all --seq-lens 512 1024 2048 4096 --json "$OUT/bench.json"
+        run bench.txt $PY -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096 --json "$OUT/bench.json"
         ;;
     v5)
         rm -f "$OUT/bench_v5.json" "$OUT/bench_v5.txt"
-        run bench_v5.txt $PY -m flashattn.bench v4 v5 sdpa --seq-lens 512 1024 2048 4096 8192 \
+        run bench_v5.txt $PY -m flashattn.measure.bench v4 v5 sdpa --seq-lens 512 1024 2048 4096 8192 \
             --json "$OUT/bench_v5.json" --append
-        run bench_v5.txt $PY -m flashattn.bench v4 v5 sdpa -D 128 --seq-lens 512 1024 2048 4096 8192 \
+        run bench_v5.txt $PY -m flashattn.measure.bench v4 v5 sdpa -D 128 --seq-lens 512 1024 2048 4096 8192 \
             --json "$OUT/bench_v5.json" --append
         ;;
     v6)
         targets bench_v6 v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient
         # the same file, the same run: TF32 on float32 inputs (SDPA's flash and cuDNN backends take only
         # 16-bit inputs, so they are left out; the README table shows "n/a" for them)
-        run bench_v6.txt $PY -m flashattn.bench v6 baseline sdpa sdpa_efficient \
+        run bench_v6.txt $PY -m flashattn.measure.bench v6 baseline sdpa sdpa_efficient \
             --dtype float32 -B 4 -H 12 -D 64 --seq-lens 2048 --json "$OUT/bench_v6.json" --append
         ;;
     repeat)
@@ -134,17 +134,17 @@ for step in $STEPS; do
             --format=csv -lms 200 > "$OUT/gpu_clocks.csv" 2>&1 &
         smi=$!
         for i in 1 2 3 4 5; do
-            run bench_v6_repeat.txt $PY -m flashattn.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 4 -H 12 -D 64 \
+            run bench_v6_repeat.txt $PY -m flashattn.measure.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 4 -H 12 -D 64 \
                 --seq-lens 2048 --no-check --json "$OUT/bench_v6_repeat.json" --append
-            run bench_v6_repeat.txt $PY -m flashattn.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 2 -H 16 -D 128 \
+            run bench_v6_repeat.txt $PY -m flashattn.measure.bench v6 sdpa_flash sdpa --dtype bfloat16 -B 2 -H 16 -D 128 \
                 --seq-lens 8192 --no-check --json "$OUT/bench_v6_repeat.json" --append
         done
         kill $smi 2>/dev/null
         ;;
     profile)
         ncu_version
-        run profile.txt $PY -m flashattn.profile all --out "$OUT"
-        run profile.txt $PY -m flashattn.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
+        run profile.txt $PY -m flashattn.measure.profile all --out "$OUT"
+        run profile.txt $PY -m flashattn.measure.profile v6 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
     v7)
         targets bench_v7 v7 v6 sdpa sdpa_flash sdpa_cudnn
@@ -158,61 +158,61 @@ for step in $STEPS; do
     backward-repeat)
         rm -f "$OUT/bench_backward_repeat.json" "$OUT/bench_backward_repeat.txt"
         for i in 1 2 3 4 5; do
-            run bench_backward_repeat.txt $PY -m flashattn.bench --backward v6 sdpa_flash --dtype bfloat16 -B 4 -H 12 \
+            run bench_backward_repeat.txt $PY -m flashattn.measure.bench --backward v6 sdpa_flash --dtype bfloat16 -B 4 -H 12 \
                 -D 64 --seq-lens 2048 --no-check --json "$OUT/bench_backward_repeat.json" --append
-            run bench_backward_repeat.txt $PY -m flashattn.bench --backward v6 sdpa_flash --dtype bfloat16 -B 2 -H 16 \
+            run bench_backward_repeat.txt $PY -m flashattn.measure.bench --backward v6 sdpa_flash --dtype bfloat16 -B 2 -H 16 \
                 -D 128 --seq-lens 8192 --no-check --json "$OUT/bench_backward_repeat.json" --append
         done
         ;;
     backward-dq)
         ncu_version
         rm -f "$OUT/backward_dq.json" "$OUT/backward_dq.txt"
-        run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--json', '$OUT/backward_dq.json'])"
-        run backward_dq.txt $PY -c "from flashattn.autograd import main; main(['--set', 'dq', '--profile', '$OUT'])"
+        run backward_dq.txt $PY -m flashattn.book.backward_steps --set dq --json $OUT/backward_dq.json
+        run backward_dq.txt $PY -m flashattn.book.backward_steps --set dq --profile $OUT
         ;;
     backward-tile)
         ncu_version
         rm -f "$OUT/backward_tile.json" "$OUT/backward_tile.txt"
-        run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--json', '$OUT/backward_tile.json'])"
-        run backward_tile.txt $PY -c "from flashattn.autograd import main; main(['--set', 'tile', '--profile', '$OUT'])"
+        run backward_tile.txt $PY -m flashattn.book.backward_steps --set tile --json $OUT/backward_tile.json
+        run backward_tile.txt $PY -m flashattn.book.backward_steps --set tile --profile $OUT
         ;;
     backward-det)
         rm -f "$OUT/backward_det.json" "$OUT/backward_det.txt"
-        run backward_det.txt $PY -c "from flashattn.autograd import main; main(['--set', 'det', '--json', '$OUT/backward_det.json'])"
+        run backward_det.txt $PY -m flashattn.book.backward_steps --set det --json $OUT/backward_det.json
         ;;
     train)
         rm -f "$OUT/train_demo.json" "$OUT/train_demo.txt"
-        run train_demo.txt $PY -m flashattn.training --steps 300 --json "$OUT/train_demo.json"
+        run train_demo.txt $PY -m flashattn.book.training --steps 300 --json "$OUT/train_demo.json"
         ;;
     sweep-*)
         v=${step#sweep-}
         rm -f "$OUT/${v}_sweep.json" "$OUT/${v}_sweep.txt"
-        run "${v}_sweep.txt" $PY -m flashattn.sweep "$v" --out "$OUT" --jobs "${JOBS:-16}"
+        run "${v}_sweep.txt" $PY -m flashattn.measure.sweep "$v" --out "$OUT" --jobs "${JOBS:-16}"
         ;;
     profile-new)
         ncu_version
         rm -f "$OUT/profile_new.txt"
-        run profile_new.txt $PY -m flashattn.profile v7 --out "$OUT"
-        run profile_new.txt $PY -m flashattn.profile v7 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
-        run profile_new.txt $PY -m flashattn.profile v6_backward --out "$OUT"
+        run profile_new.txt $PY -m flashattn.measure.profile v7 --out "$OUT"
+        run profile_new.txt $PY -m flashattn.measure.profile v7 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
+        run profile_new.txt $PY -m flashattn.measure.profile v6_backward --out "$OUT"
         ;;
     profile-v8)
         ncu_version
         rm -f "$OUT/profile_v8.txt"
-        run profile_v8.txt $PY -m flashattn.profile v8 --out "$OUT"
-        run profile_v8.txt $PY -m flashattn.profile v8 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
+        run profile_v8.txt $PY -m flashattn.measure.profile v8 --out "$OUT"
+        run profile_v8.txt $PY -m flashattn.measure.profile v8 -B 2 -H 16 -D 128 --seq-len 8192 --out "$OUT"
         ;;
     figures)
         if $PY -c "import matplotlib, ncu_report" 2>/dev/null && ls "$OUT"/*.ncu-rep >/dev/null 2>&1; then
-            run figures.txt $PY -m flashattn.plots "$OUT"/*.ncu-rep -o "$OUT/roofline.png"
+            run figures.txt $PY -m flashattn.book.plots "$OUT"/*.ncu-rep -o "$OUT/roofline.png"
             for r in "$OUT"/*.ncu-rep; do
-                run ncu_tables.md $PY -m flashattn.ncu "$r"
+                run ncu_tables.md $PY -m flashattn.measure.ncu "$r"
             done
         else
             echo "figures: matplotlib/ncu_report or reports missing; roofline skipped" | tee -a "$OUT/figures.txt"
         fi
         if [ -f "$OUT/bench.json" ]; then
-            $PY -m flashattn.table "$OUT/bench.json" > "$OUT/results_table.md" || status=1
+            $PY -m flashattn.measure.table "$OUT/bench.json" > "$OUT/results_table.md" || status=1
         fi
         ;;
     *)

@@ -8,7 +8,9 @@ notebooks were executed on the GPU machine (say, metadata added to a results JSO
 notebook here, copies the new outputs of those cells only, and leaves every live output (timings,
 correctness runs) as the GPU run produced it.
 """
+import fcntl
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -18,12 +20,23 @@ TAG = "nbval-check-output"   # nbval checks the outputs of cells carrying this t
 
 
 def refresh(path: Path) -> int:
-    stored = nbformat.read(path, as_version=4)
     fresh = nbformat.read(path, as_version=4)
     NotebookClient(fresh, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
+    # the notebook is read again, under a lock, just before it is written, so that edits made to it while it
+    # ran (by another process that takes the same lock) are kept; cells are matched by their id
+    with open(Path(tempfile.gettempdir()) / "flashattn-notebooks.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _copy_checked_outputs(path, {c.id: c for c in fresh.cells})
+
+
+def _copy_checked_outputs(path: Path, fresh: dict) -> int:
+    stored = nbformat.read(path, as_version=4)
     changed = 0
-    for old, new in zip(stored.cells, fresh.cells):
+    for old in stored.cells:
+        new = fresh.get(old.id)
+        if new is None:
+            continue
         if not (old.cell_type == "code" and TAG in old.metadata.get("tags", [])):
             continue
         unrun = old.execution_count is None      # a new cell: nbval treats a cell without a count as unrun

@@ -1,4 +1,4 @@
-"""Runs every kernel on a small and an odd shape; tests/test_sanitizer_gpu.py runs this file under
+"""Runs every kernel on a small and an odd shape; tests/test_sanitizer.py runs this file under
 compute-sanitizer (memcheck, then racecheck). Kernels are built before the sanitizer starts."""
 import sys
 

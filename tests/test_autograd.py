@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import needs_gpu
 from test_v7 import is_hopper
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashattn.autograd as fa
-from flashattn.bench import attention_flops
+from flashattn.measure.backward import backward_call, backward_flops
+from flashattn.measure.bench import attention_flops
 from flashattn.reference import relative_error
 
 
@@ -84,13 +84,13 @@ def test_version_without_backward_refuses_grad():
 
 def test_backward_flops_and_names():
     for causal in (False, True):
-        assert fa.backward_flops(2, 3, 100, 70, 64, causal) == 2.5 * attention_flops(2, 3, 100, 70, 64, causal)
-    assert fa.backward_flops(1, 1, 10, 10, 8, True) == fa.backward_flops(1, 1, 10, 10, 8, False) / 2
+        assert backward_flops(2, 3, 100, 70, 64, causal) == 2.5 * attention_flops(2, 3, 100, 70, 64, causal)
+    assert backward_flops(1, 1, 10, 10, 8, True) == backward_flops(1, 1, 10, 10, 8, False) / 2
     x = torch.empty(1, 1, 4, 64)
     with pytest.raises(ValueError, match="name must be one of"):
-        fa.backward_call("v5", x, x, x, x)
+        backward_call("v5", x, x, x, x)
     with pytest.raises(ValueError, match="do must have the shape of q"):
-        fa.backward_call("v6", x, x, x, x[..., :32])
+        backward_call("v6", x, x, x, x[..., :32])
 
 
 # ================================================================ GPU
@@ -99,7 +99,7 @@ def cuda_inputs(B=2, H=3, M=77, N=130, D=64, dtype=torch.bfloat16, seed=0):
     return [torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for L in (M, N, N, M)]
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_opcheck(deterministic):
     q, k, v, do = cuda_inputs()
@@ -110,7 +110,7 @@ def test_opcheck(deterministic):
                           (q.detach(), k.detach(), v.detach(), o, lse, do, True, "v6", deterministic))
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_attention_matches_raw_kernels_and_handles_views():
     """The op gives the binding's exact bits, also from non-contiguous and misaligned views."""
     q, k, v, do = cuda_inputs(M=65, N=65)
@@ -129,7 +129,7 @@ def test_attention_matches_raw_kernels_and_handles_views():
         assert torch.equal(leaf.grad, r)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.skipif(not is_hopper(), reason="v7 and v8 need a GPU of compute capability 9.0")
 @pytest.mark.parametrize("version", ["v7", "v8"])
 def test_hopper_versions_train(version):
@@ -150,7 +150,7 @@ def test_hopper_versions_train(version):
         assert torch.equal(leaf.grad, r)
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_no_grad_version_runs_forward():
     q, k, v, _ = cuda_inputs(dtype=torch.float32)
     import flashattn
@@ -173,7 +173,7 @@ class TinyAttention(torch.nn.Module):
         return self.proj(o.transpose(1, 2).reshape(B, L, C))
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph_matches_eager(backend):
     torch.manual_seed(0)
@@ -194,7 +194,7 @@ def test_torch_compile_fullgraph_matches_eager(backend):
         assert relative_error(a, b) < 2e-2
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_cuda_graph_replays_forward_and_backward():
     q, k, v, do = cuda_inputs(M=200, N=200, D=128, dtype=torch.float16)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))

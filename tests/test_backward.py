@@ -9,7 +9,7 @@
   * CPU: the bulk dQ step's float32 image in shared memory (acc_pair's column order): every element once,
     conflict-free stores, and bwd_convert's read of it.
   * GPU: compute-sanitizer memcheck, racecheck and synccheck over tests/backward_sanitizer_target.py, for the
-    default build and every other build of the atomic mode (flashattn.autograd.VARIANTS).
+    default build and every other build of the atomic mode (flashattn.book.backward_steps.VARIANTS).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HALF_DTYPES, needs_gpu, poison_allocator, run_sanitized
+from conftest import HALF_DTYPES, poison_allocator, run_sanitized
 from test_v6 import a16, halves, ldmatrix_x4
 from test_v7 import is_hopper
 
@@ -250,7 +250,7 @@ def check_grads(fwd, bwd, B, H, M, N, D, dtype, causal, deterministic, seed, q_s
 SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1, 203), (203, 1), (1023, 1025), (1025, 1023), (128, 128)]
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("M,N", SHAPES)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -262,7 +262,7 @@ def test_gradients_match(fwd, bwd, mode, dtype, causal, D, M, N):
     check_grads(fwd, bwd, B, H, M, N, D, DTYPES[dtype], causal, mode == "deterministic", seed)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -271,7 +271,7 @@ def test_large_logits(fwd, bwd, dtype, causal, D):
     check_grads(fwd, bwd, 2, 2, 300, 517, D, DTYPES[dtype], causal, False, seed=11 + D, q_scale=8.0)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_is_bit_identical(fwd, bwd, causal, D):
@@ -299,7 +299,7 @@ def forward_of(version: str):
     return forward_module(version)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("M,N", [(1, 1), (113, 203), (203, 113), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -324,7 +324,7 @@ def test_forward_lse(version, dtype, causal, D, M, N):
     assert (lse[seen].double() - ref[seen]).abs().max().item() <= tol * max(1.0, ref[seen].abs().max().item())
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("M,N", [(1, 203), (113, 203), (203, 113), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
@@ -339,7 +339,7 @@ def test_hopper_forward_trains(version, causal, D, M, N):
     check_grads(forward_of(version), backward_module(version), 2, 3, M, N, D, dtype, causal, False, seed)
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_bad_inputs_refused(bwd, fwd):
     q, k, v, do = make_inputs(1, 2, 33, 40, 64, torch.bfloat16, seed=3)
     o, lse = fwd.forward_lse(q, k, v, False)
@@ -360,16 +360,16 @@ BUILDS = ["v6_layout0", "v6_layout1", "v6_layout2", "v6_layout2_stages3", "v6_la
           "v6_layout2_bulk_stages3", "v6_layout2_bulk_br128", "v6_det_split"]
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("M,N", [(17, 17), (113, 203), (203, 113), (1, 203), (1025, 1023)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("variant", BUILDS)
 def test_all_dkdv_variants(fwd, variant, causal, D, M, N):
-    """The atomic mode's builds (flashattn.autograd.VARIANTS, built side by side by variant_module,
+    """The atomic mode's builds (flashattn.book.backward_steps.VARIANTS, built side by side by variant_module,
     whichever is the default): gradients within the tolerance, and dK, dV bit-identical to the
     deterministic mode (same sums in the same order)."""
-    from flashattn.autograd import variant_module
+    from flashattn.book.backward_steps import variant_module
     seed = zlib.crc32(repr(("layout", variant, causal, D, M, N)).encode())
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
     module = variant_module(variant)
@@ -380,21 +380,21 @@ def test_all_dkdv_variants(fwd, variant, causal, D, M, N):
 
 
 # ================================================================ GPU: compute-sanitizer
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", [None, *BUILDS])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean(fwd, bwd, tool, variant):
     """forward_lse and both backward modes under compute-sanitizer, the default build (None) and every
     other build of the atomic mode (built outside the sanitizer first)."""
     if variant is not None:
-        from flashattn.autograd import variant_module
+        from flashattn.book.backward_steps import variant_module
         variant_module(variant)
     out, ran = run_sanitized(tool, "backward_sanitizer_target.py", *(() if variant is None else ("--variant", variant)))
     from backward_sanitizer_target import cases
     assert len(ran) == len(list(cases())), out[-4000:]
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("version", ["v7", "v8"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])

@@ -1,4 +1,4 @@
-"""flashattn.bench and flashattn.profile: argument parsing and refusals (no GPU needed), and a short
+"""flashattn.measure.bench and flashattn.measure.profile: argument parsing and refusals (no GPU needed), and a short
 real run of every version plus one profile (GPU only)."""
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn import bench, profile
+from flashattn.measure import bench, profile
 from flashattn.versions import INFO, VERSIONS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,14 +142,14 @@ def test_profile_all_means_the_fused_versions():
 
 def test_profile_of_a_backward_kernel_file(tmp_path):
     """v6_backward: the dK/dV kernel only, in a bf16 gradient call, reports named like the forward's (so
-    flashattn.ncu.version_of and records.profile_table find them)."""
+    flashattn.measure.ncu.version_of and records.profile_table find them)."""
     assert profile.refusal("v6_backward") is None and profile.owner("v6_backward") == "v6"
     args = profile.build_parser().parse_args(["v6_backward"])
     stem = profile.report_stem("v6_backward", args.seq_len)
     cmd = " ".join(profile.ncu_command("/x/ncu", "v6_backward", args, tmp_path / stem, ["SpeedOfLight"]))
     assert "--kernel-name regex:bwd_dkdv " in cmd and "--target v6_backward --dtype bfloat16" in cmd
     assert "bwd_dkdv" in profile.kernel_names("v6_backward")
-    from flashattn.ncu import version_of
+    from flashattn.measure.ncu import version_of
     assert version_of(stem + ".ncu-rep") == "v6_backward"
 
 
@@ -196,13 +195,13 @@ def test_ncu_command_shape(tmp_path):
     cmd = profile.ncu_command("/x/ncu", "v4", args, tmp_path / "flash_v4_s2048_profile", ["SpeedOfLight", "Occupancy"])
     joined = " ".join(cmd)
     for part in ("--clock-control none", "--launch-count 1", "--launch-skip 1", "--kernel-name regex:flash",
-                 "--section SpeedOfLight", "--section Occupancy", "-m flashattn.profile --target v4",
+                 "--section SpeedOfLight", "--section Occupancy", "-m flashattn.measure.profile --target v4",
                  "--dtype float32", "--seq-len 2048"):
         assert part in joined
 
 
 # ------------------------------------------------------------------------------------------ GPU
-@needs_gpu
+@pytest.mark.gpu
 def test_short_benchmark_of_every_version(tmp_path):
     out = tmp_path / "bench.json"
     names = list(VERSIONS) + list(bench.SDPA_BACKENDS)
@@ -223,7 +222,7 @@ def test_short_benchmark_of_every_version(tmp_path):
     assert rows["sdpa_flash"]["status"] == "failed"  # the flash backend refuses float32: a row, not a crash
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_unsupported_dtype_is_a_row_not_a_crash(tmp_path):
     result = bench.run(bench.parse_args(["v4", "v6", "--dtype", "bfloat16", "-B", "1", "-H", "1", "--seq-lens", "64",
                                          "--warmup", "1", "--repetitions", "2"]))
@@ -232,12 +231,12 @@ def test_unsupported_dtype_is_a_row_not_a_crash(tmp_path):
     assert rows["v6"]["status"] == "ok"
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_one_profile_run(tmp_path):
     ncu = profile.find_ncu()
     if ncu is None:
         pytest.fail("a GPU machine should have ncu: " + profile.MISSING_NCU)
-    proc = subprocess.run([sys.executable, "-m", "flashattn.profile", "v4", "--out", str(tmp_path), "-B", "1",
+    proc = subprocess.run([sys.executable, "-m", "flashattn.measure.profile", "v4", "--out", str(tmp_path), "-B", "1",
                            "-H", "4", "--seq-len", "256"], capture_output=True, text=True, cwd=REPO)
     if "ERR_NVGPUCTRPERM" in proc.stdout + proc.stderr:
         pytest.skip("this machine does not let users read GPU performance counters")
@@ -247,7 +246,7 @@ def test_one_profile_run(tmp_path):
     for suffix in (".details.csv", ".details.txt", ".raw.csv"):
         assert (tmp_path / f"flash_v4_s256_profile{suffix}").stat().st_size > 0
     pytest.importorskip("ncu_report")
-    from flashattn import ncu as ncu_parse
+    from flashattn.measure import ncu as ncu_parse
     s = ncu_parse.summarize(report)
     assert s["registers_per_thread"] > 0 and s["duration_s"] > 0
     problems = ncu_parse.compare_with_exports(
@@ -256,7 +255,7 @@ def test_one_profile_run(tmp_path):
     assert not problems, problems
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_short_backward_benchmark(tmp_path):
     """--backward: one row per name with "direction": "backward", gradients checked against float64, the
     FLOPs 2.5x the forward's; the backward chapter's reader takes the file."""
@@ -273,5 +272,5 @@ def test_short_backward_benchmark(tmp_path):
         assert r["status"] == "ok" and r["direction"] == "backward", (name, r["message"])
         assert r["flops"] == 2.5 * bench.attention_flops(1, 2, 203, 203, 64, True)
         assert r["median_us"] > 0 and r["rel_error"] < 2e-2, name
-    from flashattn.table import load, select_rows
+    from flashattn.measure.table import load, select_rows
     assert {r["version"] for r in select_rows(load(out), causal=True, direction="backward")[0]} == set(rows)

@@ -1,12 +1,12 @@
-"""What the chapters call besides the records: the per-version tables of flashattn.notebook, the cost
-tables of flashattn.tiles, the no-GPU paths of flashattn.live and every figure of flashattn.figures."""
+"""What the chapters call besides the records: the per-version tables of flashattn.book.notebook, the cost
+tables of flashattn.book.tiles, the no-GPU paths of flashattn.book.live and every figure of flashattn.book.figures."""
 from __future__ import annotations
 
 import pytest
 from conftest import write_bench_file
 
-from flashattn import figures, layouts, live, notebook, records, tiles
-from flashattn.table import label
+from flashattn.book import figures, layouts, live, notebook, records, tiles
+from flashattn.measure.table import label
 from flashattn.versions import INFO, VERSIONS
 
 pytest.importorskip("IPython")
@@ -51,7 +51,7 @@ def test_requirements_say_what_each_version_takes():
 
 
 def test_no_gpu_paths_say_so_in_one_line(capsys, tmp_path, monkeypatch):
-    """The laptop path, exercised on every machine: the live helpers ask flashattn.notebook.gpu()."""
+    """The laptop path, exercised on every machine: the live helpers ask flashattn.book.notebook.gpu()."""
     monkeypatch.setattr(live, "gpu", lambda: False)
     write_bench_file(tmp_path)
     monkeypatch.setattr(records, "RESULTS", tmp_path)

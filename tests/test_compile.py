@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 import flashattn
-from flashattn.geometry import launch_of
 from flashattn.loader import version_archs
-from flashattn.resources import ARCHS, compile_report, load_record, nvcc_version, occupancy
+from flashattn.measure.geometry import launch_of
+from flashattn.measure.resources import ARCHS, compile_report, load_record, nvcc_version, occupancy
 
 RECORD = Path(__file__).resolve().parent.parent / "results" / "compile" / "resources.json"
 NO_SPILL = {"v3", "v4", "v5", "v6", "v7", "v8"}
-REGENERATE = f"regenerate with python -m flashattn.resources --json {RECORD.relative_to(RECORD.parents[2])}"
+REGENERATE = f"regenerate with python -m flashattn.measure.resources --json {RECORD.relative_to(RECORD.parents[2])}"
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn import figures, notebook, summary  # noqa: E402
-from flashattn.records import primary_rows  # noqa: E402
-from flashattn.table import label  # noqa: E402
+from flashattn.book import figures, notebook, summary  # noqa: E402
+from flashattn.book.records import primary_rows  # noqa: E402
+from flashattn.measure.table import label  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""Kernel geometry and occupancy without a GPU: flashattn.geometry reads tile sizes from the kernel files,
-flashattn.resources turns registers and shared memory into blocks per SM, flashattn.tiles prints both."""
+"""Kernel geometry and occupancy without a GPU: flashattn.measure.geometry reads tile sizes from the kernel files,
+flashattn.measure.resources turns registers and shared memory into blocks per SM, flashattn.book.tiles prints both."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import needs_gpu
 
 import flashattn
-from flashattn import geometry, loader, sweep, tiles
-from flashattn.resources import load_record, occupancy
+from flashattn import loader
+from flashattn.book import tiles
+from flashattn.measure import geometry, sweep
+from flashattn.measure.resources import load_record, occupancy
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "results" / "compile" / "resources.json"
@@ -141,7 +142,7 @@ def test_mma_accumulator_layout():
     assert own[7, 7] == 31
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_v5_formula_matches_the_compiled_binding():
     """The truth: the v5 binding's kernel_info asks the CUDA runtime about the kernel it compiled."""
     flashattn.load("v5")                      # refuses a GPU older than sm_80 with the reason

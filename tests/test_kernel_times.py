@@ -1,4 +1,4 @@
-"""flashattn.kernel_times: the per-kernel times of the unfused versions and V0's memory metrics."""
+"""flashattn.book.kernel_times: the per-kernel times of the unfused versions and V0's memory metrics."""
 from __future__ import annotations
 
 import csv
@@ -6,9 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn import kernel_times as kt
+from flashattn.book import kernel_times as kt
 
 FLUSH = "vectorized_elementwise_kernel<FillFunctor<unsigned char>>"
 
@@ -115,7 +114,7 @@ def test_cli_needs_a_gpu(monkeypatch):
     assert kt.main(["--out", "/nonexistent"]) == 2
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_profile_call_finds_each_kernel_of_each_call():
     a = torch.randn(1 << 20, device="cuda")
     b = torch.randn(1 << 20, device="cuda")
@@ -125,7 +124,7 @@ def test_profile_call_finds_each_kernel_of_each_call():
     assert all(0 < r["min_us"] <= r["median_us"] <= r["max_us"] for r in rows)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("version,roles", [("v0", ["scores", "softmax", "PV"]), ("baseline", None)])
 @pytest.mark.parametrize("L", [17, 203])
 def test_measure_names_every_kernel(version, roles, L):
@@ -141,11 +140,11 @@ def test_measure_names_every_kernel(version, roles, L):
     assert run["kernel_sum_us"] <= 1.5 * run["end_to_end"]["median_us"] + 20
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_cli_writes_a_record_the_readers_take(tmp_path):
     assert kt.main(["--out", str(tmp_path), "--versions", "v0", "--seq-lens", "64", "--calls", "3"]) == 0
     doc = json.loads((tmp_path / "kernel_times.json").read_text())
-    assert doc["schema"] == kt.SCHEMA and doc["meta"]["command"].startswith("python -m flashattn.kernel_times")
+    assert doc["schema"] == kt.SCHEMA and doc["meta"]["command"].startswith("python -m flashattn.book.kernel_times")
     run = kt.recorded_run("v0", 64, tmp_path / "kernel_times.json")
     assert [k["role"] for k in run["kernels"]] == ["scores", "softmax", "PV"]
     assert len(kt.table_lines(run, dram=4e12, fp32=50e12)) == 5

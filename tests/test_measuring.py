@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn import live
-from flashattn.timing import time_cuda
+from flashattn.book import live
+from flashattn.measure.timing import time_cuda
 
 pytest.importorskip("IPython")
 
@@ -20,7 +19,7 @@ def test_without_a_gpu_the_experiments_say_live_only(monkeypatch, capsys):
     assert len(lines) == 2 and all(line.startswith("No CUDA GPU") for line in lines)
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_before_runs_once_per_call_outside_the_timed_region():
     calls = []
     cycles = 20_000_000                                    # about 10 ms at the H200's ~2 GHz
@@ -34,7 +33,7 @@ def test_before_runs_once_per_call_outside_the_timed_region():
     assert max(t.times_ms) < 2.0, t.times_ms             # the sleep queued before the start event is not timed
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_the_live_table_has_every_case_and_real_times():
     out = live.cache_and_launch(softmax_mb=(0.03, 8), L=256).data
     rows = [r for r in out.splitlines() if r.startswith("| softmax") or r.startswith("| Baseline")]

@@ -1,6 +1,6 @@
-"""flashattn.ncu: the parsed values equal what `ncu --import REPORT` prints for every committed report.
+"""flashattn.measure.ncu: the parsed values equal what `ncu --import REPORT` prints for every committed report.
 
-`flashattn.profile` saves ncu's details page (.details.csv, base units) and raw page (.raw.csv) next to
+`flashattn.measure.profile` saves ncu's details page (.details.csv, base units) and raw page (.raw.csv) next to
 each report; there is no ncu on the machines that run these tests without a GPU, so those files are the
 reference. The unit and number helpers are tested on their own so this file says something before any
 report is committed.
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from flashattn import ncu
+from flashattn.measure import ncu
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
-# the reports of `python -m flashattn.profile`, which saves ncu's pages next to each; other tools' reports
-# (flashattn.kernel_times, exploratory runs) carry only what their own readers need
+# the reports of `python -m flashattn.measure.profile`, which saves ncu's pages next to each; other tools' reports
+# (flashattn.book.kernel_times, exploratory runs) carry only what their own readers need
 REPORTS = sorted(RESULTS.glob("flash_*_profile.ncu-rep"))
 
 
@@ -111,7 +111,7 @@ def test_parsed_values_equal_ncu_pages(report):
 
 
 def test_raw_rows_of_several_kernels_and_their_step_metrics(tmp_path):
-    """flashattn.sweep --metrics reads one raw page with a row per profiled launch."""
+    """flashattn.measure.sweep --metrics reads one raw page with a row per profiled launch."""
     conflicts = ncu.SHARED["bank_conflicts_ld"]
     stall = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
     raw = tmp_path / "r.raw.csv"
@@ -142,7 +142,7 @@ def test_bank_conflict_row_only_when_the_report_has_the_counters():
 def test_every_profile_collects_the_bank_conflict_counters():
     from types import SimpleNamespace
 
-    from flashattn import profile
+    from flashattn.measure import profile
     args = SimpleNamespace(kernel_regex=None, warmup=1, dtype=None, batch_size=1, num_heads=1, seq_len=64,
                            head_dim=64, causal=False)
     cmd = profile.ncu_command("ncu", "v6", args, Path("/tmp/x"), ["WarpStateStats"])
@@ -197,7 +197,7 @@ def test_recorded_dq_profile_backs_the_backward_chapter():
     build has a small fraction of those samples."""
     import json
 
-    from flashattn.records import RESULTS
+    from flashattn.book.records import RESULTS
     info = json.loads((RESULTS / "backward_dq_ncu.json").read_text())
     pages = ncu.read_source_rows(RESULTS / info["source_csv"])
     assert list(pages) == info["kernels"] == ["v6_layout2", "v6_layout2_bulk"]

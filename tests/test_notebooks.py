@@ -33,7 +33,7 @@ def test_every_notebook_is_in_the_toc_and_vice_versa():
 def test_notebook_structure(path):
     book = nbformat.read(path, as_version=4)
     code = [c for c in book.cells if c.cell_type == "code"]
-    assert code and "import flashattn.notebook as nb" in code[0].source
+    assert code and "import flashattn.book.notebook as nb" in code[0].source
     assert book.cells[0].cell_type == "markdown" and book.cells[0].source.startswith("# ")
     for c in code:
         for out in c.get("outputs", []):

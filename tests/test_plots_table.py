@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn import plots, table
+from flashattn.book import plots
+from flashattn.measure import table
 from flashattn.versions import INFO, VERSIONS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
@@ -49,7 +50,7 @@ def test_roofline_without_tensor_roof():
 def test_roofline_from_committed_reports():
     pytest.importorskip("ncu_report")
     fig, ax = plots.roofline(plots.points_from_reports(REPORTS))
-    from flashattn.ncu import version_of
+    from flashattn.measure.ncu import version_of
     assert _labels(ax) == sorted(version_of(r.name) for r in REPORTS)
 
 

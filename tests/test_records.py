@@ -1,4 +1,4 @@
-"""flashattn.records and flashattn.table: the book's tables of what was recorded on the H200, from the
+"""flashattn.book.records and flashattn.measure.table: the book's tables of what was recorded on the H200, from the
 committed files or from small files written here; a missing record says so instead of failing."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import write_bench_file
 
-from flashattn import records, table
+from flashattn.book import records
+from flashattn.measure import table
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("IPython")
@@ -146,7 +147,7 @@ def test_step_table_of_a_recorded_chain(results):
     assert "| 128 |" not in t and "1024" in t.replace(",", "")
     sentence = records.step_sentence("v6", 2)
     assert "Step 2 (second): at D = 64 it goes from 300.0 µs to 150.0 µs (2.00× the speed" in sentence
-    from flashattn import steps
+    from flashattn.measure import steps
     doc["meta"] = {"device": {"name": "NVIDIA H200"}, "git": {"commit": "abc123"}}
     (results / "v6_steps.json").write_text(json.dumps(doc))
     lines = steps.header_lines("v6")

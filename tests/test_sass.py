@@ -1,9 +1,9 @@
-"""flashattn.sass: the hot loops' instruction mix, from nvcc and nvdisasm, without a GPU."""
+"""flashattn.measure.sass: the hot loops' instruction mix, from nvcc and nvdisasm, without a GPU."""
 import importlib.util
 
 import pytest
 
-from flashattn import sass
+from flashattn.measure import sass
 
 REASON = sass.tool_missing_reason()
 needs_tools = pytest.mark.skipif(REASON is not None, reason=f"cannot disassemble here: {REASON}")

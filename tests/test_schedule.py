@@ -1,10 +1,11 @@
-"""flashattn.schedule (the ping-pong model of the V8 chapter) and the V8 helpers of flashattn.sass, on
+"""flashattn.book.schedule (the ping-pong model of the V8 chapter) and the V8 helpers of flashattn.measure.sass, on
 inputs small enough to check by hand."""
 from __future__ import annotations
 
 import pytest
 
-from flashattn import sass, schedule
+from flashattn.book import schedule
+from flashattn.measure import sass
 
 
 def test_pingpong_issues_in_turn_and_keeps_the_tensor_cores_busier():
@@ -36,10 +37,10 @@ def test_register_moves_reads_setmaxnreg():
     assert sass.register_moves(lines) == {"release": [24], "claim": [240]}
 
 
-# ---------------------------------------------------------------- flashattn.trace (V8_TRACE stamps)
+# ---------------------------------------------------------------- flashattn.book.trace (V8_TRACE stamps)
 def _stamps(tiles=6, period=2000, offset=1000):
     """One item of a hand-made trace at 1 cycle per ns: producer and two consumers taking turns."""
-    from flashattn import trace
+    from flashattn.book import trace
     rows = []
     for role in range(trace.ROLES):
         r = [[-1] * trace.WORDS for _ in range(1 + tiles + 1)]
@@ -54,7 +55,7 @@ def _stamps(tiles=6, period=2000, offset=1000):
 
 
 def test_trace_summary_of_hand_made_stamps():
-    from flashattn import trace
+    from flashattn.book import trace
     raw = [_stamps()]
     assert trace.clock_ghz(raw) == 1.0
     s = trace.summarize(raw, 1.0)
@@ -72,11 +73,11 @@ def test_trace_summary_of_hand_made_stamps():
 
 @pytest.mark.parametrize("name", ["v8_trace.json", "v8_trace_nonpersistent.json"])
 def test_recorded_trace_reads_back_in_order(name):
-    """The stamps recorded on the H200 (python -m flashattn.trace) give a timeline whose segments all end
+    """The stamps recorded on the H200 (python -m flashattn.book.trace) give a timeline whose segments all end
     after they start, per consumer in tile order, with the figure drawn from them."""
     import matplotlib
     matplotlib.use("Agg")
-    from flashattn import trace
+    from flashattn.book import trace
     doc = trace.load(trace.RECORD.parent / name)
     assert doc is not None and doc["schema"] == trace.SCHEMA, f"results/h200/{name} missing"
     assert [(r["shape"]["D"], r["shape"]["causal"]) for r in doc["runs"]] == [(128, False), (64, False),

@@ -1,4 +1,4 @@
-"""flashattn.summary's staircase by phase: every step of every version, read from the records.
+"""flashattn.book.summary's staircase by phase: every step of every version, read from the records.
 
 The V5 and V6 step files are built here as synthetic fixtures (in a copy of results/h200 without them),
 so the tests do not depend on which step files are committed; nothing drawn from them is saved.
@@ -14,14 +14,14 @@ import pytest
 
 matplotlib.use("Agg")
 
-from flashattn import records, summary  # noqa: E402
+from flashattn.book import records, summary  # noqa: E402
 
 REAL = Path(records.RESULTS)
 SHAPE = [4, 12, 2048, 2048, 64]
 
 
 def _steps_doc(version: str, chain: list[tuple[str, float, str]], dtype: str) -> dict:
-    """A step file as `python -m flashattn.sweep VERSION-steps` writes it, with a D=128 copy of every step
+    """A step file as `python -m flashattn.measure.sweep VERSION-steps` writes it, with a D=128 copy of every step
     that the staircase must leave out."""
     variants = []
     for D, shape in ((64, SHAPE), (128, [2, 16, 8192, 8192, 128])):

@@ -1,4 +1,4 @@
-"""python -m flashattn.sweep: variants as -D macros of one kernel file, one JSON format for every version."""
+"""python -m flashattn.measure.sweep: variants as -D macros of one kernel file, one JSON format for every version."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn import sweep
+from flashattn.measure import sweep
 from flashattn.versions import INFO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +41,7 @@ def test_printed_table_of_a_recorded_sweep(version):
     assert printed.count("\n") == len(doc["variants"]) + len(doc["references"])
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_one_variant_end_to_end(tmp_path):
     name = next(iter(sweep.VARIANTS["v5"]))
     assert sweep.main(["v5", "--only", name, "--out", str(tmp_path), "--warmup", "1", "--repetitions", "3",
@@ -56,9 +55,9 @@ def test_one_variant_end_to_end(tmp_path):
 
 
 def test_v7_variants_fit_one_sm_and_name_their_geometry():
-    """Every v7 step the sweep times must launch: its shared memory (flashattn.geometry's copy of the
+    """Every v7 step the sweep times must launch: its shared memory (flashattn.measure.geometry's copy of the
     kernel's Layout) within the H200's per-block limit, threads a whole number of warpgroups."""
-    from flashattn.resources import SM90
+    from flashattn.measure.resources import SM90
     for name, variant in sweep.VARIANTS["v7"].items():
         geo = sweep.geometry_of("v7", variant)
         assert geo["D"] == variant.D and geo["threads"] == 128 * geo["warpgroups"] == 2 * geo["B_r"], name
@@ -73,7 +72,7 @@ def test_v8_variants_are_the_chapter_steps_and_fit_one_sm():
     limit, threads = 128 x (consumer warpgroups + the producer when specialised)."""
     from test_v8 import VARIANTS as TESTED
 
-    from flashattn.resources import SM90
+    from flashattn.measure.resources import SM90
     variants = sweep.VARIANTS["v8"]
     as_flags = {n: sorted(f"-D{k}={v}" for k, v in var.macros.items()) for n, var in variants.items()}
     for name, flags in TESTED.items():
@@ -94,7 +93,7 @@ def test_v8_variants_are_the_chapter_steps_and_fit_one_sm():
 
 
 def test_step_sets_name_their_file_kernel_and_fit_one_sm():
-    from flashattn.resources import SM90
+    from flashattn.measure.resources import SM90
     assert sweep.kernel_version("v6-steps") == "v6" and sweep.output_name("v6-steps") == "v6_steps.json"
     assert sweep.output_name("v6") == "v6_sweep.json" and not sweep.is_steps("v6")
     for name, variant in sweep.VARIANTS["v6-steps"].items():
@@ -110,7 +109,7 @@ def test_step_sets_name_their_file_kernel_and_fit_one_sm():
 def test_recorded_step_counters_are_ncus_own_numbers():
     """results/h200/v6_steps.json's counters per step are the values of the raw page ncu printed for that
     step's profiled launch (v6_steps_ncu.raw.csv, launches in step order, each step's second one)."""
-    from flashattn import ncu
+    from flashattn.measure import ncu
     doc = json.loads((ROOT / "results" / "h200" / "v6_steps.json").read_text())
     raw = ROOT / "results" / "h200" / "v6_steps_ncu.raw.csv"
     profiled = [r for r in doc["variants"] if "counters" in (r.get("metrics") or {})]

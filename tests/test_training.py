@@ -1,4 +1,4 @@
-"""The training demonstration (flashattn.training): its data, its model, its record, and on a GPU the claim
+"""The training demonstration (flashattn.book.training): its data, its model, its record, and on a GPU the claim
 the book makes with it: training through flashattn.attention follows SDPA to within the noise of bf16."""
 import json
 import math
@@ -7,9 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn import training as tr
+from flashattn.book import training as tr
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +35,7 @@ def test_corpus_is_the_books_prose(data):
     assert data.text == "\n\n".join(docs)
     assert data.chars == sorted(set(data.text)) and data.vocab_size == len(set(data.text))
     assert {"Q", "K", "V", "$", "\n", "µ", "ᵀ"} <= set(data.chars)          # prose, math and the tables
-    assert "import flashattn.notebook as nb" not in data.text            # the code cells are not prose
+    assert "import flashattn.book.notebook as nb" not in data.text            # the code cells are not prose
     assert data.decode(data.encode("FlashAttention")) == "FlashAttention"
     # every document gives its first 90% to training and its last 10% to validation
     cut = [len(d) - int(len(d) * 0.1) for d in docs]
@@ -131,7 +130,7 @@ def test_cli_record_round_trips_through_json(tmp_path):
             "--head-dim", "16", "--batch-size", "4", "--eval-every", "3", "--device", "cpu", "--json", str(path)]
     assert tr.main(args) == 0
     rec = tr.read_json(path)
-    assert rec["meta"]["command"] == "python -m flashattn.training " + " ".join(args)
+    assert rec["meta"]["command"] == "python -m flashattn.book.training " + " ".join(args)
     assert rec["meta"]["git"]["commit"] and rec["meta"]["torch"] == torch.__version__
     assert rec["config"]["steps"] == 6 and rec["config"]["device"] == "cpu" and rec["config"]["parameters"] > 0
     s = rec["attentions"]["sdpa"]
@@ -181,7 +180,7 @@ def _grads(model, x, y):
     return torch.cat([p.grad.flatten().double() for p in model.parameters()])
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
     """The yardstick is a float32 attention in the same bf16-autocast model (attn='sdpa_fp32'). In the
     style of flash-attention's tests, flashattn may stray from it at most twice as far as PyTorch's own
@@ -221,7 +220,7 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
     assert worst["flashattn"] <= 2 * worst["sdpa"] + 0.01, worst
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_step_timing_uses_cuda_events_per_attention(data):
     cfg = tr.Config(vocab_size=data.vocab_size, block_size=128, n_layer=1, n_head=2, head_dim=64, batch_size=4,
                     steps=2, eval_every=2)

@@ -1,4 +1,4 @@
-"""The V5 chapter's steps (flashattn.sweep.VARIANTS["v5-steps"]): macros of kernels/v5.cu, each step the one
+"""The V5 chapter's steps (flashattn.measure.sweep.VARIANTS["v5-steps"]): macros of kernels/v5.cu, each step the one
 before with one more macro switched on, the last one the committed build.
 
 CPU tests (nvcc, no GPU): the committed build is the same machine code as the build with every step macro
@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import needs_gpu, poison_allocator, run_sanitized  # noqa: E402
+from conftest import poison_allocator, run_sanitized  # noqa: E402
 
-from flashattn import sass, sweep  # noqa: E402
+from flashattn.measure import sass, sweep  # noqa: E402
+from flashattn.measure.resources import compile_report  # noqa: E402
 from flashattn.reference import attention_reference, relative_error, sdpa  # noqa: E402
-from flashattn.resources import compile_report  # noqa: E402
 
 STEPS = [name for name, _, _ in sweep.V5_STEPS]                  # chapter order
 MACROS = {name: sweep.VARIANTS["v5-steps"][f"d64 {name}"].macros for name in STEPS}
@@ -124,14 +124,14 @@ _BUILT: dict = {}
 
 
 def build(step: str):
-    """The step's extension, under the module name `python -m flashattn.sweep v5-steps` builds it as (one
+    """The step's extension, under the module name `python -m flashattn.measure.sweep v5-steps` builds it as (one
     build serves both)."""
     if step not in _BUILT:
         _BUILT[step] = sweep._build("v5", sweep.VARIANTS["v5-steps"][f"d64 {step}"])
     return _BUILT[step]
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("step", STEPS)
 def test_step_matches_float64(step, D):
@@ -164,7 +164,7 @@ def sanitize_target(step: str) -> None:
             print(f"ran v5 step={step!r} B={B} H={H} M={M} N={N} D={D}", flush=True)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_sanitizer_clean(tool, step):

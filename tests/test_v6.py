@@ -8,7 +8,7 @@ Two kinds of tests:
   * GPU: the compiled kernel against a float32-upcast reference (bf16/fp16, the flash-attention rule:
     error <= 2 x PyTorch's own low-precision error + 1e-5) and a float64 reference (TF32 mode).
 
-compute-sanitizer covers v6 with every other kernel: tests/test_sanitizer_gpu.py.
+compute-sanitizer covers v6 with every other kernel: tests/test_sanitizer.py.
 """
 from __future__ import annotations
 
@@ -24,14 +24,13 @@ from conftest import (
     assert_refused,
     bad_inputs,
     every_half_case,
-    needs_gpu,
     poison_allocator,
     run_sanitized,
     sanitizer_cases,
 )
 
 import flashattn
-from flashattn import sweep
+from flashattn.measure import sweep
 from flashattn.reference import attention_reference, relative_error, sdpa
 
 
@@ -296,7 +295,7 @@ def check_low_precision(v6, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
         assert (out[:, :, :M - N] == 0).all()
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("B,H", BHS)
 @pytest.mark.parametrize("M,N", SHAPES)
 @every_half_case
@@ -305,14 +304,14 @@ def test_low_precision_matches(v6, dtype, causal, D, M, N, B, H):
     check_low_precision(v6, B, H, M, N, D, DTYPES[dtype], causal, seed)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @every_half_case
 def test_large_logits(v6, dtype, D, causal):
     # q x 20: scores far beyond exp's range without the running max
     check_low_precision(v6, 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=7 + D, q_scale=20.0)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("M,N", [(1, 1), (113, 203), (1024, 1023), (2048, 2048)])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -329,14 +328,14 @@ def test_tf32_mode(v6, causal, D, M, N):
         assert rel < 1e-3
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_tf32_fully_masked_rows_are_zero(v6):
     q, k, v = (torch.randn(1, 2, L, 64, device="cuda") for L in (200, 70, 70))
     out = v6.forward(q, k, v, True)
     assert (out[:, :, :130] == 0).all() and torch.isfinite(out).all()
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_bad_inputs_refused_then_good_call_works(v6):
     good, cases = bad_inputs()
     q, k, v = good
@@ -349,7 +348,7 @@ def test_bad_inputs_refused_then_good_call_works(v6):
 
 
 # ================================================================ the chapter's steps (V6_* step macros)
-# Every step of `python -m flashattn.sweep v6-steps` but the last (the committed build, tested above), built
+# Every step of `python -m flashattn.measure.sweep v6-steps` but the last (the committed build, tested above), built
 # under the sweep's own module names so that a sweep after the tests reuses the builds. Steps share one
 # build for both head dims, so the d64 names stand for both.
 STEPS = {n.removeprefix("d64 "): v for n, v in sweep.VARIANTS["v6-steps"].items() if n.startswith("d64 ")}
@@ -381,7 +380,7 @@ def test_steps_are_one_change_each_and_end_at_the_committed_build():
 def test_steps_default_build_is_the_same_machine_code():
     """The last step spells every step macro out at its default; the file without -D flags must compile to
     the same instructions, kernel by kernel (so the step macros cost the committed kernel nothing)."""
-    from flashattn import sass
+    from flashattn.measure import sass
     if sass.tool_missing_reason():
         pytest.skip(sass.tool_missing_reason())
     def code(flags):
@@ -393,7 +392,7 @@ def test_steps_default_build_is_the_same_machine_code():
 
 def check_step(module, B, H, M, N, D, dtype, causal, seed, scale):
     """Float64 reference, relative error at most twice SDPA's in the same dtype (floor 1e-2 for bf16,
-    1e-3 for fp16, as flashattn.sweep), poisoned output."""
+    1e-3 for fp16, as flashattn.measure.sweep), poisoned output."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for L in (M, N, N))
     q, k, v = (q * scale).to(dtype), k.to(dtype), v.to(dtype)
@@ -411,7 +410,7 @@ def check_step(module, B, H, M, N, D, dtype, causal, seed, scale):
         assert (out[:, :, :M - N] == 0).all()
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("step", [s for s in STEPS if s != FINAL])
 def test_steps_match_float64(step):
     """Each step is a complete kernel: odd shapes, M != N both ways, large logits, both head dims, both
@@ -431,7 +430,7 @@ def sanitize_step(step: str) -> None:
     sanitizer_cases(build_step(step).forward, "v6-steps", SANITIZE_STEP_SHAPES, [torch.bfloat16])
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("step", [s for s in STEPS if s != FINAL])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_steps_sanitizer_clean(tool, step):
@@ -446,11 +445,11 @@ if __name__ == "__main__" and "--sanitize-step" in sys.argv:
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_steps_bank_model(D):
-    """flashattn.steps.bank_model, the chapter's prediction for the layout step: with plain rows a multiple
+    """flashattn.measure.steps.bank_model, the chapter's prediction for the layout step: with plain rows a multiple
     of 128 bytes apart every fragment access of a warp piles onto a few banks; padding and the swizzle
     both make every access conflict-free; the swizzled address is the one geometry.swizzle (and the
     emulation above) uses."""
-    from flashattn import geometry, steps
+    from flashattn.measure import geometry, steps
     rows = {r["access"].split(" (")[0].split(",")[0]: r for r in steps.bank_model(D)}
     for r in rows.values():
         assert r["padded"] == r["swizzled"] == r["ideal"], r
@@ -471,7 +470,7 @@ def test_steps_recorded_sass_counts_hold(step):
     final step has one BAR/DEPBAR fewer than the step before."""
     import json
 
-    from flashattn import sass, steps
+    from flashattn.measure import sass, steps
     if sass.tool_missing_reason():
         pytest.skip(sass.tool_missing_reason())
     doc = json.loads((Path(__file__).resolve().parent.parent / "results" / "h200" / "v6_steps.json").read_text())

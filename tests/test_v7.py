@@ -34,15 +34,14 @@ from conftest import (  # noqa: E402
     assert_refused,
     bad_inputs,
     every_half_case,
-    needs_gpu,
     poison_allocator,
     run_sanitized,
     sanitizer_cases,
 )
 
+from flashattn.measure.resources import nvcc  # noqa: E402
+from flashattn.measure.sass import find_tool  # noqa: E402
 from flashattn.reference import attention_reference, causal_mask  # noqa: E402
-from flashattn.resources import nvcc  # noqa: E402
-from flashattn.sass import find_tool  # noqa: E402
 
 GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 # Tile variants: the default build and the steps the chapter times (macros of kernels/v7.cu).
@@ -212,7 +211,7 @@ def correctness_tests(version: str, fixture: str, build, variants, variant_shape
     to three test_ names at module level for pytest to collect them."""
     needs_sm90 = pytest.mark.skipif(not is_hopper(), reason=f"{version} needs a GPU of compute capability 9.0")
 
-    @needs_gpu
+    @pytest.mark.gpu
     @needs_sm90
     @pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
     @pytest.mark.parametrize("M,N", SHAPES)
@@ -221,7 +220,7 @@ def correctness_tests(version: str, fixture: str, build, variants, variant_shape
         seed = zlib.crc32(repr(tag + (dtype, causal, D, M, N, B, H)).encode())
         check(request.getfixturevalue(fixture), B, H, M, N, D, DTYPES[dtype], causal, seed)
 
-    @needs_gpu
+    @pytest.mark.gpu
     @needs_sm90
     @every_half_case
     def test_large_logits(request, dtype, D, causal):
@@ -229,7 +228,7 @@ def correctness_tests(version: str, fixture: str, build, variants, variant_shape
         check(request.getfixturevalue(fixture), 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=logit_seed + D,
               q_scale=20.0)
 
-    @needs_gpu
+    @pytest.mark.gpu
     @needs_sm90
     @pytest.mark.parametrize("variant", [v for v in variants if v != "default"])
     def test_variants_match_float64(variant):
@@ -249,7 +248,7 @@ test_matches_float64, test_large_logits, test_variants_match_float64 = correctne
     "v7", "v7", build_v7, VARIANTS, [(113, 203), (1025, 1023), (17, 1), (300, 1100)], logit_seed=11)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 def test_many_heads_tail_tiles_stay_in_their_head(v7):
     """N = 129 leaves a one-key tail tile in every head; the 3-D tensor map must zero-fill it rather than
@@ -264,7 +263,7 @@ def test_many_heads_tail_tiles_stay_in_their_head(v7):
     assert (out.double() - ref).abs().max().item() <= 2 * theirs + 1e-5
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 def test_bad_inputs_refused_then_good_call_works(v7):
     good, cases = bad_inputs()
@@ -292,7 +291,7 @@ def sanitizer_tests(version: str, build, variants, shapes, driver: Path):
         dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
         sanitizer_cases(build(variant).forward, version, shapes, dtypes)
 
-    @needs_gpu
+    @pytest.mark.gpu
     @pytest.mark.skipif(not is_hopper(), reason=f"{version} needs a GPU of compute capability 9.0")
     @pytest.mark.parametrize("variant", list(variants))
     @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])

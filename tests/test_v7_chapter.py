@@ -1,5 +1,5 @@
 """The V7 chapter reads its steps from the sweep record by variant name: each row of its step table
-(the STEPS list in book/v7.ipynb) names two variants of flashattn.sweep.VARIANTS["v7"] that differ in one
+(the STEPS list in book/v7.ipynb) names two variants of flashattn.measure.sweep.VARIANTS["v7"] that differ in one
 choice. These tests keep the chapter and the sweep in step without a GPU: every name exists at the right
 head dim, every variant of the sweep appears in some step, and the two variants of a step differ in
 exactly one macro of kernels/v7.cu (a B_c step also raises __launch_bounds__' blocks per SM, V7_D*_MINB,
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flashattn import geometry
-from flashattn.sweep import VARIANTS
+from flashattn.measure import geometry
+from flashattn.measure.sweep import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_steps_name_sweep_variants_at_their_head_dim():
     assert STEPS, "the chapter's step table is empty"
     for D, before, after, _ in STEPS:
         for name in (before, after):
-            assert name in VARIANTS["v7"], f"step variant {name!r} is not in flashattn.sweep.VARIANTS['v7']"
+            assert name in VARIANTS["v7"], f"step variant {name!r} is not in flashattn.measure.sweep.VARIANTS['v7']"
             assert VARIANTS["v7"][name].D == D, f"{name!r} is a D={VARIANTS['v7'][name].D} variant, step says {D}"
 
 
@@ -71,7 +71,7 @@ def _code_cells() -> list[str]:
 
 def test_chapter_builds_and_disassembles_through_the_package():
     """The build cell is the shared one (live.build, then the printed load_inline call), and the machine
-    code comes from flashattn.sass: no load_inline call, cuobjdump lookup or SASS regex of its own."""
+    code comes from flashattn.measure.sass: no load_inline call, cuobjdump lookup or SASS regex of its own."""
     code = _code_cells()
     build = next(i for i, s in enumerate(code) if 'live.build("v7")' in s)
     assert 'loader.load_inline_call("v7")' in code[build + 1]

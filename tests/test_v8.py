@@ -31,10 +31,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_v7  # noqa: E402
-from conftest import needs_gpu  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
-from flashattn import sass as sass_tools  # noqa: E402
+from flashattn.measure import sass as sass_tools  # noqa: E402
 
 # The chapter's steps, one change each (macros of kernels/v8.cu); "default" is the last step.
 VARIANTS = {
@@ -168,8 +167,8 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
 def test_trace_build_stamps_only_where_asked(tmp_path):
     """V8_TRACE=1 (flashattn/trace.py's build) adds clock reads, predicated 64-bit stores and the trace
     parameters; the default build has none of them (its SASS is the untraced kernel's: tests above). The
-    stamps' indices in flashattn.trace agree with the kernel's enums."""
-    from flashattn import trace
+    stamps' indices in flashattn.book.trace agree with the kernel's enums."""
+    from flashattn.book import trace
     report, sass = compile_v8(tmp_path, ["-DV8_TRACE=1"])
     names = re.findall(r"Compiling entry function '(\S+)'", report)
     # (..., scale_log2, LSE, then the trace buffer, items, tiles)
@@ -187,7 +186,7 @@ def test_trace_build_stamps_only_where_asked(tmp_path):
 
 
 def overlap_windows(sass: str) -> list[tuple[int, int, list[str]]]:
-    """flashattn.sass.overlap_windows on cuobjdump's SASS of one kernel (offsets and ';' stripped)."""
+    """flashattn.measure.sass.overlap_windows on cuobjdump's SASS of one kernel (offsets and ';' stripped)."""
     return sass_tools.overlap_windows([re.sub(r"^\s*/\*[0-9a-f]{4,5}\*/\s*", "", line).split(";")[0]
                                        for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,5}\*/", line)])
 
@@ -220,19 +219,19 @@ test_matches_float64, test_large_logits, test_variants_match_float64 = test_v7.c
     tag=("v8",))
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 def test_bad_inputs_refused_then_good_call_works(v8):
     test_v7.test_bad_inputs_refused_then_good_call_works(v8)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 def test_many_heads_tail_tiles_stay_in_their_head(v8):
     test_v7.test_many_heads_tail_tiles_stay_in_their_head(v8)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("variant", ["default", "nosnake", "clockfence"])
 def test_persistent_blocks_take_several_items(variant):

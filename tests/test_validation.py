@@ -1,10 +1,9 @@
 """Bad input is refused before any launch, with the argument named, and needs no GPU to detect."""
 import pytest
 import torch
-from conftest import needs_gpu
 
 import flashattn
-import flashattn.bench
+import flashattn.measure.bench
 from flashattn import check_inputs
 
 
@@ -114,7 +113,7 @@ def test_head_dim_routing_is_decided_before_the_device_check():
         check_inputs(*qkv(D=40), "v4")
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_routing_on_gpu():
     assert check_inputs(*qkv(D=40, device="cuda"), "v4") == "v2"
     assert check_inputs(*qkv(D=64, device="cuda"), "v4") == "v4"
@@ -128,7 +127,7 @@ def test_plan_checks_like_check_inputs():
         flashattn.plan(*qkv(), "v2", causal=True)
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_plan_names_the_version_that_runs_and_runs_it_unchecked():
     import dataclasses
     q, k, v = qkv(D=40, device="cuda")
@@ -139,11 +138,11 @@ def test_plan_names_the_version_that_runs_and_runs_it_unchecked():
     out = p.run(q, k, v)
     assert torch.equal(out, flashattn.forward(q, k, v, version="v4"))
     assert flashattn.reference.relative_error(out, flashattn.reference.attention_reference(q, k, v)) < 1e-5
-    fn, _, runs_as = flashattn.bench.make_call("v4", q, k, v, False)
+    fn, _, runs_as = flashattn.measure.bench.make_call("v4", q, k, v, False)
     assert runs_as == "v2" and torch.equal(fn(), out)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", [v for v in flashattn.KERNEL_VERSIONS])
 def test_good_call_after_refused_calls(version):
     """A refused call leaves nothing behind: the next good call returns the right answer."""
@@ -162,7 +161,7 @@ def test_good_call_after_refused_calls(version):
     assert flashattn.reference.relative_error(out, flashattn.reference.attention_reference(q, k, v)) < tol
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3", "v4", "v5"])
 def test_raw_binding_refuses_and_recovers(version):
     """The copied .cu alone (no Python checks) still refuses bad input with a message, then works."""
@@ -185,7 +184,7 @@ def test_raw_binding_refuses_and_recovers(version):
     assert flashattn.reference.relative_error(out, flashattn.reference.attention_reference(q, k, v)) < 1e-5
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_non_contiguous_and_misaligned_inputs_are_copied():
     q, k, v = qkv(M=65, N=65, device="cuda")
     qt = q.transpose(2, 3).contiguous().transpose(2, 3)          # same values, strided layout

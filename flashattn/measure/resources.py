@@ -2,7 +2,7 @@
 
 Runs nvcc on the kernel half of a file (nvcc alone, no PyTorch headers) with `-Xptxas -v` and parses
 ptxas's report, so it needs no GPU; `occupancy` turns registers and shared memory into blocks per SM.
-`python -m flashattn.resources --json PATH` records the report for every kernel and architecture, with the
+`python -m flashattn.measure.resources --json PATH` records the report for every kernel and architecture, with the
 nvcc version that produced it; tests/test_compile.py compares a fresh report with the record exactly under
 the same nvcc, and checks the properties that matter (no spills, no stack, occupancy) under any other.
 """
@@ -18,8 +18,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home, version_archs
-from .versions import KERNEL_VERSIONS
+from flashattn.loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home, version_archs
+from flashattn.versions import KERNEL_VERSIONS
 
 ARCHS = ("80", "89", "90")
 _FUNC = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+a?)'")

@@ -1,16 +1,16 @@
 """What every chapter's first cell needs: where the notebook runs, Markdown output, and what a version takes.
 
-The book's helpers live in modules named for what they hold: `flashattn.records` reads the results recorded
-on the H200 (results/), `flashattn.live` runs kernels now when there is a GPU, `flashattn.tiles` does the
-tile and occupancy arithmetic, `flashattn.figures` draws the diagrams. Each helper returns Markdown or
+The book's helpers live in modules named for what they hold: `flashattn.book.records` reads the results recorded
+on the H200 (results/), `flashattn.book.live` runs kernels now when there is a GPU, `flashattn.book.tiles` does the
+tile and occupancy arithmetic, `flashattn.book.figures` draws the diagrams. Each helper returns Markdown or
 draws a figure, so a code cell stays one readable line.
 """
 from __future__ import annotations
 
 import torch
 
-from .table import label
-from .versions import ARCH_FEATURES, INFO, VERSIONS
+from flashattn.measure.table import label
+from flashattn.versions import ARCH_FEATURES, INFO, VERSIONS
 
 PRIMARY = dict(B=4, H=12, L=2048, D=64)       # the shape every chapter times and profiles
 

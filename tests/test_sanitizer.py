@@ -1,11 +1,11 @@
 """compute-sanitizer memcheck and racecheck are clean for every kernel (small and odd shapes)."""
 import pytest
-from conftest import needs_gpu, run_sanitized
+from conftest import run_sanitized
 from sanitizer_target import head_dims
 
 import flashattn
 
-pytestmark = needs_gpu
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,15 @@
-"""flashattn.timing on the GPU: interleaved rounds visit every call in turn, count what they promise,
+"""flashattn.measure.timing on the GPU: interleaved rounds visit every call in turn, count what they promise,
 honour the time cap, and keep timing the other calls when one of them fails."""
 from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
-from conftest import needs_gpu
 
-from flashattn.timing import time_interleaved
+from flashattn.measure.timing import time_interleaved
 
-pytestmark = needs_gpu
+pytestmark = pytest.mark.gpu
 NONE = contextlib.nullcontext                  # a factory: every round enters a fresh context
 
 

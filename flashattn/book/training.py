@@ -1,6 +1,6 @@
 """A small GPT-style character model that trains with either attention: the book's training demonstration.
 
-    python -m flashattn.training --steps 300 --json results/h200/train_demo.json
+    python -m flashattn.book.training --steps 300 --json results/h200/train_demo.json
 
 The model is a plain decoder (token and position embeddings, pre-norm blocks of causal self-attention and
 an MLP, a tied output layer) whose attention is one pluggable function of q, k, v [B, H, T, D]:
@@ -21,7 +21,7 @@ The data is the book itself: the markdown cells of book/*.ipynb, then book/*.md,
 character by character; the first 90% of each document is the training split, the last 10% of each the
 validation split.
 
-Time per step is measured after training, on the trained models, with `flashattn.timing.time_interleaved`
+Time per step is measured after training, on the trained models, with `flashattn.measure.timing.time_interleaved`
 (CUDA events around one full step: forward, backward, optimizer; warm-ups; interleaved rounds; L2 flushed
 before each step; median), so that the steps of the recorded curve are not the ones being timed.
 """
@@ -40,7 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from flashattn.loader import REPO_ROOT
+
 ATTENTIONS = ("sdpa", "flashattn", "sdpa_fp32")
 
 
@@ -152,7 +153,7 @@ def attend_sdpa_fp32(q, k, v):
 def attend_flashattn(q, k, v):
     if q.device.type != "cuda":
         raise ValueError("attn='flashattn' needs CUDA tensors (the kernels run on the GPU); use attn='sdpa' on CPU")
-    from .autograd import attention
+    from flashattn.autograd import attention
     return attention(q, k, v, causal=True)
 
 
@@ -300,8 +301,9 @@ STEP_TIMING = dict(warmup=10, repetitions=60, rounds=6)
 
 def time_steps(models: dict, opts: dict, data: CharData, cfg: Config, warmup=STEP_TIMING["warmup"],
                repetitions=STEP_TIMING["repetitions"], rounds=STEP_TIMING["rounds"]) -> dict:
-    """Median time of one training step per attention (CUDA only), with flashattn.timing's interleaved rounds."""
-    from .timing import time_interleaved
+    """Median time of one training step per attention (CUDA only), with flashattn.measure.timing's
+    interleaved rounds."""
+    from flashattn.measure.timing import time_interleaved
     device = next(iter(models.values())).tok.weight.device
     x, y = data.batch(torch.Generator().manual_seed(cfg.seed + 2), cfg.batch_size, cfg.block_size, device)
     calls = {a: ((lambda m=m, o=opts[a]: train_step(m, o, x, y, cfg, cfg.steps)), contextlib.nullcontext)
@@ -313,12 +315,12 @@ def time_steps(models: dict, opts: dict, data: CharData, cfg: Config, warmup=STE
 # --------------------------------------------------------------------------------------------- record
 def run(cfg: Config, attns=ATTENTIONS, device=None, log=print, argv=None) -> dict:
     """Train every attention in `attns` from the same seed, time their steps (CUDA), return the record."""
-    from .bench import environment
+    from flashattn.measure.bench import environment
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     data = CharData.from_repository()
     curves, models, opts = train(cfg, data, attns, device, log)
     timing = time_steps(models, opts, data, cfg) if device.type == "cuda" else None
-    meta = environment(argv, prog="python -m flashattn.training")
+    meta = environment(argv, prog="python -m flashattn.book.training")
     params = sum(p.numel() for p in next(iter(models.values())).parameters())
     record = {"meta": meta, "config": dict(asdict(cfg), n_embd=cfg.n_embd, parameters=params, device=str(device)),
               "data": data.describe(), "attentions": {}}
@@ -327,14 +329,14 @@ def run(cfg: Config, attns=ATTENTIONS, device=None, log=print, argv=None) -> dic
                                        final_val_loss=curves[a]["val_loss"][-1][1],
                                        step_time=None if timing is None else timing[a])
     record["timing"] = ("one full training step (forward, backward, AdamW) of the trained model on one fixed "
-                        "batch, flashattn.timing.time_interleaved: {warmup} warm-ups, {repetitions} calls in "
+                        "batch, flashattn.measure.timing.time_interleaved: {warmup} warm-ups, {repetitions} calls in "
                         "{rounds} interleaved rounds, L2 flushed before each".format(**STEP_TIMING)
                         if timing is not None else "not timed (no CUDA device)")
     return record
 
 
 def write_json(record: dict, path: Path) -> None:
-    from .bench import write_json as write
+    from flashattn.measure.bench import write_json as write
     write(record, Path(path), append=False)
 
 
@@ -429,7 +431,7 @@ def summary_table(record: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ cli
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.training", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m flashattn.book.training", description=__doc__.split("\n\n")[0])
     d = Config()
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
     p.add_argument("--attn", nargs="+", choices=ATTENTIONS, default=list(ATTENTIONS),

@@ -1,20 +1,21 @@
-"""Variant sweep of one kernel: `python -m flashattn.sweep VERSION [--only NAME ...] [--out DIR] [--metrics]`.
+"""Variant sweep of one kernel: `python -m flashattn.measure.sweep VERSION [--only NAME ...] [--out DIR] [--metrics]`.
 
 A variant is the kernel file built with a few -D macros (tile shape, pipeline depth, code switches). For
 every variant of VERSION listed in VARIANTS this
 
 1. builds it with flashattn.loader.build under its own module name (builds run in parallel threads: each
    is an nvcc and a host-compiler process) and asks ptxas for its registers, stack and spills
-   (flashattn.resources.compile_report, same macros);
-2. works out threads, shared memory and blocks per SM (flashattn.geometry, flashattn.resources.occupancy);
+   (flashattn.measure.resources.compile_report, same macros);
+2. works out threads, shared memory and blocks per SM (flashattn.measure.geometry,
+   flashattn.measure.resources.occupancy);
    v5 also reports what the CUDA runtime says (its binding's kernel_info);
 3. checks the output against the float64 reference on odd shapes (M, N not multiples of any tile, M != N
    both ways, N below B_c, large logits; both masks where the version has causal) and calls it correct
    when its largest relative error is at most twice SDPA's on the same inputs (floor: FLOOR per dtype);
 4. times every variant of one head dim beside SDPA (and SDPA's flash backend for 16-bit dtypes) with
-   flashattn.timing.time_interleaved: CUDA events, L2 flushed before each call, interleaved rounds, median.
+   flashattn.measure.timing.time_interleaved: CUDA events, L2 flushed before each call, interleaved rounds, median.
 
-Writes DIR/<version>_sweep.json in the one format flashattn.records.sweep_table reads, and prints a table.
+Writes DIR/<version>_sweep.json in the one format flashattn.book.records.sweep_table reads, and prints a table.
 A new version needs only its entry in VARIANTS (and, for its geometry columns, a case in `geometry_of`).
 
 Step sets. A key "<version>-steps" (e.g. "v6-steps") is a chapter's chain of steps: the variants in
@@ -22,9 +23,9 @@ order, each one compile-time change (Variant.change says which) away from the st
 one the file as committed. It builds kernels/<version>.cu like any other set and writes
 DIR/<version>_steps.json (same schema, plus "steps": the order, and each variant's "change").
 `--metrics` then runs every correct variant once more under Nsight Compute at METRICS_SHAPE and stores
-the counters of flashattn.ncu.STEP_METRICS per variant (bank conflicts, shared wavefronts, instructions,
-the warp-stall breakdown, occupancy, duration), and `flashattn.sass` counts the instructions of each
-variant's hot loop (no GPU needed for that part). flashattn.records.step_table reads the result.
+the counters of flashattn.measure.ncu.STEP_METRICS per variant (bank conflicts, shared wavefronts, instructions,
+the warp-stall breakdown, occupancy, duration), and `flashattn.measure.sass` counts the instructions of each
+variant's hot loop (no GPU needed for that part). flashattn.book.records.step_table reads the result.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import geometry, loader, resources, steps
-from .versions import INFO
+from flashattn import loader
+from flashattn.measure import geometry, resources, steps
+from flashattn.versions import INFO
 
 SCHEMA = "flashattn.sweep/1"
 
@@ -151,7 +153,7 @@ VARIANTS: dict[str, dict[str, Variant]] = {
                  for D in (64, 128) for k, (name, _, change) in enumerate(V5_STEPS)},
 }
 SHAPES = {v: {64: (4, 12, 2048, 2048), 128: (2, 16, 8192, 8192)} for v in ("v6", "v7", "v8")}   # (B, H, M, N)
-METRICS_SHAPE = (4, 12, 2048, 2048)   # --metrics: the chapters' primary shape, as flashattn.profile
+METRICS_SHAPE = (4, 12, 2048, 2048)   # --metrics: the chapters' primary shape, as flashattn.measure.profile
 # Timed beside the variants in the same interleaved run (16-bit dtypes; float32 runs time SDPA only).
 REFERENCES = {"v7": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v6"), "v8": ("sdpa", "sdpa_flash", "sdpa_cudnn", "v7")}
 DEFAULT_REFERENCES = ("sdpa", "sdpa_flash")
@@ -166,7 +168,7 @@ def flags(variant: Variant) -> list[str]:
 
 
 def geometry_of(version: str, variant: Variant) -> dict | None:
-    """Threads and shared memory of the variant's kernel at its head dim, from flashattn.geometry."""
+    """Threads and shared memory of the variant's kernel at its head dim, from flashattn.measure.geometry."""
     version = kernel_version(version)
     if version == "v5":
         return geometry.v5_default_tiles(variant.macros)[variant.D]
@@ -210,7 +212,7 @@ _IN_FLIGHT: dict = {}
 
 
 def _compile_report_cached(version: str, variant_flags: tuple[str, ...]) -> list[dict]:
-    """ptxas's report of the whole file under these flags (flashattn.resources.compile_report), remembered
+    """ptxas's report of the whole file under these flags (flashattn.measure.resources.compile_report), remembered
     in TORCH_EXTENSIONS_DIR (next to the builds) under a hash of the kernel text, the flags and the
     architecture, so that `--build-only` on a machine's CPUs leaves the timed run only the GPU work, and
     variants that differ only in the head dim they time compile once."""
@@ -251,7 +253,7 @@ def _errors(module, version: str, D: int, dtype):
     largest on the same non-causal inputs (the yardstick of the correctness bound)."""
     import torch
 
-    from .reference import attention_reference, relative_error, sdpa
+    from flashattn.reference import attention_reference, relative_error, sdpa
     worst, worst_sdpa, rows = 0.0, 0.0, []
     for seed, (B, H, M, N, scale) in enumerate(ODD_SHAPES):
         g = torch.Generator(device="cuda").manual_seed(100 + seed)
@@ -271,8 +273,8 @@ def _time_head_dim(version, names, modules, D, shape, dtype, args) -> tuple[dict
     """Interleaved timing of every variant of head dim D and the SDPA references on one set of inputs."""
     import torch
 
-    from .bench import attention_flops, make_call
-    from .timing import time_interleaved
+    from flashattn.measure.bench import attention_flops, make_call
+    from flashattn.measure.timing import time_interleaved
     B, H, M, N = shape
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g).to(dtype) for L in (M, N, N))
@@ -328,7 +330,7 @@ def build_all(key: str, only=(), jobs: int = 4) -> tuple[dict, dict]:
 def run(key: str, only=(), jobs: int = 4, args=None) -> dict:
     import torch
 
-    from .bench import DTYPES, environment
+    from flashattn.measure.bench import DTYPES, environment
     variants = {n: v for n, v in VARIANTS[key].items() if not only or n in only}
     version = kernel_version(key)
     dtype_name = str(INFO[version].dtypes[0]).replace("torch.", "")
@@ -368,10 +370,10 @@ def run(key: str, only=(), jobs: int = 4, args=None) -> dict:
     step_set = {"set": key, "steps": list(variants)} if is_steps(key) else {}
     for n in rows if step_set else ():
         rows[n]["change"] = variants[n].change
-    meta = environment(getattr(args, "argv", None), prog="python -m flashattn.sweep")
+    meta = environment(getattr(args, "argv", None), prog="python -m flashattn.measure.sweep")
     return {"schema": SCHEMA, "version": version, **step_set, "dtype": dtype_name, "meta": meta,
             "settings": dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
-                             timing="flashattn.timing.time_interleaved: CUDA events, L2 flushed before each "
+                             timing="flashattn.measure.timing.time_interleaved: CUDA events, L2 flushed before each "
                                     "call, interleaved rounds, median",
                              correct_if="max relative error over the odd shapes <= max(floor, 2 x SDPA's)"),
             "variants": list(rows.values()), "references": references,
@@ -398,7 +400,7 @@ def format_table(doc: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashattn.sweep", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.sweep", description=__doc__.split("\n\n")[0],
                                 epilog="versions with variants: " + ", ".join(VARIANTS))
     p.add_argument("version", metavar="VERSION", choices=tuple(VARIANTS), help="one of " + ", ".join(VARIANTS))
     p.add_argument("--only", nargs="+", default=(), metavar="NAME", help="these variants only (default: all)")
@@ -411,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
     p.add_argument("--metrics", action="store_true",
                    help="also run every correct variant once under Nsight Compute at "
-                        f"B, H, M, N = {METRICS_SHAPE} and store flashattn.ncu.STEP_METRICS and the warp-stall "
+                        f"B, H, M, N = {METRICS_SHAPE} and store flashattn.measure.ncu.STEP_METRICS and the warp-stall "
                         "ratios per variant (default: off)")
     p.add_argument("--target", nargs="+", metavar="NAME", help=argparse.SUPPRESS)   # internal: what ncu runs
     p.add_argument("--build-only", action="store_true",
@@ -440,7 +442,7 @@ def main(argv=None) -> int:
         return 0 if len(modules) == len(reports) else 1
     import torch
     if not torch.cuda.is_available():
-        raise SystemExit("flashattn.sweep needs a CUDA GPU: torch.cuda.is_available() is False")
+        raise SystemExit("flashattn.measure.sweep needs a CUDA GPU: torch.cuda.is_available() is False")
     doc = run(args.version, args.only, args.jobs, args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / output_name(args.version)

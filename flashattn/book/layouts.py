@@ -3,7 +3,7 @@ chapters.
 
 V6 (mma.sync): the m16n8k16 accumulator fragment, whose placement is also the A operand of the next
 product, and the shared-memory swizzle (16-byte chunk c of row r at c ^ (r mod 8)) that keeps ldmatrix
-free of bank conflicts. The arithmetic of both lives in flashattn.geometry; the figures are here.
+free of bank conflicts. The arithmetic of both lives in flashattn.measure.geometry; the figures are here.
 
 V7 (Hopper's own instructions): two layouts decide how it is written:
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .geometry import mma_accumulator_owner, swizzle
+from flashattn.measure.geometry import mma_accumulator_owner, swizzle
 
 WARPGROUP_WARPS = 4
 SWIZZLE_BYTES = 128        # CU_TENSOR_MAP_SWIZZLE_128B / wgmma swizzle mode 1

@@ -1,8 +1,8 @@
 """The book's live experiments: with a CUDA GPU they run the kernels now; without one they say so in one
-line and show what was recorded on the H200 instead (flashattn.records).
+line and show what was recorded on the H200 instead (flashattn.book.records).
 
-Correctness is measured against the float64 reference, timing goes through flashattn.bench and
-flashattn.timing (CUDA events, L2 flushed, median), and every call is checked once by flashattn.plan.
+Correctness is measured against the float64 reference, timing goes through flashattn.measure.bench and
+flashattn.measure.timing (CUDA events, L2 flushed, median), and every call is checked once by flashattn.plan.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import torch
 
-from .notebook import LIVE_ONLY, NO_GPU, PRIMARY, gpu, md
-from .records import RESULTS, bench_rows, bench_table, recorded
-from .table import label
-from .versions import INFO
+from flashattn.book.notebook import LIVE_ONLY, NO_GPU, PRIMARY, gpu, md
+from flashattn.book.records import RESULTS, bench_rows, bench_table, recorded
+from flashattn.measure.table import label
+from flashattn.versions import INFO
 
 
 def build(version: str) -> None:
@@ -22,7 +22,7 @@ def build(version: str) -> None:
 
     Without a GPU the extension still compiles for sm_90 (flashattn.loader's default), which checks the
     kernel and the binding; nothing is launched."""
-    from .loader import arch_list, load, version_archs
+    from flashattn.loader import arch_list, load, version_archs
     start = time.perf_counter()
     load(version)
     took = time.perf_counter() - start
@@ -36,8 +36,8 @@ def timing_pitfalls(version: str = "baseline", L: int = 1024):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from .timing import time_cuda
-    from .validate import plan
+    from flashattn.measure.timing import time_cuda
+    from flashattn.validate import plan
     q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=1)
     call = plan(q, k, v, version)
     fn = lambda: call.run(q, k, v)
@@ -69,7 +69,7 @@ def _cache_and_start(fn, warmup: int = 5, repetitions: int = 50) -> dict:
     """Median µs of `fn` for each (L2, GPU at the start event) pair; the flush always runs first, then:
     nothing (cold, queued: the book's method), an untimed call (warm, queued), a synchronisation (cold,
     idle) or both (warm, idle). While the flush or the untimed call runs, the host enqueues the timed one."""
-    from .timing import time_cuda
+    from flashattn.measure.timing import time_cuda
     sync = torch.cuda.synchronize
 
     def warm_idle():
@@ -93,8 +93,8 @@ def cache_and_launch(softmax_mb=(0.03, 8, 32, 256), L: int = 1024):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from .timing import l2_flush_buffer
-    from .validate import plan
+    from flashattn.measure.timing import l2_flush_buffer
+    from flashattn.validate import plan
     l2_mb = l2_flush_buffer().numel() / 2 / 1e6
     cases = []
     for mb in softmax_mb:
@@ -175,8 +175,8 @@ def correctness(version: str, shapes=None, dtype=torch.float32, causal: bool = F
             lines.append(f"| {r['batch_size']}, {r['num_heads']}, {r['seq_len_q']}, {r['seq_len_kv']}, "
                          f"{r['head_dim']} | {r['dtype']} | {r['causal']} | {r['rel_error']:.1e} |")
         return md("\n".join(lines))
-    from .reference import attention_reference, relative_error
-    from .validate import plan
+    from flashattn.reference import attention_reference, relative_error
+    from flashattn.validate import plan
     lines = ["| B, H, M, N, D | ran as | relative error | finite |", "|---|---|--:|---|"]
     for B, H, M, N, D in shapes or default_shapes(version):
         q, k, v = _inputs(B, H, M, N, D, dtype, scale=scale)
@@ -190,13 +190,13 @@ def correctness(version: str, shapes=None, dtype=torch.float32, causal: bool = F
 
 def timing(versions, seq_lens=(PRIMARY["L"],), B=PRIMARY["B"], H=PRIMARY["H"], D=PRIMARY["D"],
            dtype="float32", causal=False, warmup=5, repetitions=30, rounds=3, max_seconds=2.0, file="bench.json"):
-    """Time `versions` side by side on the same inputs (flashattn.bench: CUDA events, L2 flush, median),
+    """Time `versions` side by side on the same inputs (flashattn.measure.bench: CUDA events, L2 flush, median),
     or show the recorded H200 rows without a GPU."""
     versions = list(versions)
     if not gpu():
         print(NO_GPU.format(what="the latencies"))
         return recorded(versions, seq_lens, dtype, causal, D, file)
-    from .bench import DTYPES, add_comparisons, bench_shape
+    from flashattn.measure.bench import DTYPES, add_comparisons, bench_shape
     args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
     rows = []
     for L in seq_lens:
@@ -216,7 +216,7 @@ def peak_memory(versions, L: int = PRIMARY["L"]):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from .validate import plan
+    from flashattn.validate import plan
     q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=2)
     base = torch.cuda.memory_allocated()
     lines = ["| version | extra memory during one forward |", "|---|--:|"]
@@ -237,7 +237,7 @@ def variant_timing(version: str, variants: dict, seq_len: int = PRIMARY["L"], wa
 
     variants: {label: [(old, new), ...]}; every `old` must occur in kernels/<version>.cu, so a cell that
     names an edit fails loudly when the kernel changes. Without a GPU the variants are only compiled."""
-    from .loader import build, source
+    from flashattn.loader import build, source
     base = source(version)
     modules = {f"{version} (as committed)": None}
     for name, edits in variants.items():
@@ -252,9 +252,9 @@ def variant_timing(version: str, variants: dict, seq_len: int = PRIMARY["L"], wa
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from .reference import attention_reference, relative_error
-    from .timing import time_cuda
-    from .validate import plan
+    from flashattn.measure.timing import time_cuda
+    from flashattn.reference import attention_reference, relative_error
+    from flashattn.validate import plan
     B, H, D = PRIMARY["B"], PRIMARY["H"], PRIMARY["D"]
     q, k, v = _inputs(B, H, seq_len, seq_len, D, seed=7)
     ref = attention_reference(q[:1, :2], k[:1, :2], v[:1, :2])

@@ -1,7 +1,7 @@
 """The order in which V8's consumer warpgroups use the tensor cores, from the kernel's barrier protocol.
 
 This is a model; the measured timeline (clock stamps of kernels/v8.cu's V8_TRACE build) is
-flashattn.trace. In the model every warpgroup repeats "issue the tile's products, wait for them, run the
+flashattn.book.trace. In the model every warpgroup repeats "issue the tile's products, wait for them, run the
 softmax", the products of all warpgroups run one after another on the SM's tensor cores, and each phase
 takes an assumed duration. With ping-pong (kernels/v8.cu, V8_PINGPONG) warpgroup c may issue only after
 bar.sync on named barrier 1 + c, which warpgroup c - 1 completes with bar.arrive once it has issued;
@@ -91,5 +91,5 @@ def fig_pingpong(warpgroups: int = 2, tiles: int = 4, show: bool = True):
     axes[-1].set_xlabel("time in units of one warpgroup's products (assumed: softmax takes as long; a model, "
                         "not a measurement)")
     fig.tight_layout()
-    from .figures import _done
+    from flashattn.book.figures import _done
     return _done(fig, show)

@@ -1,12 +1,12 @@
 """Combined roofline figure: one labelled point per profiled version.
 
 Each point sits at the kernel's arithmetic intensity (FLOP per DRAM byte) and achieved throughput, as
-`flashattn.ncu.summarize` reads them from the report (FP32 FLOP/s the way Nsight Compute's
+`flashattn.measure.ncu.summarize` reads them from the report (FP32 FLOP/s the way Nsight Compute's
 SpeedOfLight_RooflineChart counts them, plus tensor-core operations when the report has them). The
 roofs come from the report's own peak metrics: the FP32 roof (2 x FFMA peak x SM clock), the DRAM slope
 (peak bytes per cycle x DRAM clock), and, when a tensor-core report carries one, the tensor roof.
 
-CLI: `python -m flashattn.plots REPORT.ncu-rep ... -o roofline.png`
+CLI: `python -m flashattn.book.plots REPORT.ncu-rep ... -o roofline.png`
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def point_from_summary(label: str, s: dict) -> dict:
 
 
 def points_from_reports(paths) -> list[dict]:
-    from .ncu import summarize, version_of
+    from flashattn.measure.ncu import summarize, version_of
     return [point_from_summary(version_of(p), summarize(p)) for p in paths]
 
 
@@ -78,7 +78,7 @@ def roofline(points: list[dict], title: str | None = None, ax=None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.plots", description="Combined roofline of ncu reports")
+    p = argparse.ArgumentParser(prog="python -m flashattn.book.plots", description="Combined roofline of ncu reports")
     p.add_argument("reports", nargs="+", type=Path)
     p.add_argument("-o", "--out", type=Path, default=Path("roofline.png"))
     p.add_argument("--title")

@@ -11,11 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from .notebook import PRIMARY, md
-from .table import label, sdpa_cell
-from .versions import VERSIONS
+from flashattn.book.notebook import PRIMARY, md
+from flashattn.loader import REPO_ROOT
+from flashattn.measure.table import label, sdpa_cell
+from flashattn.versions import VERSIONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 RESULTS = ROOT / "results" / "h200"
 COMPILE_RECORD = ROOT / "results" / "compile" / "resources.json"
 SW_POWER_CAP = 0x4          # NVML's clocks-event (throttle) reason bit for the software power cap
@@ -55,7 +56,7 @@ def bench_rows(path: Path | None = None) -> list[dict]:
     path = path or RESULTS / "bench.json"
     if not path.exists():
         return []
-    from .table import load
+    from flashattn.measure.table import load
     return [dict(r, _meta=run.get("meta", {}), _settings=run.get("settings", {}))
             for run in load(path)["runs"] for r in run["rows"]]
 
@@ -71,7 +72,7 @@ def _ncu_report_importable() -> bool:
         return True
     except ImportError:
         pass
-    from .profile import find_ncu
+    from flashattn.measure.profile import find_ncu
     ncu = find_ncu()
     if ncu:
         extras = Path(ncu).resolve().parent / "extras" / "python"
@@ -86,7 +87,7 @@ def _ncu_report_importable() -> bool:
 
 
 def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
-    """flashattn.ncu's summary of the recorded report of `version`, None when there is none."""
+    """flashattn.measure.ncu's summary of the recorded report of `version`, None when there is none."""
     path = report_path(version, seq_len)
     if not path.exists() or not _ncu_report_importable():
         return None
@@ -97,7 +98,7 @@ def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
 def _summary(path: str, mtime_ns: int) -> dict:
     """One parse per report and version of the file: a chapter asks for the table, the stalls and the
     roofline point of the same report."""
-    from .ncu import summarize
+    from flashattn.measure.ncu import summarize
     return summarize(path)
 
 
@@ -116,12 +117,12 @@ def _recorded_summary(version: str, seq_len: int):
 def profile_table(version: str, seq_len: int = PRIMARY["L"], batch_size: int = PRIMARY["B"],
                   num_heads: int = PRIMARY["H"], head_dim: int = PRIMARY["D"]):
     """The Nsight Compute table of `version`, parsed from the committed report (profiled with
-    `python -m flashattn.profile` at the shape given here; the primary one by default)."""
+    `python -m flashattn.measure.profile` at the shape given here; the primary one by default)."""
     s, missing = _recorded_summary(version, seq_len)
     if s is None:
         return md(missing)
-    from .ncu import markdown_table
-    from .profile import default_dtype
+    from flashattn.measure.ncu import markdown_table
+    from flashattn.measure.profile import default_dtype
     return md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={batch_size}, H={num_heads}, "
                f"M=N={seq_len}, D={head_dim} ({default_dtype(version)}):\n\n" + markdown_table(s))
 
@@ -131,7 +132,7 @@ def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
     s, missing = _recorded_summary(version, seq_len)
     if s is None:
         return md(missing)
-    from .ncu import stall_table as table
+    from flashattn.measure.ncu import stall_table as table
     return md(table(s, top))
 
 
@@ -188,13 +189,13 @@ def kernel_resources(version: str) -> list[dict]:
     """ptxas's registers and static shared memory per kernel for sm_90 (sm_90a for a version built for
     that exact architecture), from results/compile/resources.json (or a fresh nvcc run when the record
     has no entry for this version yet)."""
-    from .loader import version_archs
-    from .resources import load_record
+    from flashattn.loader import version_archs
+    from flashattn.measure.resources import load_record
     arch = (version_archs(version) or ["9.0"])[0].replace(".", "")
     rec = load_record(COMPILE_RECORD)[1] if COMPILE_RECORD.exists() else {}
     kernels = rec.get(version, {}).get(f"sm_{arch}")
     if not kernels:
-        from .resources import compile_report
+        from flashattn.measure.resources import compile_report
         kernels = compile_report(version, arch)
     return kernels
 
@@ -204,7 +205,7 @@ def repeat_table(file="bench_v6_repeat.json", version="v6", against=("sdpa_flash
     moves from run to run (`scripts/record_h200.sh OUT repeat`)."""
     if not (RESULTS / file).exists():
         return md(f"*No repeated runs recorded yet (`results/h200/{file}`).*")
-    from .table import comparison_table, load
+    from flashattn.measure.table import comparison_table, load
     return md(comparison_table(load(RESULTS / file), version, list(against), group_shapes=True))
 
 
@@ -250,11 +251,11 @@ def primary_rows(dtype="float32", causal=False, head_dim=64, file="bench.json"):
 
 
 def results_table(seq_len: int = PRIMARY["L"], file="bench.json", dtype="float32", causal=False, head_dim=64):
-    """The README's table (flashattn.table) for one sequence length of the recorded benchmark."""
+    """The README's table (flashattn.measure.table) for one sequence length of the recorded benchmark."""
     path = RESULTS / file
     if not path.exists():
         return md(f"*No recorded benchmark yet (`results/h200/{file}`).*")
-    from .table import results_table as table
+    from flashattn.measure.table import results_table as table
     return md(table(path, seq_len=seq_len, dtype=dtype, causal=causal, head_dim=head_dim))
 
 
@@ -274,7 +275,7 @@ def latency_grid(file="bench.json", dtype="float32"):
 
 
 def sweep_table(version: str, file: str | None = None):
-    """A recorded variant sweep (`python -m flashattn.sweep VERSION`; default results/h200/VERSION_sweep.json):
+    """A recorded variant sweep (`python -m flashattn.measure.sweep VERSION`; default results/h200/VERSION_sweep.json):
     one row per variant with its geometry, compiler report, correctness and latency beside the references
     timed in the same run."""
     file = file or f"{version}_sweep.json"
@@ -317,7 +318,7 @@ def sweep_table(version: str, file: str | None = None):
 
 
 # Columns of step_table: (header, where in a step row, format). Counters come from `--metrics`; SASS counts
-# of the hot loop from flashattn.sass (no GPU).
+# of the hot loop from flashattn.measure.sass (no GPU).
 STEP_COLUMNS = {
     **{name.replace("_", " "): (("metrics", "counters", name), "{:,.0f}") for name in (
         "bank_conflicts_ld", "bank_conflicts_st", "shared_wavefronts_ld", "shared_wavefronts_st")},
@@ -337,7 +338,7 @@ def _dig(row: dict, path: tuple):
 
 
 def step_rows(version: str, file: str | None = None) -> list[dict]:
-    """The recorded step chain of a chapter (`python -m flashattn.sweep VERSION-steps [--metrics]`,
+    """The recorded step chain of a chapter (`python -m flashattn.measure.sweep VERSION-steps [--metrics]`,
     results/h200/VERSION_steps.json), in step order, one dict per step: name, D, step (1-based within its
     head dim), change, correct, us (median), vs_previous and vs_first (speedups: the earlier step's time
     over this one's, so above 1 is faster), the references' times, and every STEP_COLUMNS value. [] when
@@ -372,7 +373,7 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
     file = file or f"{version}_steps.json"
     rows = [r for r in step_rows(version, file) if (D is None or r["D"] == D) and (not steps or r["step"] in steps)]
     if not rows:
-        return md(f"*No recorded step chain yet (`results/h200/{file}`, from `python -m flashattn.sweep "
+        return md(f"*No recorded step chain yet (`results/h200/{file}`, from `python -m flashattn.measure.sweep "
                   f"{version}-steps --metrics`).*")
     lines = ["| D | step | change | correct | median µs | vs. step before | vs. step 1 | "
              + " | ".join(columns) + " |", "|--:|--:|---|---|--:|--:|--:|" + "--:|" * len(columns)]

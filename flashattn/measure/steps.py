@@ -1,8 +1,8 @@
-"""The chapters' step sets of `python -m flashattn.sweep KEY-steps`: which macros make each step, the SASS
+"""The chapters' step sets of `python -m flashattn.measure.sweep KEY-steps`: which macros make each step, the SASS
 counts of each step's hot loop (no GPU), and the Nsight Compute counters of `--metrics`.
 
 A step set is a chain: step k is step k-1 with one compile-time switch flipped (Variant.change names it),
-and the last step is the kernel file as committed. flashattn.records.step_table reads the result.
+and the last step is the kernel file as committed. flashattn.book.records.step_table reads the result.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import geometry
+from flashattn.measure import geometry
 
 
 def v6_chain(Variant) -> dict:
@@ -66,12 +66,13 @@ _IN_FLIGHT: dict = {}
 
 
 def sass_counts(version: str, variant) -> dict:
-    """Instruction classes of the hot loop (flashattn.sass) of the variant's timed kernel (KERNEL_OF: the
+    """Instruction classes of the hot loop (flashattn.measure.sass) of the variant's timed kernel (KERNEL_OF: the
     instance of the timed dtype, head dim D, non-causal, forward only; the largest kernel whose name
     carries D for a version without an entry). No GPU needed. Remembered next to the builds
     (TORCH_EXTENSIONS_DIR) under a hash of the kernel text and flags, and computed once per set of
     macros, so the head dims of one build and a later timed run share the compile."""
-    from . import loader, sweep
+    from flashattn import loader
+    from flashattn.measure import sweep
     flags = tuple(sweep.flags(variant))
     key = hashlib.sha256(f"{version}|{list(flags)}|{loader.source(version)}".encode()).hexdigest()
     path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or tempfile.gettempdir()) / "flashattn_steps_sass.json"
@@ -94,7 +95,7 @@ def sass_counts(version: str, variant) -> dict:
 
 
 def _hot_loops(version: str, flags: tuple, head_dims) -> dict:
-    from . import sass
+    from flashattn.measure import sass
     try:
         kernels = sass.disassemble(version, flags)
     except (RuntimeError, ValueError) as err:
@@ -116,8 +117,8 @@ def target(key: str, names: list[str], warmup: int = 1) -> int:
     non-causal. ncu profiles every launch; attach_metrics keeps each variant's last."""
     import torch
 
-    from . import sweep
-    from .versions import INFO
+    from flashattn.measure import sweep
+    from flashattn.versions import INFO
     B, H, M, N = sweep.METRICS_SHAPE
     dtype = INFO[sweep.kernel_version(key)].dtypes[0]
     finite = True
@@ -135,17 +136,17 @@ def target(key: str, names: list[str], warmup: int = 1) -> int:
 
 def attach_metrics(doc: dict, key: str, out_dir: Path, warmup: int = 1) -> None:
     """--metrics: every correct variant under Nsight Compute in one process
-    (flashattn.profile.collect_metrics); the counters of each variant's last launch land in its row's
+    (flashattn.measure.profile.collect_metrics); the counters of each variant's last launch land in its row's
     "metrics". The raw page of the report (every launch, in order) stays as out_dir/<version>_steps_ncu.raw.csv;
     the report itself is deleted (tens of MB)."""
-    from . import profile, sweep
+    from flashattn.measure import profile, sweep
     rows = [r for r in doc["variants"] if r.get("correct")]
     ncu = profile.find_ncu()
     if ncu is None or not rows:
         for r in rows:
             r["metrics"] = {"error": profile.MISSING_NCU}
         return
-    target = [sys.executable, "-m", "flashattn.sweep", key, "--warmup", str(warmup),
+    target = [sys.executable, "-m", "flashattn.measure.sweep", key, "--warmup", str(warmup),
               "--target", *[r["name"] for r in rows]]
     got = profile.collect_metrics(ncu, target, profile.kernel_filter(sweep.kernel_version(key)),
                                   len(rows) * (warmup + 1), out_dir / f"{sweep.kernel_version(key)}_steps_ncu")
@@ -236,8 +237,8 @@ def accuracy_rows(version: str, cases=ACCURACY_CASES) -> list[dict]:
     per case; needs a GPU."""
     import torch
 
-    from .reference import attention_reference, relative_error, sdpa
-    from .validate import plan
+    from flashattn.reference import attention_reference, relative_error, sdpa
+    from flashattn.validate import plan
     rows = []
     for i, (dtype, scale, causal, (B, H, M, N, D)) in enumerate(cases):
         g = torch.Generator(device="cuda").manual_seed(1000 + i)
@@ -252,10 +253,10 @@ def accuracy_rows(version: str, cases=ACCURACY_CASES) -> list[dict]:
 
 
 def accuracy_table(version: str = "v6", file: str = "v6_accuracy.json"):
-    """The accuracy cell: live on a GPU, else the H200 record (`python -m flashattn.steps accuracy VERSION
+    """The accuracy cell: live on a GPU, else the H200 record (`python -m flashattn.measure.steps accuracy VERSION
     --out results/h200`)."""
-    from .notebook import NO_GPU, gpu, md
-    from .records import RESULTS, _json
+    from flashattn.book.notebook import NO_GPU, gpu, md
+    from flashattn.book.records import RESULTS, _json
     if gpu():
         rows, note = accuracy_rows(version), "Measured now."
     else:
@@ -279,11 +280,11 @@ BEGIN, END = "// steps-table-begin", "// steps-table-end"
 
 
 def header_lines(version: str = "v6") -> list[str]:
-    """The kernel header's step table, from results/h200/<version>_steps.json (flashattn.records.step_rows):
+    """The kernel header's step table, from results/h200/<version>_steps.json (flashattn.book.records.step_rows):
     one line per step (named as in the sweep; the chapter and docs/v6_notes.md say what each changes)
     with both head dims' median time, speedup over the step before, registers and
     spills (ptxas), and whether the odd-shape check passed."""
-    from .records import RESULTS, _json, step_rows
+    from flashattn.book.records import RESULTS, _json, step_rows
     rows = step_rows(version)
     if not rows:
         return [f"//   No step chain is recorded yet (results/h200/{version}_steps.json)."]
@@ -314,7 +315,7 @@ def header_lines(version: str = "v6") -> list[str]:
 def update_header(version: str = "v6") -> bool:
     """Rewrite the lines between BEGIN and END in kernels/<version>.cu (comments only: the machine code
     does not change). True when the file changed."""
-    from .loader import KERNELS_DIR
+    from flashattn.loader import KERNELS_DIR
     path = KERNELS_DIR / f"{version}.cu"
     text = path.read_text()
     start, end = text.index(BEGIN), text.index(END)
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
     import argparse
 
     import torch
-    p = argparse.ArgumentParser(prog="python -m flashattn.steps", description="Record the V6 chapter's "
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.steps", description="Record the V6 chapter's "
                                 "accuracy cell on a GPU (VERSION_accuracy.json in OUT), or write the step table "
                                 "of the kernel header.")
     p.add_argument("what", choices=("accuracy", "header"),
@@ -341,7 +342,7 @@ def main(argv=None) -> int:
         print(f"kernels/{args.version}.cu {'updated' if update_header(args.version) else 'unchanged'}")
         return 0
     if not torch.cuda.is_available():
-        raise SystemExit("python -m flashattn.steps accuracy needs a CUDA GPU")
+        raise SystemExit("python -m flashattn.measure.steps accuracy needs a CUDA GPU")
     rows = accuracy_rows(args.version)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.version}_accuracy.json"

@@ -1,21 +1,21 @@
 """The book's figures, drawn with matplotlib from recorded data or fixed inputs (no random state without
 a seed), so every run draws the same picture.
 
-Rooflines and scaling plots read results/h200/ through flashattn.records; the diagrams of tiles, warps,
-banks and fragments take their arithmetic from flashattn.geometry.
+Rooflines and scaling plots read results/h200/ through flashattn.book.records; the diagrams of tiles, warps,
+banks and fragments take their arithmetic from flashattn.measure.geometry.
 """
 from __future__ import annotations
 
-from .geometry import (
+from flashattn.book.records import ceilings, primary_rows, profile_summary, report_path
+from flashattn.measure.geometry import (
     bank_map,
     conflict_degree,
     smem_bytes,
     smem_parts,
     v5_default_tiles,
 )
-from .records import ceilings, primary_rows, profile_summary, report_path
-from .table import label
-from .versions import VERSIONS
+from flashattn.measure.table import label
+from flashattn.versions import VERSIONS
 
 
 def _done(fig, show: bool):
@@ -42,7 +42,7 @@ def datasheet_roofs() -> dict:
     """The datasheet numbers results/h200/ceilings.json keeps beside each measured ceiling, in base units."""
     import json
 
-    from .records import RESULTS
+    from flashattn.book.records import RESULTS
     doc = json.loads((RESULTS / "ceilings.json").read_text())["ceilings"]
     return {"fp32": doc["fp32_cuda_core_tflops"]["datasheet"] * 1e12,
             "tf32": doc["tf32_tensor_tflops"]["datasheet"] * 1e12,
@@ -66,8 +66,8 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .plots import point_from_summary
-    from .plots import roofline as draw
+    from flashattn.book.plots import point_from_summary
+    from flashattn.book.plots import roofline as draw
     c, sheet = ceilings(), datasheet_roofs()
     versions = [v for v in (versions or VERSIONS) if report_path(v).exists()]
     points = []
@@ -294,7 +294,7 @@ def fig_grid_fill(blocks_v1: int = 48, blocks_v2: int = 1536, blocks_per_sm_v2: 
 
 
 def fig_smem_stack(versions=("v1", "v2", "v3"), D: int = 64):
-    """Stacked bars of each version's shared memory per block (KiB), by array (flashattn.geometry)."""
+    """Stacked bars of each version's shared memory per block (KiB), by array (flashattn.measure.geometry)."""
     import matplotlib.pyplot as plt
     budgets = {v: [(name, smem_bytes([(name, r, c)])) for name, r, c in smem_parts(v, D)] for v in versions}
     fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * len(budgets)), constrained_layout=True)

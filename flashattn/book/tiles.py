@@ -1,17 +1,17 @@
 """Tile and occupancy arithmetic as the book's tables: what a tile shape costs in shared memory and
 registers, how many blocks that lets an H200 SM hold, and what the unfused computation would move.
 
-Kernel geometry comes from flashattn.geometry (read from the kernel files), compiler facts from the ptxas
-record (flashattn.records.kernel_resources) and the occupancy rule from flashattn.resources.
+Kernel geometry comes from flashattn.measure.geometry (read from the kernel files), compiler facts from the ptxas
+record (flashattn.book.records.kernel_resources) and the occupancy rule from flashattn.measure.resources.
 """
 from __future__ import annotations
 
 import math
 
-from . import geometry
-from .notebook import PRIMARY, md
-from .records import ceilings, kernel_resources
-from .resources import occupancy
+from flashattn.book.notebook import PRIMARY, md
+from flashattn.book.records import ceilings, kernel_resources
+from flashattn.measure import geometry
+from flashattn.measure.resources import occupancy
 
 
 def score_bytes_table(lengths=(512, 1024, 2048, 4096, 8192, 16384), B=PRIMARY["B"], H=PRIMARY["H"],
@@ -84,7 +84,7 @@ def v5_tiles_table():
 
 def smem_layout(parts: str | list[tuple[str, int, int]], title: str = "", D: int = 64):
     """Shared-memory budget of one block: `parts` is a version (v1 ... v4: its arrays at head dim D, read
-    from the kernel file by flashattn.geometry) or a list of (name, rows, cols) float32 arrays."""
+    from the kernel file by flashattn.measure.geometry) or a list of (name, rows, cols) float32 arrays."""
     if isinstance(parts, str):
         title = title or f"{parts.upper()} at D = {D}:"
         parts = geometry.smem_parts(parts, D)

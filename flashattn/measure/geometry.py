@@ -2,7 +2,7 @@
 
 The kernel files are the truth. Tile sizes are read from their text (`constexpr int B_r = 64;`,
 `#define V5_D64_BR 128`), and the few formulas that turn a tile into bytes are written here once, in the
-kernel's own terms, for the book's tables, the tile sweep and the tests; tests/test_geometry_gpu.py checks
+kernel's own terms, for the book's tables, the tile sweep and the tests; tests/test_geometry.py checks
 the V5 formula against the compiled binding's `kernel_info`, which asks the CUDA runtime.
 Also here: the bank and fragment arithmetic of shared-memory reads (bank_map, swizzle, mma layouts).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .loader import KERNELS_DIR
+from flashattn.loader import KERNELS_DIR
 
 FLOAT = 4
 

@@ -1,6 +1,6 @@
-"""Benchmark: `python -m flashattn.bench VERSION [VERSION ...] [options]` (see --help).
+"""Benchmark: `python -m flashattn.measure.bench VERSION [VERSION ...] [options]` (see --help).
 
-Every version in one run is timed side by side on the same inputs with `flashattn.timing` (CUDA events
+Every version in one run is timed side by side on the same inputs with `flashattn.measure.timing` (CUDA events
 around each call, L2 flushed between calls, interleaved rounds, median with min and max). Each row reports
 latency, TFLOP/s (4*B*H*M*N*D floating-point operations, half that for causal), the change against the
 naive PyTorch baseline and the ratio to SDPA, as in the README's results table. A version that cannot
@@ -8,13 +8,13 @@ take a shape or dtype gets a row saying why instead of stopping the run. At the 
 run every version's output is also checked against the float64 reference.
 
 `--backward` times the gradient computation instead: given dO, the call that returns (dQ, dK, dV), with
-the forward run once beforehand (flashattn.autograd.backward_call), FLOPs 2.5 x the forward's. Its rows
+the forward run once beforehand (flashattn.measure.backward.backward_call), FLOPs 2.5 x the forward's. Its rows
 say "direction": "backward" and are checked against float64 gradients (flashattn.reference.
 attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ kernel), sdpa and the SDPA
 backends.
 
 `--json PATH` writes every figure with the device, driver, torch and CUDA versions, the git commit and
-the shapes; `flashattn.table` turns that file into the README table.
+the shapes; `flashattn.measure.table` turns that file into the README table.
 """
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-from .versions import VERSIONS
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from flashattn.loader import REPO_ROOT
+from flashattn.versions import VERSIONS
 
 # Bench-only names: SDPA with one backend forced through torch.nn.attention.sdpa_kernel, for the
 # tensor-core comparisons. They are not versions of the book, so they are not in flashattn.VERSIONS.
@@ -66,7 +65,7 @@ the cap off.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.bench", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("versions", nargs="+", metavar="VERSION", help="all, a version name, or an SDPA variant")
     p.add_argument("-B", "--batch-size", type=int, default=DEFAULTS["batch_size"],
@@ -108,7 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     known, every = BENCH_NAMES, VERSIONS
     if args.backward:
-        from .autograd import BACKWARD_DTYPES, BACKWARD_NAMES
+        from flashattn.autograd import BACKWARD_DTYPES
+        from flashattn.measure.backward import BACKWARD_NAMES
         known = every = BACKWARD_NAMES
         args.dtype = args.dtype or "bfloat16"
         if DTYPES[args.dtype] not in BACKWARD_DTYPES:
@@ -154,9 +154,9 @@ def make_call(version: str, q, k, v, causal: bool):
     version that really runs (v3/v4/v5 hand unsupported head dims to v2). The inputs are checked once,
     here, by flashattn.plan (ValueError/TypeError when the version cannot take them); `fn` runs the plan."""
     if version in SDPA_BACKENDS:
-        from .reference import sdpa
+        from flashattn.reference import sdpa
         return (lambda: sdpa(q, k, v, causal=causal)), _sdpa_backend_context(version), "sdpa"
-    from .validate import plan
+    from flashattn.validate import plan
     p = plan(q, k, v, version, causal)          # compiles or loads the kernel before any timing
     return (lambda: p.run(q, k, v)), contextlib.nullcontext, p.runs_as
 
@@ -180,7 +180,7 @@ def git_commit() -> dict:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
-def environment(argv=None, prog: str = "python -m flashattn.bench") -> dict:
+def environment(argv=None, prog: str = "python -m flashattn.measure.bench") -> dict:
     """Device, driver, torch, CUDA, cuDNN and git versions (strings; None where unknown), and the command
     line that made the record (`prog` and argv, sys.argv by default)."""
     env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "python": platform.python_version(),
@@ -215,8 +215,8 @@ def _progress(total: int):
 
 def make_backward_call(name: str, q, k, v, do, causal: bool):
     """(fn, context, runs_as) like make_call, where `fn()` returns (dq, dk, dv) given `do` (the forward ran
-    once, here: flashattn.autograd.backward_call; "v6_deterministic" is v6 with its atomic-free dQ)."""
-    from .autograd import backward_call
+    once, here: flashattn.measure.backward.backward_call; "v6_deterministic" is v6 with its atomic-free dQ)."""
+    from flashattn.measure.backward import backward_call
     fn = backward_call(name, q, k, v, do, causal)
     return fn, contextlib.nullcontext, "sdpa" if name in SDPA_BACKENDS else name.removesuffix("_deterministic")
 
@@ -224,15 +224,15 @@ def make_backward_call(name: str, q, k, v, do, causal: bool):
 def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do=None) -> list[dict]:
     """Time `versions` side by side on one set of inputs, one row each; never raises for a version that
     refuses the inputs. Each version is built and called once (errors surface here, before timing, and
-    the output is checked against `ref` when given); then `flashattn.timing.time_interleaved` times all
+    the output is checked against `ref` when given); then `flashattn.measure.timing.time_interleaved` times all
     of them in `args.rounds` interleaved rounds. With `do` (the output's gradient) the backward is timed
     instead: rows say "direction": "backward", `ref` is (dq, dk, dv) and rel_error the largest of the three."""
-    from .timing import time_interleaved
+    from flashattn.measure.timing import time_interleaved
     B, H, M, D = q.shape
     N = k.shape[2]
     backward = do is not None
     if backward:
-        from .autograd import backward_flops
+        from flashattn.measure.backward import backward_flops
     rows, calls = {}, {}
     for version in versions:
         row = dict(version=version, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
@@ -249,7 +249,7 @@ def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do
                 out = fn()
                 torch.cuda.synchronize()
                 if ref is not None:
-                    from .reference import relative_error
+                    from flashattn.reference import relative_error
                     row["rel_error"] = max(map(relative_error, out, ref)) if backward else relative_error(out, ref)
                 del out
             calls[version] = (fn, context)
@@ -289,8 +289,8 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
 
 def run(args) -> dict:
     if not torch.cuda.is_available():
-        raise SystemExit("flashattn.bench needs a CUDA GPU: torch.cuda.is_available() is False")
-    from .reference import attention_gradients, attention_reference
+        raise SystemExit("flashattn.measure.bench needs a CUDA GPU: torch.cuda.is_available() is False")
+    from flashattn.reference import attention_gradients, attention_reference
     dtype = DTYPES[args.dtype]
     backward = getattr(args, "backward", False)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)

@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 import torch
-from conftest import needs_gpu, poison_allocator, randn
+from conftest import poison_allocator, randn
 
 import flashattn
 from flashattn.reference import attention_reference, relative_error
 
-pytestmark = needs_gpu
+pytestmark = pytest.mark.gpu
 
 FP32_VERSIONS = [v for v in flashattn.VERSIONS if torch.float32 in flashattn.INFO[v].dtypes and v != "v6"]
 LENGTHS = [(1, 1), (1, 17), (17, 1), (63, 65), (64, 64), (65, 63), (113, 203), (203, 113),

@@ -3,7 +3,7 @@
 Reports are parsed with NVIDIA's `ncu_report` module (PyPI `ncu-report`), which needs neither a GPU nor
 ncu. Every figure is computed from the report's own metrics the way ncu computes it, so it equals what
 `ncu --import REPORT --page details` (or `--page raw`) prints; tests/test_ncu.py checks that against the
-pages saved next to each committed report by `flashattn.profile`.
+pages saved next to each committed report by `flashattn.measure.profile`.
 
 Metrics, as Nsight Compute's section files use them (sections/*.section of ncu 2025.x):
 
@@ -39,7 +39,7 @@ Metrics, as Nsight Compute's section files use them (sections/*.section of ncu 2
   launch__block_size; Grid Size launch__grid_size.
 
 All values are returned in base SI units (seconds, bytes, FLOP/s, %), whatever unit the report stores.
-CLI: `python -m flashattn.ncu REPORT...` prints each report's table as markdown.
+CLI: `python -m flashattn.measure.ncu REPORT...` prints each report's table as markdown.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ STALL_MEANING = {   # what a warp in each state is waiting for (Kernel Profiling
     "membar": "a memory fence",
     "imc_miss": "a constant-cache miss",
 }
-# Shared memory, collected by flashattn.profile with --metrics on top of the sections (reports recorded
+# Shared memory, collected by flashattn.measure.profile with --metrics on top of the sections (reports recorded
 # before that lack them: None). A bank conflict is an extra wavefront: a warp's shared-memory request
 # that needs k passes through the 32 banks counts k wavefronts and k - 1 conflicts. ldmatrix is a
 # shared load of the LSU pipe, so its wavefronts and conflicts are inside the _op_ld counters.
@@ -112,7 +112,7 @@ SHARED = {
     "shared_wavefronts_ld": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
     "shared_wavefronts_st": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
 }
-# The per-step counters of `python -m flashattn.sweep KEY-steps --metrics`, beside the stall ratios of
+# The per-step counters of `python -m flashattn.measure.sweep KEY-steps --metrics`, beside the stall ratios of
 # WarpStateStats (STALL). OPTIONAL ones are dropped (and the run repeated) if this ncu does not know them.
 STEP_METRICS = {
     **SHARED,
@@ -544,7 +544,7 @@ def version_of(report_name: str) -> str:
 def main(argv=None) -> int:
     paths = argv if argv is not None else sys.argv[1:]
     if not paths or paths[0] in ("-h", "--help"):
-        print("usage: python -m flashattn.ncu REPORT.ncu-rep [...]   (prints each report's table)")
+        print("usage: python -m flashattn.measure.ncu REPORT.ncu-rep [...]   (prints each report's table)")
         return 0 if paths else 2
     for p in paths:
         s = summarize(p)

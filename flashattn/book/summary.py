@@ -7,9 +7,9 @@ without a GPU.
 """
 from __future__ import annotations
 
-from .figures import ROOF_COLORS, _done, datasheet_roofs
-from .records import ceilings, primary_rows, profile_summary
-from .table import label
+from flashattn.book.figures import ROOF_COLORS, _done, datasheet_roofs
+from flashattn.book.records import ceilings, primary_rows, profile_summary
+from flashattn.measure.table import label
 
 # ------------------------------------------------------------------------------------ the results chapter
 # What each version's arithmetic runs on, by the dtype of its inputs: the roof it should be judged against.
@@ -20,7 +20,7 @@ TENSOR_VERSIONS = ("v6", "v7", "v8")
 
 def _primary(file: str, dtype: str) -> dict[str, dict]:
     """{version: row} at the primary shape (B=4, H=12, M=N=2048, D=64, non-causal) of a recorded file."""
-    from .notebook import PRIMARY
+    from flashattn.book.notebook import PRIMARY
     return {r["version"]: r for r in primary_rows(dtype=dtype, file=file) if r["seq_len_q"] == PRIMARY["L"]}
 
 
@@ -39,7 +39,7 @@ def steps(include_hopper: bool = True) -> list[dict]:
     float32 inputs (results/h200/bench.json); V6, V7 and V8 in bf16 (bench_v6.json, and bench_v7.json and
     bench_v8.json when they are recorded; include_hopper=False leaves V7 and V8 out). Each step carries
     its latency, TFLOP/s, roof, recorded error and source file."""
-    from .records import RESULTS
+    from flashattn.book.records import RESULTS
     out = []
     fp32 = _primary("bench.json", "float32")
     for v in ("v0", "v1", "v2", "v3", "v4", "v5", "v6"):
@@ -106,7 +106,7 @@ def fig_staircase(show: bool = True):
 def roof_table():
     """Each step against its own roof: float32 on CUDA cores against the measured SGEMM ceiling, TF32 and
     bf16 against the measured tensor-core GEMM ceilings; with the recorded error against float64."""
-    from .notebook import md
+    from flashattn.book.notebook import md
     c = ceilings()
     lines = ["| step | arithmetic on | latency µs | TFLOP/s | measured roof TFLOP/s | share of its roof | "
              "rel. error vs float64 | recorded in |", "|---|---|--:|--:|--:|--:|--:|---|"]
@@ -131,14 +131,14 @@ def rtx4080() -> dict:
     """The RTX 4080 figures of the project's original description (results/reference/rtx4080.json)."""
     import json
 
-    from .records import RESULTS
+    from flashattn.book.records import RESULTS
     return json.loads((RESULTS.parent / "reference" / "rtx4080.json").read_text())
 
 
 def rtx4080_table():
     """The same versions at the same shape on the RTX 4080 (as published) and on the H200 (recorded):
     latency, the factor each step gained on each GPU, and the theoretical blocks per SM of the profiles."""
-    from .notebook import md
+    from flashattn.book.notebook import md
     ref = rtx4080()
     h200 = _primary("bench.json", "float32")
     lines = ["| version | RTX 4080 µs | H200 µs | H200 faster by | step gain, RTX 4080 | step gain, H200 | "
@@ -177,8 +177,8 @@ def sdpa_vs_v4() -> dict:
 def backend_table():
     """Which of SDPA's backends its default choice matches on the H200, per recorded shape: the forced
     backend whose latency is nearest the default's in the same run (results/h200/bench_v6.json)."""
-    from .notebook import md
-    from .records import RESULTS, bench_rows
+    from flashattn.book.notebook import md
+    from flashattn.book.records import RESULTS, bench_rows
     rows = [r for r in bench_rows(RESULTS / "bench_v6.json") if r["status"] == "ok"]
     shapes = sorted({(r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], bool(r["causal"]))
                      for r in rows})
@@ -201,7 +201,7 @@ def backend_table():
 # ------------------------------------------------------------------------------- the staircase by phase
 # Versions recorded as plain sweeps list alternatives beside their steps; these variants (D=64, in
 # order, one compile-time change apart) are the chapter's chain. v5 and v6 have step files
-# (`python -m flashattn.sweep v5-steps|v6-steps`, results/h200/<v>_steps.json) whose "steps" give the order.
+# (`python -m flashattn.measure.sweep v5-steps|v6-steps`, results/h200/<v>_steps.json) whose "steps" give the order.
 # {version: ((variant, the change it makes), ...)}; kernels/v7.cu and v8.cu describe each macro.
 SWEEP_CHAINS = {
     "v7": (("d64 plain loads, 1 stage", "wgmma; tiles copied by every thread (V7_TMA=0), one stage"),
@@ -224,7 +224,7 @@ PHASES = {
 
 def _chain(version: str) -> tuple[str, list[dict]] | None:
     """(file, the D=64 variants of `version`'s recorded step chain, in order), None when not recorded."""
-    from .records import RESULTS, _json
+    from flashattn.book.records import RESULTS, _json
     chain = dict(SWEEP_CHAINS.get(version, ()))
     for file, names in ((f"{version}_steps.json", None), (f"{version}_sweep.json", list(chain) or None)):
         doc = _json(RESULTS / file)
@@ -278,7 +278,7 @@ def phase_steps(phase: str) -> list[dict]:
 def phase_table(phase: str):
     """The steps of a phase as a table: latency, speedup over the step before (marked † when the two come
     from different runs), TFLOP/s, share of the measured roof, relative error against float64."""
-    from .notebook import md
+    from flashattn.book.notebook import md
     p, rows = PHASES[phase], phase_steps(phase)
     if not rows:
         return md(f"*Nothing recorded yet for the {p['title']} phase.*")

@@ -1,12 +1,12 @@
 """Kernel by kernel: how long each launch of the unfused versions (baseline, v0) takes, and what it moves.
 
-`python -m flashattn.kernel_times --out results/h200 [--ncu]` writes kernel_times.json (and .txt).
+`python -m flashattn.book.kernel_times --out results/h200 [--ncu]` writes kernel_times.json (and .txt).
 
 The baseline and V0 run several kernels per forward, so one end-to-end time hides which step costs what.
 Each forward is run under `torch.profiler` (CUPTI records every kernel's start and end on the GPU) with
-L2 flushed before every call, exactly as `flashattn.timing` does it; the flush's own kernels (found by
+L2 flushed before every call, exactly as `flashattn.measure.timing` does it; the flush's own kernels (found by
 profiling the flush alone first) separate one call's kernels from the next. The median over calls is
-taken per kernel position. The same forward is also timed end to end with `flashattn.timing.time_cuda`,
+taken per kernel position. The same forward is also timed end to end with `flashattn.measure.timing.time_cuda`,
 so the record shows what lies between the kernels (launch gaps, an allocation).
 
 Per kernel the record carries a minimum-traffic model: the bytes each step must move at least (read each
@@ -27,6 +27,8 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+from flashattn.loader import REPO_ROOT
 
 SCHEMA = "flashattn.kernel_times/1"
 VERSIONS = ("baseline", "v0")
@@ -159,7 +161,7 @@ def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .timing import l2_flush_buffer, warm_up
+    from flashattn.measure.timing import l2_flush_buffer, warm_up
     flush = l2_flush_buffer()
     with profile(activities=[ProfilerActivity.CUDA]) as alone:     # which kernels the flush launches
         for _ in range(3):
@@ -180,11 +182,11 @@ def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
 
 def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]) -> dict:
     """One record row: the per-kernel times of `version` at B, H, M = N = L, D (float32) with the traffic
-    model, and the end-to-end median of the same call through flashattn.timing."""
+    model, and the end-to-end median of the same call through flashattn.measure.timing."""
     import torch
 
-    from .bench import make_call
-    from .timing import time_cuda
+    from flashattn.measure.bench import make_call
+    from flashattn.measure.timing import time_cuda
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for _ in range(3))
     fn, _, runs_as = make_call(version, q, k, v, False)
@@ -207,7 +209,7 @@ NCU_TARGET = ("import torch, flashattn\n"
 def run_ncu(out: Path, L: int = 2048) -> Path:
     """V0's three kernels of the second forward at B, H, L, D under Nsight Compute, NCU_METRICS only; the
     raw page in base units is written to out/NCU_FILE (with the report beside it)."""
-    from .profile import MISSING_NCU, find_ncu
+    from flashattn.measure.profile import MISSING_NCU, find_ncu
     ncu = find_ncu()
     if ncu is None:
         raise SystemExit(MISSING_NCU)
@@ -228,7 +230,7 @@ def run_ncu(out: Path, L: int = 2048) -> Path:
 def read_ncu_rows(path: Path) -> list[dict]:
     """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, the
     metrics as floats in base units (seconds, bytes; the second row of the file gives each unit)."""
-    from .ncu import parse_number, read_raw_rows, unit_scale
+    from flashattn.measure.ncu import parse_number, read_raw_rows, unit_scale
     metrics = NCU_METRICS + tuple(PACE_METRICS.values())
     return [{k: (parse_number(v) * unit_scale(u) if k in metrics and parse_number(v) is not None else v)
              for k, (v, u) in row.items()} for row in read_raw_rows(path)]
@@ -236,7 +238,7 @@ def read_ncu_rows(path: Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashattn.kernel_times", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m flashattn.book.kernel_times", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("results/h200"), help="folder for kernel_times.json")
     p.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     p.add_argument("--seq-lens", nargs="+", type=int, default=list(SEQ_LENS), metavar="L", help="M = N")
@@ -258,11 +260,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch
     if not torch.cuda.is_available():
-        print("python -m flashattn.kernel_times needs a CUDA GPU", file=sys.stderr)
+        print("python -m flashattn.book.kernel_times needs a CUDA GPU", file=sys.stderr)
         return 2
-    from .bench import environment
+    from flashattn.measure.bench import environment
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = environment(argv, prog="python -m flashattn.kernel_times")
+    meta = environment(argv, prog="python -m flashattn.book.kernel_times")
     doc = {"schema": SCHEMA, "meta": meta, "settings": {"calls": args.calls, "l2_flush": True}, "runs": []}
     path = args.out / "kernel_times.json"
     for version in args.versions:
@@ -279,8 +281,8 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------ readers of the record (no GPU)
-RECORD = Path(__file__).resolve().parent.parent / "results" / "h200"
-MISSING = ("*Not recorded yet: `python -m flashattn.kernel_times --out results/h200 --ncu` on the H200 writes "
+RECORD = REPO_ROOT / "results" / "h200"
+MISSING = ("*Not recorded yet: `python -m flashattn.book.kernel_times --out results/h200 --ncu` on the H200 writes "
            "`results/h200/{name}`, and this cell shows it once that run is committed.*")
 
 
@@ -349,8 +351,8 @@ def table_lines(run: dict, dram: float, fp32: float) -> list[str]:
 
 def table(version: str, L: int = 2048):
     """The recorded kernel-by-kernel table of `version` at B=4, H=12, M = N = L, D=64 (Markdown)."""
-    from .notebook import md
-    from .records import ceilings
+    from flashattn.book.notebook import md
+    from flashattn.book.records import ceilings
     run = recorded_run(version, L)
     if run is None:
         return md(MISSING.format(name="kernel_times.json"))
@@ -410,7 +412,7 @@ def ncu_rows(path: Path | None = None) -> list[dict]:
 def pace_table():
     """Throughput of each memory level as a share of its peak and the main stall ratios, per V0 kernel
     (Markdown); the rows a recorded file lacks are left out."""
-    from .notebook import md
+    from flashattn.book.notebook import md
     rows = ncu_rows()
     names = [k for k in PACE_METRICS if any(k in r["pace"] for r in rows)]
     if not names:
@@ -428,7 +430,7 @@ def pace_table():
 def ncu_table():
     """Global-memory access per V0 kernel at the primary shape: sectors per request as measured and as the
     thread mapping predicts, L1 hit rate, L2 and DRAM bytes (Markdown)."""
-    from .notebook import md
+    from flashattn.book.notebook import md
     rows = ncu_rows()
     if not rows:
         return md(MISSING.format(name=NCU_FILE))
@@ -442,7 +444,7 @@ def ncu_table():
                      f"{r['l1_hit_pct']:.1f}% | {r['l2_bytes'] / 1e9:,.2f} GB | "
                      f"{r['dram_read'] / 1e9:,.2f} GB | {r['dram_write'] / 1e9:,.2f} GB | {r['time_s'] * 1e6:,.1f} |")
     return md("\n".join(lines) + "\n\nNsight Compute, the three kernels of V0's second forward at B=4, H=12, "
-              "M=N=2048, D=64 (`results/h200/v0_memory.raw.csv`, written by `python -m flashattn.kernel_times "
+              "M=N=2048, D=64 (`results/h200/v0_memory.raw.csv`, written by `python -m flashattn.book.kernel_times "
               "--ncu`). A sector is 32 bytes; a warp's 32 four-byte loads need 4 sectors when they are contiguous.")
 
 

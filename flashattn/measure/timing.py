@@ -1,4 +1,4 @@
-"""CUDA-event timing of one GPU call, shared by `flashattn.bench` and the notebooks.
+"""CUDA-event timing of one GPU call, shared by `flashattn.measure.bench` and the notebooks.
 
 How a call is timed (the book explains the why once; this is the how):
 

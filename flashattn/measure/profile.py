@@ -1,4 +1,4 @@
-"""Nsight Compute profile of one fused kernel: `python -m flashattn.profile VERSION [options]`.
+"""Nsight Compute profile of one fused kernel: `python -m flashattn.measure.profile VERSION [options]`.
 
 VERSION is a fused version (one kernel launch per forward: v1 and later), `all` for every one of them, or
 a backward kernel file (`v6_backward`: its main kernel, the one that accumulates dK and dV, profiled in a
@@ -21,7 +21,7 @@ the tables, the roofline and the stall breakdown need are collected, which keeps
 The report is written to OUT/flash_<version>_s<M>_profile.ncu-rep (OUT defaults to /tmp) together with what
 `ncu --import` prints for it: the details page as CSV in base units (.details.csv) and as text
 (.details.txt), and the raw page as CSV in base units (.raw.csv). `tests/test_ncu.py` checks
-`flashattn.ncu`'s parsed values against those files.
+`flashattn.measure.ncu`'s parsed values against those files.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_rows
-from .versions import INFO, VERSIONS
+from flashattn.loader import REPO_ROOT
+from flashattn.measure.ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_rows
+from flashattn.versions import INFO, VERSIONS
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = REPO_ROOT / "kernels"
 
 PROFILED = tuple(n for n in VERSIONS if INFO[n].kernel and INFO[n].fused)
@@ -190,8 +190,8 @@ def ncu_command(ncu: str, version: str, args, out_base: Path, sections: list[str
            "--launch-skip", str(args.warmup), "--launch-count", "1", "--force-overwrite", "-o", str(out_base)]
     for s in sections:
         cmd += ["--section", s]
-    cmd += ["--metrics", ",".join(SHARED.values())]           # bank conflicts: flashattn.ncu.SHARED
-    cmd += [sys.executable, "-m", "flashattn.profile", "--target", version,
+    cmd += ["--metrics", ",".join(SHARED.values())]           # bank conflicts: flashattn.measure.ncu.SHARED
+    cmd += [sys.executable, "-m", "flashattn.measure.profile", "--target", version,
             "--dtype", args.dtype or default_dtype(version),
             "--batch-size", str(args.batch_size), "--num-heads", str(args.num_heads), "--seq-len",
             str(args.seq_len), "--head-dim", str(args.head_dim), "--warmup", str(args.warmup)]
@@ -219,9 +219,9 @@ def profile_one(ncu: str, version: str, args, available: set[str] | None) -> Pat
 def collect_metrics(ncu: str, target: list[str], kernel_regex: str, count: int, out_base: Path) -> dict:
     """Run `target` (a command line) under ncu, profile its first `count` launches of the kernels matching
     `kernel_regex`, and return {"launches": [{"counters": {...}, "stalls": {...}}, ...]} in launch order
-    (flashattn.ncu.STEP_METRICS and the warp-stall ratios, base units), or {"error": why}. One process
+    (flashattn.measure.ncu.STEP_METRICS and the warp-stall ratios, base units), or {"error": why}. One process
     for many launches: starting Python and CUDA under ncu costs far more than the replays of a small
-    kernel. Used by `flashattn.sweep --metrics`."""
+    kernel. Used by `flashattn.measure.sweep --metrics`."""
     names = dict(STEP_METRICS)
     for attempt in range(2):
         cmd = [ncu, "--clock-control", "none", "--kernel-name", kernel_regex, "--launch-count", str(count),
@@ -261,7 +261,7 @@ def run_target(args) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     if args.target in BACKWARD:                    # one dK/dV launch per gradient call
-        from .autograd import backward_call
+        from flashattn.measure.backward import backward_call
         do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
         grads = backward_call(owner(args.target), q, k, v, do, args.causal)
         for _ in range(args.warmup + 1):
@@ -277,7 +277,7 @@ def run_target(args) -> int:
 
 # -------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashattn.profile", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.profile", description=__doc__.split("\n\n")[0],
                                 epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them); "
                                        f"backward kernel files: {', '.join(BACKWARD)}")
     p.add_argument("version", nargs="?", metavar="VERSION",

@@ -1,7 +1,7 @@
 """The README results table, generated from a benchmark JSON (never typed by hand).
 
-    python -m flashattn.table results/h200/bench.json                      # print the markdown
-    python -m flashattn.table results/h200/bench.json --update-readme README.md
+    python -m flashattn.measure.table results/h200/bench.json                      # print the markdown
+    python -m flashattn.measure.table results/h200/bench.json --update-readme README.md
 
 `--update-readme` replaces what lies between `<!-- results-table:start -->` and
 `<!-- results-table:end -->`. Titles and descriptions come from `flashattn.versions.INFO`.
@@ -13,10 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from .versions import INFO, VERSIONS
+from flashattn.loader import REPO_ROOT
+from flashattn.versions import INFO, VERSIONS
 
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
-EXTRA_INFO = {   # bench-only names (flashattn.bench.SDPA_BACKENDS)
+EXTRA_INFO = {   # bench-only names (flashattn.measure.bench.SDPA_BACKENDS)
     "sdpa_flash": ("PyTorch SDPA (flash)", "SDPA forced to its FlashAttention-2 backend"),
     "sdpa_efficient": ("PyTorch SDPA (efficient)", "SDPA forced to its memory-efficient (CUTLASS) backend"),
     "sdpa_cudnn": ("PyTorch SDPA (cuDNN)", "SDPA forced to its cuDNN backend"),
@@ -54,7 +55,7 @@ def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None,
                 head_dim: int | None = None, direction: str = "forward") -> tuple[list[dict], dict]:
     """The rows of one shape (default: M=N=2048 if present, else the largest; the first run's dtype)
     and the run (its meta and settings) they came from; forward rows, or the backward rows of
-    `python -m flashattn.bench --backward` (they say "direction": "backward")."""
+    `python -m flashattn.measure.bench --backward` (they say "direction": "backward")."""
     rows = [(r, run) for run in doc["runs"] for r in run["rows"]
             if bool(r["causal"]) == causal and r.get("direction", "forward") == direction]
     if dtype:
@@ -229,7 +230,7 @@ def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, appe
     """Replace each kernel file's `// Measured on H200` line(s) with the figures of `rows`
     (`append=True` adds a line under the existing ones, for a second dtype or shape; `only`: these
     versions' files, not every version in the rows). Returns the files changed."""
-    kernels_dir = Path(kernels_dir or Path(__file__).resolve().parent.parent / "kernels")
+    kernels_dir = Path(kernels_dir or REPO_ROOT / "kernels")
     changed = []
     for r in rows:
         path = kernels_dir / f"{r['version']}.cu"
@@ -251,7 +252,8 @@ def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, appe
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.table", description="README results table from bench JSON")
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.table",
+                                description="README results table from bench JSON")
     p.add_argument("json", type=Path, nargs="?", help="a benchmark JSON (not needed with --gpu-tests)")
     p.add_argument("--seq-len", type=int, help="M = N of the rows to show (default: 2048, else the largest)")
     p.add_argument("--dtype", help="dtype of the rows to show (default: the first run's)")

@@ -1,6 +1,6 @@
 """V8's measured timeline: clock stamps written by the instrumented build (kernels/v8.cu, V8_TRACE=1).
 
-On the GPU, `python -m flashattn.trace [--out results/h200/v8_trace.json] [--flags=-DV8_...=...]` builds
+On the GPU, `python -m flashattn.book.trace [--out results/h200/v8_trace.json] [--flags=-DV8_...=...]` builds
 the traced kernel (with a candidate's macros), runs it at the chapter's shapes, times it beside the
 untraced build (what the stamps cost) and writes a record. Everywhere else the functions below read that
 record: `timeline` turns one work item's stamps into segments (producer, consumer 0, consumer 1, ...),
@@ -20,13 +20,15 @@ import statistics
 import sys
 from pathlib import Path
 
+from flashattn.loader import REPO_ROOT
+
 ROLES, WORDS = 4, 10
 HEADER = ["smid", "gt0", "clk0", "gt1", "clk1", "tiles", "m_block", "bh", "q", "end"]
 CONSUMER = ["kwait", "kready", "vready", "turnwait", "turn", "s_issued", "s_done", "softmax_end",
             "pv_issued", "pv_done"]
 PRODUCER = ["kwait", "k_issued", "vwait", "v_issued"]
 SCHEMA = "flashattn.trace/1"
-RECORD = Path(__file__).resolve().parent.parent / "results" / "h200" / "v8_trace.json"
+RECORD = REPO_ROOT / "results" / "h200" / "v8_trace.json"
 
 # (name, first stamp, last stamp, which tile the last stamp is read from: 0 same, 1 next) per segment kind
 CONSUMER_SEGMENTS = [("K wait", "kwait", "kready"), ("turn wait", "turnwait", "turn"),
@@ -43,7 +45,7 @@ def buffer(items: int, N: int, device="cuda"):
 
 def build(flags=(), name: str = "trace"):
     """kernels/v8.cu with -DV8_TRACE=1 (and `flags`), exporting forward and forward_trace."""
-    from . import loader
+    from flashattn import loader
     return loader.build("v8", archs=["9.0a"], module_name=f"flashattn_v8_{name}",
                         extra_cuda_cflags=["-DV8_TRACE=1", *flags], functions=("forward", "forward_trace"))
 
@@ -210,7 +212,7 @@ def fig_timeline(run: dict, tiles: tuple[int, int] = (4, 8), item: int = 0, ax=N
     ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup, instrumented build)")
     if own:
         fig.tight_layout()
-        from .figures import _done
+        from flashattn.book.figures import _done
         return _done(fig, show)
     return ax
 
@@ -243,7 +245,7 @@ def capture(module, shape: dict, dtype=None, seed: int = 0):
 def record_run(module, shape: dict, keep: int = 2, most: int = 600) -> dict:
     """Capture one shape; keep the stamps of `keep` items from the middle of the launch (steady state) and
     summarize at most `most` items around it (Python loops: a few seconds)."""
-    from .reference import attention_reference, relative_error
+    from flashattn.reference import attention_reference, relative_error
     (q, k, v, out), stamps = capture(module, shape)
     first = max(0, len(stamps) // 2 - most // 2)
     raw = stamps[first:first + most].tolist()
@@ -259,12 +261,12 @@ def record_run(module, shape: dict, keep: int = 2, most: int = 600) -> dict:
 
 
 def overhead(shape: dict, traced, plain) -> dict:
-    """The traced and the untraced build timed in one interleaved run (flashattn.timing), median us."""
+    """The traced and the untraced build timed in one interleaved run (flashattn.measure.timing), median us."""
     import contextlib
 
     import torch
 
-    from . import timing
+    from flashattn.measure import timing
     B, H, M, N, D = (shape[k] for k in "BHMND")
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
     buf = buffer(B * H * math.ceil(M / 64), N)
@@ -280,13 +282,14 @@ def main(argv=None) -> int:
     ap.add_argument("--flags", action="append", default=[],
                     help="an extra -D flag for both builds, as --flags=-DNAME=VALUE (repeat for more)")
     args = ap.parse_args(argv)
-    from . import bench, loader
+    from flashattn import loader
+    from flashattn.measure import bench
     tag = "".join(f.replace("-D", "_").replace("=", "") for f in args.flags)
     traced = build(args.flags, name="trace" + tag)
     # without flags, the default build under tests/test_v8.py's module name (one build serves both)
     plain = loader.build("v8", archs=["9.0a"], extra_cuda_cflags=list(args.flags),
                          module_name="flashattn_v8_" + ("untraced" + tag if tag else "default"))
-    env = bench.environment(argv, prog="python -m flashattn.trace")
+    env = bench.environment(argv, prog="python -m flashattn.book.trace")
     doc = {"schema": SCHEMA, "flags": args.flags, "environment": env, "runs": []}
     for shape in SHAPES:
         run = record_run(traced, shape)

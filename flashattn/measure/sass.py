@@ -9,8 +9,8 @@ or "mma per tile" argument is about.
 The disassembler ships with the CUDA toolkit and, for machines without one, inside the triton wheel that
 torch installs (triton/backends/nvidia/bin), so `find_tool` looks there too.
 
-    python -m flashattn.sass v4                  # every innermost loop of v4, counted
-    python -m flashattn.sass v6 --kernel bf16 --excerpt 40
+    python -m flashattn.measure.sass v4                  # every innermost loop of v4, counted
+    python -m flashattn.measure.sass v6 --kernel bf16 --excerpt 40
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .loader import KERNELS_DIR, NVCC_FLAGS, gencode_flags, version_archs
-from .resources import demangle, nvcc
+from flashattn.loader import KERNELS_DIR, NVCC_FLAGS, gencode_flags, version_archs
+from flashattn.measure.resources import demangle, nvcc
 
 # Instruction classes in the order the tables show them: opcode (the part before the first dot) -> class.
 CLASSES: dict[str, tuple[str, ...]] = {

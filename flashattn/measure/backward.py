@@ -1,0 +1,62 @@
+"""The backward benchmark's pieces: the FLOP count of a backward and a callable per backward path."""
+from __future__ import annotations
+
+import torch
+
+from flashattn.autograd import TRAINING_VERSIONS, backward_module, forward_module
+from flashattn.validate import aligned, check_inputs
+
+BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+
+
+def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
+    """2.5 x the forward's 4*B*H*M*N*D: five matrix products of 2*M*N*D each (S and dP recomputed, dV,
+    dK, dQ) against the forward's two; causal masking skips about half."""
+    flops = 2.5 * 4.0 * B * H * M * N * D
+    return flops / 2 if causal else flops
+
+
+def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: bool = False):
+    """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
+    once, here. name: "v6" (its backward kernels; `deterministic` picks the dQ path), "v6_deterministic"
+    (the same with deterministic=True) or "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's
+    backward of that SDPA backend, through torch.autograd.grad with retain_graph=True, so only the
+    backward kernels run per call)."""
+    if name not in BACKWARD_NAMES:
+        raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES)}; got {name!r}")
+    if do.shape != q.shape:
+        raise ValueError(f"do must have the shape of q {tuple(q.shape)}; got {tuple(do.shape)}")
+    if name.endswith("_deterministic"):
+        name, deterministic = name.removesuffix("_deterministic"), True
+    if name in TRAINING_VERSIONS:
+        check_inputs(q, k, v, name, causal)
+        q, k, v, do = (aligned(t.detach()) for t in (q, k, v, do))
+        o, lse = forward_module(name).forward_lse(q, k, v, causal)
+        bwd = backward_module(name).backward
+        return lambda: bwd(q, k, v, o, lse, do, causal, deterministic)
+    import contextlib
+
+    from flashattn.measure.bench import SDPA_BACKENDS, _sdpa_backend_context
+    from flashattn.reference import sdpa
+    context = _sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with context():   # the backend is chosen in the forward; autograd then runs that backend's backward
+        o = sdpa(q, k, v, causal=causal)
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+
+def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
+                  "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
+                  rounds: int = 10, max_seconds: float = 1.5) -> list[dict]:
+    """Backward times of `names` at one shape on fresh random inputs, by the benchmark's own path
+    (`flashattn.measure.bench.bench_shape` with dO: interleaved, L2 flushed, median): one row per name, in the
+    benchmark's format with "direction": "backward" and TFLOP/s by `backward_flops`. The command line for
+    the same is `python -m flashattn.measure.bench --backward NAME ...`."""
+    from types import SimpleNamespace
+
+    from flashattn.measure.bench import bench_shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
+    return bench_shape(list(names), q, k, v, causal, args, do=do)
