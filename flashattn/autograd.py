@@ -1,27 +1,33 @@
-"""`flashattn.autograd.attention`: the kernels as a differentiable PyTorch operator.
+"""The kernels as PyTorch operators: `flashattn.forward` (every version) and `flashattn.attention` (the one
+that trains).
 
-    from flashattn.autograd import attention
-    o = attention(q, k, v, causal=True)      # version="v6" (or "v7", "v8"); q [B, H, M, D], k, v [B, H, N, D]
-    o.sum().backward()                       # dq, dk, dv from kernels/v6_backward.cu
+    import flashattn
+    o = flashattn.forward(q, k, v, version="v4")     # q [B, H, M, D], k, v [B, H, N, D]
+    o = flashattn.attention(q, k, v, causal=True)    # version="v6" (or "v7", "v8")
+    o.sum().backward()                               # dq, dk, dv from kernels/v6_backward.cu
 
-Two `torch.library.custom_op`s in the "flashattn" namespace carry the calls:
+Three `torch.library.custom_op`s in the "flashattn" namespace carry the kernel calls:
 
+* ``flashattn::forward(q, k, v, version, causal) -> o``: one version's plain forward binding;
 * ``flashattn::attention_forward(q, k, v, causal, version, deterministic) -> (o, lse)``: the forward that
   also returns the row-wise log-sum-exp (float32 [B, H, M]), the one number per row the backward needs to
   recompute P without storing it;
 * ``flashattn::attention_backward(q, k, v, o, lse, do, causal, version, deterministic) -> (dq, dk, dv)``.
 
-Both have a fake (meta) implementation, so `torch.compile(fullgraph=True)` traces them without running
-anything and without a graph break; `register_autograd` connects them (the forward saves q, k, v, o, lse).
-The ops allocate through PyTorch's caching allocator and never synchronise, so they can be captured in a
-CUDA graph (build the kernels before capturing: call the function once).
+All three have a fake (meta) implementation, so `torch.compile(fullgraph=True)` traces `flashattn.forward`
+and `flashattn.attention` without running anything and without a graph break: building a kernel (which sets
+CUDA_HOME for the compiler) happens inside the ops, where Dynamo does not look. `register_autograd`
+connects the second and third (the forward saves q, k, v, o, lse). The ops allocate through PyTorch's
+caching allocator and never synchronise, so they can be captured in a CUDA graph (build the kernels before
+capturing: call the function once).
 
 The input checks (`flashattn.check_inputs`: types, ranks, dtypes, shapes, head dim, device) run in Python
-before the op, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. Pointer
+before the ops, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. Pointer
 alignment and contiguity are handled inside the ops, which Dynamo does not look into.
 
-`backward_call` and `backward_flops` serve the benchmark's backward mode: the time of the gradient
-computation alone, given dO, for v6 and SDPA's backends.
+An input that requires grad (with grad enabled) goes through the differentiable op when its version has a
+backward kernel (TRAINING_VERSIONS); any other version raises, naming those that train, rather than return
+an output cut off from the graph or train through something else than the version asked for.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ import functools
 
 import torch
 
+from flashattn import reference
+from flashattn.loader import build, check_device, load
 from flashattn.validate import aligned, check_inputs
 from flashattn.versions import INFO
 
@@ -41,7 +49,6 @@ BACKWARD_DTYPES = (torch.bfloat16, torch.float16)
 def forward_module(version: str):
     """The version's kernel file built with its training binding `forward_lse` next to `forward`
     (FLASHATTN_LSE=1: v7 and v8 compile forward_lse's kernels only when asked; v6 always does)."""
-    from flashattn.loader import build, check_device
     check_device(version)
     return build(version, extra_cuda_cflags=["-DFLASHATTN_LSE=1"], functions=("forward", "forward_lse"),
                  module_name=f"flashattn_{version}_train")
@@ -50,12 +57,23 @@ def forward_module(version: str):
 @functools.cache
 def backward_module(version: str):
     """The extension built from the version's backward kernel file (`backward(...)` binding)."""
-    from flashattn.loader import build, check_device
     check_device(version)
     return build(INFO[version].backward, functions=("backward",))
 
 
 # ------------------------------------------------------------------------------------------ the ops
+@torch.library.custom_op("flashattn::forward", mutates_args=(), device_types="cuda")
+def kernel_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: str, causal: bool) -> torch.Tensor:
+    """o = softmax(q k^T / sqrt(D)) v by the forward binding of kernel version `version` (the version that
+    runs, as check_inputs resolved it: no fallback happens here)."""
+    return load(version).forward(aligned(q), aligned(k), aligned(v), causal)
+
+
+@kernel_forward.register_fake
+def _kernel_forward_fake(q, k, v, version, causal):
+    return q.new_empty(q.shape)       # every binding returns o like q: same shape, dtype, dense layout
+
+
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, version: str,
                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +122,26 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ------------------------------------------------------------------------------------------ user API
+def requires_grad(q, k, v) -> bool:
+    """Whether autograd will want gradients of the attention output."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def forward(q, k, v, version: str = "v4", causal: bool = False):
+    """Attention output softmax(q k^T / sqrt(D)) v, computed by `version`.
+
+    Inputs are checked before anything is launched (ValueError or TypeError naming the argument).
+    Non-contiguous inputs are accepted: they are copied to contiguous memory first, since every kernel
+    indexes a dense [B, H, L, D] layout. v3, v4 and v5 hand head dims they are not specialised for to v2.
+    With an input that requires grad, the versions that train (TRAINING_VERSIONS) run their differentiable
+    op; the others raise ValueError (run them under torch.no_grad()).
+    """
+    runs_as = check_inputs(q, k, v, version, causal)
+    if requires_grad(q, k, v):
+        return _differentiable(q, k, v, causal, version, deterministic=False)
+    return _forward(q, k, v, runs_as, causal)
+
+
 def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic: bool = False):
     """softmax(q k^T / sqrt(D)) v by `version`, differentiable when the version has a backward kernel.
 
@@ -113,16 +151,24 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
     """
-    check_inputs(q, k, v, version, causal)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    runs_as = check_inputs(q, k, v, version, causal)
+    if version in TRAINING_VERSIONS or requires_grad(q, k, v):
+        return _differentiable(q, k, v, causal, version, deterministic)
+    return _forward(q, k, v, runs_as, causal)
+
+
+def _forward(q, k, v, runs_as: str, causal: bool):
+    if INFO[runs_as].kernel:
+        return kernel_forward(q, k, v, runs_as, causal)
+    return getattr(reference, runs_as)(q, k, v, causal)     # PyTorch code, which Dynamo traces as it is
+
+
+def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool):
     if version not in TRAINING_VERSIONS:
-        if needs_grad:
-            raise ValueError(f"version {version!r} has no backward pass, but an input requires grad; "
-                             f"versions that train: {', '.join(TRAINING_VERSIONS)} "
-                             f"(or run {version!r} under torch.no_grad())")
-        from flashattn import forward
-        return forward(q, k, v, version=version, causal=causal)
-    if needs_grad and q.dtype not in BACKWARD_DTYPES:
+        raise ValueError(f"version {version!r} has no backward pass, but an input requires grad; "
+                         f"versions that train: {', '.join(TRAINING_VERSIONS)} "
+                         f"(or run {version!r} under torch.no_grad())")
+    if requires_grad(q, k, v) and q.dtype not in BACKWARD_DTYPES:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
     o, _ = attention_forward(q, k, v, causal, version, deterministic)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -21,7 +21,8 @@ from flashattn.versions import ARCH_FEATURES, INFO, KERNEL_VERSIONS
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNELS_DIR = REPO_ROOT / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
-BUILD_SECONDS: dict[str, float] = {}   # wall time of the last load() per version, build or cache hit
+# Defaults of the bindings' trailing flags, so `forward(q, k, v)` reads as the seed wrote it (causal=False).
+ARG_DEFAULTS = {"causal": "false", "deterministic": "false"}
 
 
 class _NoRuntimeNotice(logging.Filter):
@@ -40,11 +41,12 @@ def cpp_extension():
     log = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _NoRuntimeNotice) for f in log.filters):
         log.addFilter(_NoRuntimeNotice())
+    # imported here, not at the top: it is slow to import and logs the notice above, and only a build needs it
     from torch.utils import cpp_extension as module
     return module
 
 
-def _find_cuda_home() -> str | None:
+def find_cuda_home() -> str | None:
     """Torch guesses CUDA_HOME from `which nvcc`, which is wrong when nvcc is a wrapper script in
     /usr/local/bin; follow the real toolkit instead."""
     if os.environ.get("CUDA_HOME"):
@@ -132,29 +134,63 @@ def check_device(kernel: str) -> None:
                            f"{have[0]}.{have[1]}")
 
 
-def load_inline_kwargs(kernel: str, extra_cuda_cflags=None, module_name: str | None = None,
-                       functions=("forward",), archs=None, extra_ldflags=None) -> dict:
-    """The keyword arguments `build` passes to torch.utils.cpp_extension.load_inline, less the source text
-    (cpp_sources and cuda_sources are both the file's text) and `verbose`."""
+def binding_params(src: str, function: str) -> list[str]:
+    """Parameter names of `function` as the binding half of a kernel file defines it (the last definition
+    in the text: the binding comes after the kernels), e.g. ["q", "k", "v", "causal"]."""
+    found = re.findall(rf"^[A-Za-z_][\w:<>, ]*?\b{function}\(([^)]*)\)\s*\{{", src, re.M)
+    if not found:
+        raise ValueError(f"the kernel source defines no binding {function}(...) to export")
+    pieces, depth = [""], 0
+    for ch in found[-1]:                       # split at the commas outside template brackets
+        depth += (ch == "<") - (ch == ">")
+        if ch == "," and depth == 0:
+            pieces.append("")
+        else:
+            pieces[-1] += ch
+    return [re.findall(r"\w+", piece)[-1] for piece in pieces if piece.strip()]
+
+
+def module_def(src: str, functions=("forward",)) -> str:
+    """The PYBIND11_MODULE block that exports `functions` with named arguments and the defaults of
+    ARG_DEFAULTS, so that `forward(q, k, v)` means causal=False. load_inline's own `functions=` would
+    export them positional-only, without defaults. A default is given only where every later parameter
+    has one too, as Python requires."""
+    lines = ["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"]
+    for name in functions:
+        args, tail_defaults = [], True
+        for param in reversed(binding_params(src, name)):
+            tail_defaults = tail_defaults and param in ARG_DEFAULTS
+            args.append(f'py::arg("{param}")' + (f" = {ARG_DEFAULTS[param]}" if tail_defaults else ""))
+        lines.append(f'  m.def("{name}", torch::wrap_pybind_function({name}), {", ".join(reversed(args))});')
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def load_inline_kwargs(kernel: str, extra_cuda_cflags=None, module_name: str | None = None, archs=None,
+                       extra_ldflags=None) -> dict:
+    """The keyword arguments `build` passes to torch.utils.cpp_extension.load_inline, less the sources
+    (cpp_sources: the file's text and its module_def; cuda_sources: the file's text) and `verbose`."""
     # FLASHATTN_CUDA_FLAGS (space-separated, e.g. "-DV6_D128_STAGES=3") lets an experiment rebuild every
     # kernel with other tile macros without editing the files.
     env_flags = os.environ.get("FLASHATTN_CUDA_FLAGS", "").split()
     archs = archs or version_archs(kernel) or arch_list()
-    return dict(name=module_name or f"flashattn_{kernel}", functions=list(functions), extra_cflags=["-O2"],
+    return dict(name=module_name or f"flashattn_{kernel}", extra_cflags=["-O2"],
                 extra_cuda_cflags=NVCC_FLAGS + gencode_flags(archs) + env_flags + list(extra_cuda_cflags or []),
                 extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True)
 
 
 def load_inline_call(kernel: str) -> str:
     """The Python a reader can run without this package to build kernels/<kernel>.cu as `load` does: the
-    same load_inline call with the same arguments (from load_inline_kwargs, so the two cannot drift)."""
+    same load_inline call with the same arguments (from load_inline_kwargs and module_def, so the two
+    cannot drift)."""
     kw = load_inline_kwargs(kernel)
     if not kw["extra_ldflags"]:
         del kw["extra_ldflags"]
     args = ",\n    ".join(f"{k}={v!r}" for k, v in kw.items())
     return ("from pathlib import Path\nfrom torch.utils.cpp_extension import load_inline\n\n"
             f'src = Path("kernels/{kernel}.cu").read_text()   # nvcc and the host compiler get the same text\n'
-            f"module = load_inline(\n    cpp_sources=src, cuda_sources=src,\n    {args})\n")
+            "# the Python module: forward(q, k, v, causal=False), arguments by name or position\n"
+            f'bindings = """\\\n{module_def(source(kernel))}"""\n'
+            f"module = load_inline(\n    cpp_sources=[src, bindings], cuda_sources=src,\n    {args})\n")
 
 
 def build(kernel: str, extra_cuda_cflags: list[str] | None = None, verbose: bool = False,
@@ -169,18 +205,15 @@ def build(kernel: str, extra_cuda_cflags: list[str] | None = None, verbose: bool
     exactly, e.g. "9.0a" gives -gencode=arch=compute_90a,code=sm_90a), else `arch_list()`.
     `extra_ldflags` goes to the linker (e.g. -lcuda for the driver API).
     """
-    cuda_home = _find_cuda_home()
+    cuda_home = find_cuda_home()
     if cuda_home:
         os.environ["CUDA_HOME"] = cuda_home
     ext = cpp_extension()
     if cuda_home:
         ext.CUDA_HOME = cuda_home
     src = source(kernel) if src is None else src
-    kw = load_inline_kwargs(kernel, extra_cuda_cflags, module_name, functions, archs, extra_ldflags)
-    start = time.perf_counter()
-    module = ext.load_inline(cpp_sources=src, cuda_sources=src, verbose=verbose, **kw)
-    BUILD_SECONDS[module_name or kernel] = time.perf_counter() - start
-    return module
+    kw = load_inline_kwargs(kernel, extra_cuda_cflags, module_name, archs, extra_ldflags)
+    return ext.load_inline(cpp_sources=[src, module_def(src, functions)], cuda_sources=src, verbose=verbose, **kw)
 
 
 @functools.cache
@@ -189,10 +222,10 @@ def _cached(kernel: str):
 
 
 def load(version: str):
-    """The compiled extension of `version` (v0 ... v6); built once per process.
+    """The compiled extension of kernel version `version` (flashattn.KERNEL_VERSIONS); built once per process.
 
-    The returned module's `forward(q, k, v, causal)` is the raw binding: it checks its inputs in C++ and
-    refuses head dims its kernel does not take, and causal=True where the kernel has no mask.
+    The returned module's `forward(q, k, v, causal=False)` is the raw binding: it checks its inputs in C++
+    and refuses head dims its kernel does not take, and causal=True where the kernel has no mask.
     `flashattn.forward` adds the friendlier Python checks and routes such head dims to the fallback
     version.
     """

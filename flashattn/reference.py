@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 
 def causal_mask(M: int, N: int, device=None) -> torch.Tensor:
@@ -90,6 +91,5 @@ def sdpa(q, k, v, causal: bool = False):
     """PyTorch's fused attention with its own backend choice (for float32 on sm80+: the CUTLASS
     memory-efficient kernel; for bf16/fp16: cuDNN or FlashAttention-2)."""
     if causal and q.shape[2] != k.shape[2]:
-        from torch.nn.attention.bias import causal_lower_right
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)

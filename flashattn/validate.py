@@ -2,8 +2,8 @@
 
 `plan(q, k, v, version, causal)` checks the inputs once and resolves the call: which version really runs
 (v3, v4 and v5 hand head dims they are not specialised for to v2) and the function that runs it.
-`flashattn.forward`, the benchmark and the book's helpers all go through it, so a timed call runs the
-plan without checking again.
+The benchmark and the book's helpers time the plan's binding directly, without checking again and
+without the custom op `flashattn.forward` goes through.
 
 Every message names the argument at fault. Structural checks (type, rank, dtype, shapes, head
 dimension) come first and the device check last, so all of them can be exercised on a machine without
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashattn import loader, reference
 from flashattn.versions import INFO, Version
 
 INT32_MAX = 2**31 - 1
@@ -105,10 +106,5 @@ def plan(q, k, v, version: str = "v4", causal: bool = False) -> Plan:
     """Check q [B, H, M, D], k and v [B, H, N, D] for `version` (ValueError or TypeError naming the
     argument) and resolve the call; a kernel is compiled or loaded here, before anything is timed."""
     runs_as = check_inputs(q, k, v, version, causal)
-    if INFO[runs_as].kernel:
-        from flashattn.loader import load
-        binding = load(runs_as).forward
-    else:
-        from flashattn import reference
-        binding = getattr(reference, runs_as)
+    binding = loader.load(runs_as).forward if INFO[runs_as].kernel else getattr(reference, runs_as)
     return Plan(version, runs_as, causal, binding)

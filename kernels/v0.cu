@@ -6,11 +6,14 @@
 // N=2048 the score matrix alone is 805 MB, written once and read twice.
 //
 // Contract: float32, contiguous; self-attention only (M == N: the naive version keeps the simplest
-// contract; v1 and later take M != N); any N >= 1; 1 <= D <= 128 (the limit only mirrors the other versions: nothing here
-// depends on it). Workspace: B*H*N*N floats for S/P, allocated by the binding through PyTorch.
+// contract; v1 and later take M != N); any N >= 1; 1 <= D <= 128 (the limit only mirrors the other
+// versions: nothing here depends on it); non-causal; any GPU PyTorch supports. Workspace: B*H*N*N
+// floats for S/P, allocated by the binding through PyTorch.
 // Launches: scores 16x16-thread tiles, one thread per score; softmax one warp per row; PV one thread
 // per output element. No shared memory.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 34,557.9 us median, 0.04x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+//
+// Results: results/h200/bench.json (python -m flashattn.measure.bench all), the DRAM traffic in
+// results/h200/v0_memory.ncu-rep; the chapter is book/v0.ipynb.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

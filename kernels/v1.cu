@@ -8,15 +8,18 @@
 // new contribution added, so the result equals softmax(S) V without ever holding a full row of S.
 // Row maximum and row sum are warp reductions (__shfl_xor_sync): lane c owns column c of the tile.
 //
-// Why it is still slow: the grid has only B*H blocks (48 at the primary shape) for 132 SMs, and each
-// block re-reads and re-writes O_i, m_i and l_i from global memory once per K/V tile.
+// Why it is still slow: the grid has only B*H blocks (48 at B=4, H=12) for 132 SMs, and each block
+// re-reads and re-writes O_i, m_i and l_i from global memory once per K/V tile.
 //
-// Contract: float32, contiguous; Q [B, H, M, D], K and V [B, H, N, D]; any M, N >= 1; 1 <= D <= 128.
+// Contract: float32, contiguous; Q [B, H, M, D], K and V [B, H, N, D]; any M, N >= 1; 1 <= D <= 128;
+// non-causal; any GPU PyTorch supports.
 // Tiles: B_r = B_c = 32 rows, 128 threads (4 warps, 8 query rows each).
 // Shared memory (dynamic): Q_i, K_j, V_j (32 x D each) + S_ij (32 x 32) floats = 28,672 B at D = 64,
 // 53,248 B at D = 128 (above 48 KB, so the launcher raises the kernel's limit).
 // Workspace: m and l, 2 * B*H*M floats.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 219,141.1 us median, 0.01x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+//
+// Results: results/h200/bench.json (python -m flashattn.measure.bench all) and
+// results/h200/flash_v1_s2048_profile.*; the chapter is book/v1.ipynb.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

@@ -2,9 +2,9 @@
 //
 // What changed from v1: the loops are swapped (FlashAttention-2, Dao 2023). Each block owns one query
 // tile Q_i of B_r rows and streams every K/V tile past it, so O_i, m_i and l_i never leave the SM
-// until the end, and the grid grows from B*H blocks to ceil(M / B_r) * B*H (1,536 at the primary
-// shape). The output is kept unnormalised (O_i = sum_j exp(S_ij - m_i) V_j) and divided by l_i once,
-// after the last tile, instead of after every tile.
+// until the end, and the grid grows from B*H blocks to ceil(M / B_r) * B*H. The output is kept
+// unnormalised (O_i = sum_j exp(S_ij - m_i) V_j) and divided by l_i once, after the last tile, instead
+// of after every tile.
 //
 // Why it is still slow: the running state m_i, l_i, the rescale factors, O_i and the score tile all sit
 // in shared memory next to Q_i, K_j and V_j: 58 KB per block at D = 64, so only three blocks (12 warps)
@@ -12,11 +12,13 @@
 // with a stride of D floats, so the 32 lanes of a warp hit the same bank (D = 64 is a multiple of 32).
 //
 // Contract: float32, contiguous; Q [B, H, M, D], K and V [B, H, N, D]; any M, N >= 1; 1 <= D <= 128;
-// B*H <= 65535 (grid y).
+// B*H <= 65535 (grid y); non-causal; any GPU PyTorch supports.
 // Tiles: B_r = 64, B_c = 32, 128 threads (4 warps, 16 query rows each).
 // Shared memory (dynamic): Q_i, O_i (64 x D), K_j, V_j (32 x D), S_ij (64 x 32), m_i, l_i, alpha
 // (64 each) floats = 58,112 B at D = 64, 107,264 B at D = 128.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 58,056.0 us median, 0.03x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+//
+// Results: results/h200/bench.json (python -m flashattn.measure.bench all) and
+// results/h200/flash_v2_s2048_profile.*; the chapter is book/v2.ipynb.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

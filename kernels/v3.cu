@@ -13,10 +13,13 @@
 // at a time; loop indices are 64-bit, which costs extra integer instructions in the inner loops.
 //
 // Contract: float32, contiguous; Q [B, H, M, D], K and V [B, H, N, D] with D = 64 only (other head
-// dims are refused here; flashattn routes them to v2); any M, N >= 1; B*H <= 65535 (grid y).
+// dims are refused here; flashattn routes them to v2); any M, N >= 1; B*H <= 65535 (grid y);
+// non-causal; any GPU PyTorch supports.
 // Tiles: B_r = 64, B_c = 32, 256 threads (8 warps x 8 rows).
 // Shared memory (static): Q_i 64 x 64 + K_j/V_j 32 x 64 + P_ij 64 x 32 floats = 32,768 B.
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 5,288.0 us median, 0.29x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+//
+// Results: results/h200/bench.json (python -m flashattn.measure.bench all) and
+// results/h200/flash_v3_s2048_profile.*; the chapter is book/v3.ipynb.
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cstddef>

@@ -1,12 +1,12 @@
 // v5: register-tiled fp32 FlashAttention-2 on CUDA cores (FFMA), no tensor cores.
 //
-// What changed from v4, and why. v4 spends most of its time on shared-memory traffic and index work:
-// each FFMA needs about one float from shared memory. v5 treats both products of a tile like an SGEMM:
-// every thread owns a TM x TN register tile of S_ij = Q_i K_j^T and the same TM rows of O_i, and per
-// 4-deep step of the inner dimension it loads TM + TN float4s (16-byte LDS.128, broadcast or
-// conflict-free across the warp) and issues 4*TM*TN FFMAs from them. With the D=64 default 8 x 8 tile
-// that is 256 FFMA per 16 LDS.128 (a 4 x 8 tile: 128 per 12), so the shared-memory pipe stays well below
-// the FFMA pipes' rate and the loop is bound by FFMA issue, as an SGEMM is.
+// What changed from v4: v4 spends most of its time on shared-memory traffic and index work, about one
+// float loaded from shared memory per FFMA. v5 treats both products of a tile like an SGEMM: every
+// thread owns a TM x TN register tile of S_ij = Q_i K_j^T and the same TM rows of O_i, and per 4-deep
+// step of the inner dimension it loads TM + TN float4s (16-byte LDS.128, broadcast or conflict-free
+// across the warp) and issues 4*TM*TN FFMAs from them. With the D=64 default 8 x 8 tile that is 256 FFMA
+// per 16 LDS.128 (a 4 x 8 tile: 128 per 12), so the shared-memory pipe stays well below the FFMA pipes'
+// rate and the loop is bound by FFMA issue, as an SGEMM is.
 //
 // Work split (for one block = one query tile Q_i of B_r rows, one (batch, head) pair):
 //   * threads form NRG = B_r/TM row groups x WC = B_c/TN column groups; tid = rg * WC + cg, so the WC
@@ -24,24 +24,22 @@
 //   K_j  [B_c][D+4]      row-major, as in global memory, so cp.async can copy 16-byte chunks directly
 //   V_j  [B_c][D]        row-major; a warp reads one contiguous row segment per load
 //   P_ij [B_r][B_c+pad]  pad = WC mod 32; the A operand of P_ij V_j
-// Short sequences at D=64 run a 64 x 64 tile of 4 x 8 (3 blocks per SM) when the launcher's wave count
-// says it finishes first (V5_D64_SMALL below): at B=4, H=12, M=512 the 128-row tile makes 4 x 48 = 192
-// blocks for the 132 x 2 = 264 slots of an H200, and the 64-row tile 384 blocks for 132 x 3 = 396.
-// Defaults, chosen by `python -m flashattn.measure.sweep v5` on the H200 (B=4, H=12, M=N=2048;
-// results/h200/v5_sweep.json):
-//   D=64 : B_r=128, B_c=64, TM=8, TN=8, 128 threads, 255 registers, 105,472 B -> 2 blocks per SM.
-//          1,226.7 us against 1,320.8 us for 64x64 tiles of 4x8 with 3 blocks per SM, the arithmetic's
-//          first choice: halving the shared-memory loads per FFMA beat the extra resident warps.
-//   D=128: B_r=128, B_c=64, TM=8, TN=4, 256 threads, 255 registers, 175,104 B -> 1 block per SM
-//          (2,534.2 us; the 2-blocks-per-SM 64x32 tile of 4x4 ran 2,909.2 us).
-//          SDPA's float32 kernel is faster at D=128: it runs its products on the tensor cores (CUTLASS's
-//          3xTF32, results/h200/sdpa_vs_v5_d128.*), which no FFMA tile here catches up with.
+// Default tiles, chosen by the tile sweep (python -m flashattn.measure.sweep v5):
+//   D=64 : B_r=128, B_c=64, TM=8, TN=8, 128 threads, 105,472 B -> 2 blocks per SM. It beat the 64x64
+//          tile of 4x8 with 3 blocks per SM, the arithmetic's first choice: halving the shared-memory
+//          loads per FFMA was worth more than the extra resident warps.
+//   D=128: B_r=128, B_c=64, TM=8, TN=4, 256 threads, 175,104 B -> 1 block per SM.
+//   Short sequences at D=64 also get a 64 x 64 tile of 4 x 8 (3 blocks per SM), which the launcher runs
+//   when its wave count says it finishes first (V5_D64_SMALL below): few 128-row tiles leave SMs idle
+//   in the last wave.
+//   SDPA's float32 kernel is faster at D=128: it runs its products on the tensor cores (CUTLASS's
+//   3xTF32), which no FFMA tile here catches up with.
 //
 // Overlap: one K buffer and one V buffer form a two-stage cp.async pipeline across the two halves of a
 // tile: V_j is fetched while S_ij = Q_i K_j^T and the softmax run, and K_{j+1} is fetched while
-// O_i += P_ij V_j runs. Each copy has half a tile of arithmetic to hide behind, which is thousands of
-// cycles, far more than an L2 or DRAM round trip, and it needs half the shared memory of separate
-// double buffers for K and V; that saving is what lets two or three blocks share a multiprocessor.
+// O_i += P_ij V_j runs. Each copy has half a tile of arithmetic to hide behind, far more than an L2 or
+// DRAM round trip, and it needs half the shared memory of separate double buffers for K and V; that
+// saving is what lets two or three blocks share a multiprocessor.
 //
 // Softmax: scores are kept unscaled; p = exp2((s - m) * log2(e)/sqrt(D)) with ex2.approx (one MUFU
 // instruction). The running max m_i is in score units; the one division per row happens after the
@@ -51,12 +49,16 @@
 //
 // Contract: q [B, H, M, D], k and v [B, H, N, D], o like q; contiguous float32 with 16-byte aligned
 // data pointers (what PyTorch allocates); D = 64 or 128 (the Python layer sends other D to v2); any
-// M, N >= 1 with M != N allowed; global offsets computed in 64 bits. Needs sm_80+ (cp.async).
-// Tile shapes are compile-time: -DV5_D64_BR=... -DV5_D64_BC=... -DV5_D64_TM=... -DV5_D64_TN=... (and
-// V5_D128_*); -DV5_ONLY_D=64 or 128 compiles one head dim only (the tile sweep uses it).
-// `python -m flashattn.measure.sweep v5` builds the candidates, checks them and times them; `... v5-steps` the
-// chapter's steps (the V5_CP_ASYNC, V5_EXP2, V5_BLOCKED_PV and V5_INTERLEAVE macros below).
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 1,231.1 us median, 1.23x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
+// M, N >= 1 with M != N allowed; non-causal; global offsets computed in 64 bits. Needs sm_80+ (cp.async).
+// Build switches: tile shapes -DV5_D64_BR=... -DV5_D64_BC=... -DV5_D64_TM=... -DV5_D64_TN=... (and
+// V5_D128_*); -DV5_ONLY_D=64 or 128 compiles one head dim only (the tile sweep uses it); the chapter's
+// steps are V5_CP_ASYNC, V5_EXP2, V5_BLOCKED_PV and V5_INTERLEAVE below. For the file with every switch
+// at its default and the branches resolved: python -m flashattn.measure.kernel_source v5.
+//
+// Results: results/h200/bench.json and bench_v5.json (python -m flashattn.measure.bench), the tile
+// sweep results/h200/v5_sweep.json and v5_explore.json, the steps results/h200/v5_steps.json (python -m
+// flashattn.measure.sweep v5-steps), the profiles results/h200/flash_v5_*_profile.* and
+// results/h200/sdpa_vs_v5_d128.*; the chapter is book/v5.ipynb (docs/v5_design.md has the design notes).
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <climits>
@@ -96,8 +98,8 @@
 // V5_D64_SMALL=1 (default) compiles a second D=64 instance with the tile below (3 blocks per SM) and the
 // launcher picks the instance its wave count predicts to finish first (small_tile_first); 0 compiles the
 // 128-row tile alone. V5_D64S_SPEED is the small tile's throughput per SM in thousandths of the big
-// one's (the tile sweep at M=N=2048, results/h200/v5_sweep.json: 1,226.7 us for 128x64 against
-// 1,320.8 us for 64x64). results/h200/v5_explore.json has both instances timed at M=N=512 to 4096.
+// one's, from the tile sweep (results/h200/v5_sweep.json); results/h200/v5_explore.json has both
+// instances timed from short to long sequences.
 #ifndef V5_D64_SMALL
 #define V5_D64_SMALL 1
 #endif

@@ -21,7 +21,7 @@
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
 //     in the input dtype.
 //   dtype fp32: TF32 mode -- operands rounded to TF32 (cvt.rna), fp32 accumulation, fp32 output.
-//     Expect a relative error around 1e-3 against float64, not fp32 accuracy.
+//     Expect the accuracy of TF32, not of fp32.
 //   D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). When M > N
 //     the first M - N query rows have no key at all; their output is defined as 0 (not NaN).
@@ -37,75 +37,37 @@
 //                    accumulators leave no room for 64 Q registers). smem 32 KB Q + 2 x (16 + 16 KB) = 96 KB.
 //   TF32 D=64      : B_r = 64 (1 slice per warp), B_c = 64, Q in registers. smem 16 + 64 = 80 KB.
 //   TF32 D=128     : B_r = 64, B_c = 32, Q in registers. smem 32 + 64 = 96 KB.
-//   Every instance runs 128 threads and fits 2 blocks per SM on sm_90 (<= 113 KB smem, <= 255 regs).
-//   ptxas (nvcc 13.0, sm_90), no spills: bf16/fp16 D=64 238-242 regs, D=128 254-255; TF32 D=64 168,
-//   D=128 232-235. ptxas fills the 255-register budget with hoisted ldmatrix loads; only spills matter.
-//   Why: 2 m16 slices per warp halve the shared-memory traffic per mma (each K/V fragment feeds two
-//   mma), which matters because an H200 SM reads 128 B/clock of shared memory while its tensor cores
-//   want far more operand bytes per clock at 16 rows per warp. Register arithmetic per thread:
-//   O = WM*D/2, S = WM*B_c/2, Q = WM*D/4 (16-bit) or WM*D/2 (TF32) 32-bit registers.
+//   Every instance runs 128 threads and fits 2 blocks per SM on sm_90 (<= 113 KB smem, <= 255 regs);
+//   none spills (ptxas; results/compile/resources.json).
+//   Why 2 m16 slices per warp: each K/V fragment then feeds two mma, which halves the shared-memory
+//   traffic per mma; an SM reads far fewer shared-memory bytes per clock than its tensor cores want at
+//   16 rows per warp. Register arithmetic per thread: O = WM*D/2, S = WM*B_c/2, Q = WM*D/4 (16-bit) or
+//   WM*D/2 (TF32) 32-bit registers.
+//   Why B_c = 64 fits at D=128: P is rounded and packed to 16 bits as soon as it is computed (S's fp32
+//   registers die at the softmax, not during P V), and cp.async addresses are a per-thread base plus
+//   constants, checked only on the last tile. With 64 keys per tile the mma chains have more independent
+//   work between dependent products, and the per-tile costs (barrier, softmax bookkeeping, Q re-read) are
+//   paid once per 64 keys.
 //
-// What the sweeps measured at D=128 (bf16, B=2, H=16, M=N=8192, H200; scripts/v6_sweep.py):
-//   * B_c = 64 at D=128 first spilled 80 B and lost to B_c = 32. Two register savings made it fit: P is
-//     rounded and packed to 16 bits as soon as it is computed (S's fp32 registers die at the softmax,
-//     not during P V), and cp.async addresses are a per-thread base plus constants, checked only on the
-//     last tile. Then B_c = 64 took 2,888 us against 3,233 us for B_c = 32 and 3,194 us for SDPA's
-//     FlashAttention-2 in the same run (results/h200/v6_sweep.json). Our reading of why: 16 S
-//     accumulators per warp instead of 8 give the mma more independent work between dependent ones,
-//     and the per-tile costs (barrier, softmax bookkeeping, Q re-read) are paid once per 64 keys. The
-//     Nsight Compute profile of the B_c = 32 build put 21% of warp samples on mma instructions stalled
-//     on "wait" and 5% on the barrier.
-//   * One barrier per tile instead of two (prefetch issued after the barrier that frees its buffer):
-//     2% faster at D=128 and 1% at D=64 than the two-barrier loop of the previous revision.
-//   * Mixed or lost: a third pipeline stage (V6_*_STAGES=3: -3% to +3% across runs); Q k steps in
-//     registers at B_c = 32 (QKS=2: 1-3% faster, QKS>=3: up to 3% slower, register pressure); computing
-//     S_i,j+1 before the softmax of tile j in the hope that ptxas interleaves the two (it issued all the
-//     mma first; 9% slower). Those runs (results/h200/explore/v6_sweep*.txt) used intermediate states
-//     of this file; the profile is results/h200/explore/v6_d128_bc32_full.ncu-rep.
-//   * This build's own profile at that shape (python -m flashattn.measure.profile v6 -B 2 -H 16 -D 128
-//     --seq-len 8192 -> results/h200/flash_v6_s8192_profile.ncu-rep) still has "wait" (dependent mma)
-//     as the largest warp state; the V6 chapter shows the table.
-//   * Run to run: five repeated runs per shape (scripts/record_h200.sh OUT repeat ->
-//     results/h200/bench_v6_repeat.json) give a smaller lead over SDPA-flash at D=128 than the
-//     "Measured on H200" line at the end of this header. At that shape the H200 hits its power cap and lowers its clock, and what a kernel loses
-//     depends on what ran before it (results/h200/gpu_clocks.csv; README, "V6 ... SDPA's backends").
-//
-// The chapter's steps (issue 12): the V6_P_SMEM, V6_SMEM_LAYOUT, V6_LDMATRIX, V6_BARRIERS and
-// V6_D*_STAGES macros below rebuild this file as it was before each change, one switch per step
-// (flashattn.measure.steps.v6_chain; tests/test_v6.py builds and checks every step, and that the default build
-// is the same machine code with or without the switches spelled out). `python -m flashattn.measure.sweep
-// v6-steps --metrics` times them (results/h200/v6_steps.json); the table between the markers is written
-// from that record by `python -m flashattn.measure.steps header v6`, never by hand.
-// steps-table-begin
-//   D=64: B,H,M,N = 4,12,2048,2048; D=128: B,H,M,N = 2,16,8192,8192; bfloat16, non-causal; one interleaved
-//   run per D (us: median; x: vs the step before; regs, spill: ptxas; ok: odd-shape check against
-//   float64); NVIDIA H200 at 24123e3:
-//   step                        D=64  us      x  regs spill ok   D=128 us      x  regs spill ok
-//      1  P via shared memory      711.4      -   254     0 yes   14,832.1      -   255   108 yes
-//      2  P in registers           486.0   1.46   248     0 yes   12,361.5   1.20   255   108 yes
-//      3  padded rows              228.2   2.13   228     0 yes    4,228.5   2.92   255    48 yes
-//      4  swizzled rows            224.1   1.02   255     4 yes    4,126.3   1.02   255    60 yes
-//      5  ldmatrix                 195.9   1.14   232     0 yes    3,083.3   1.34   255     0 yes
-//      6  2 stages                 167.8   1.17   242     0 yes    2,879.5   1.07   255     0 yes
-//      7  1 barrier (default)      169.3   0.99   242     0 yes    2,865.4   1.00   255     0 yes
-// steps-table-end
+// The chapter's steps: the V6_P_SMEM, V6_SMEM_LAYOUT, V6_LDMATRIX, V6_BARRIERS and V6_D*_STAGES macros
+// below rebuild this file as it was before each change, one switch per step (python -m
+// flashattn.measure.sweep v6-steps times them). For the file with every switch at its default and the
+// branches resolved: python -m flashattn.measure.kernel_source v6.
 //
 // Training: forward_lse(q, k, v, causal) returns (o, lse) with lse float32 [B, H, M], the natural log of
 // row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf for a
 // row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template instance
-// (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the two
-// (tests/test_backward.py). The WITH_LSE instances stay within a register of those above and do not
-// spill (ptxas, nvcc 13.0, sm_80, sm_89 and sm_90; results/compile/resources.json); their forward speed
-// was not timed separately.
+// (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the two.
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
 // of an mma is only a summation index, the kernel permutes it: mma k-slot q <-> key 2q, k-slot q+4 <->
 // key 2q+1, and reads V rows in the same permuted order. So P stays in registers here too, no shuffles.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, float32): 452.8 us median, 3.36x SDPA's speed, same run [python -m flashattn.measure.bench all --seq-lens 512 1024 2048 4096]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 167.6 us median, 0.71x SDPA's speed, 1.09x SDPA-flash's, same run [python -m flashattn.measure.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 2,870.6 us median, 0.56x SDPA's speed, 1.14x SDPA-flash's, same run [python -m flashattn.measure.bench v6 baseline sdpa sdpa_flash sdpa_cudnn sdpa_efficient --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
+// Results: results/h200/bench.json, bench_v6.json and bench_v6_repeat.json (python -m
+// flashattn.measure.bench), the tile sweeps results/h200/v6_sweep*.json, the steps
+// results/h200/v6_steps.json, the accuracy results/h200/v6_accuracy.json, the profiles
+// results/h200/flash_v6_*_profile.*; the chapter is book/v6.ipynb (docs/v6_design.md, docs/v6_notes.md).
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -121,8 +83,8 @@
 //          re-read from shared memory on every tile;
 //   STAGES K/V buffers in the cp.async pipeline;
 //   LAZY   1: skip the O_i rescale on tiles where no row's running max moved (exact); 0: rescale every
-//          tile. Measured on the H200 (results/h200/v6_sweep_lazy.json): lazy is 3% faster at D=128
-//          (8192 keys) and 7% slower at D=64 (2048 keys), so bf16/fp16 D=64 rescales every tile.
+//          tile. Lazy won at D=128 and lost at D=64 (results/h200/v6_sweep_lazy.json), so bf16/fp16
+//          D=64 rescales every tile.
 #ifndef V6_D64_LAZY
 #define V6_D64_LAZY 0
 #endif

@@ -80,83 +80,24 @@
 //   each ldmatrix and ldmatrix.trans phase reads 8 distinct bank groups; the dS^T stores are 4-byte
 //   writes that hit 32 distinct banks, and so do bwd_dkdv_split's stmatrix phases (all checked by the
 //   numpy emulation in tests/test_backward.py).
-//   ptxas (nvcc 13.0, sm_90; nvcc -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c -x cu
-//   kernels/v6_backward.cu, plus -DV6B_D64_LAYOUT=0 -DV6B_D128_LAYOUT=0 for bwd_dkdv atomic), registers
-//   per thread, bf16 and fp16 alike, no spills:
-//     bwd_dkdv_split (layout 2), bulk dQ: D=64 B_r = 128 254 (causal 255), D=64 B_r = 64 216 (causal 214),
-//                                         D=128 255 (causal 253)
-//     bwd_dkdv_split (layout 2), red dQ: D=64 221 (causal 219), D=128 255 (causal 252)
-//     bwd_dkdv atomic (8 warps):        D=64 241 (causal 242), D=128 255
-//     bwd_dkdv_split (layout 2), no dQ (V6B_DET_SPLIT = 1): D=64 B_r = 128 254 (causal 254), D=128 255
-//                                         (causal 253)
-//     bwd_dkdv deterministic (4 warps, V6B_DET_SPLIT = 0): D=64 233 (causal 236), D=128 255, no spills
-//     bwd_dq: D=64 201 (causal 204), D=128 244 (causal 248); bwd_prep 21-24; bwd_convert 14.
+//   Registers: every kernel fits its warps' share of the register file without spills (ptxas;
+//   results/compile/resources.json).
 //
-// Measured on H200 with layout 0 (bwd_dkdv; bf16, one interleaved run per shape and causal flag, backward
-// given dO, FLOPs = 2.5 x 4*B*H*M*N*D, half for causal; by an earlier flashattn.book.backward_steps.main, which the
-// layout comparison below has replaced). Run A built the atomic mode with 8 warps, run B (FLASHATTN_CUDA_FLAGS=
-// "-DV6B_D64_WARPS=4 -DV6B_D128_WARPS=4") both modes with 4 warps; each run times v6 beside SDPA's
-// FlashAttention-2 and cuDNN backward, so the ratios are within one run:
-//   shape (bf16)             causal  atomic, 8 warps (A)   deterministic (B)   SDPA flash   cuDNN (A)
-//   B=4 H=12 M=N=2048 D=64   no         618.6 us  208 TF        642.1 us        654.1 us     438.8 us
-//   B=4 H=12 M=N=2048 D=64   yes        347.2 us  186 TF        343.9 us        483.0 us     328.8 us
-//   B=2 H=16 M=N=8192 D=128  no      10,912.4 us  252 TF     11,459.4 us      9,607.5 us   5,026.5 us
-//   B=2 H=16 M=N=8192 D=128  yes      5,436.8 us  253 TF      5,781.0 us      5,244.5 us   2,868.1 us
-//   Atomic mode against FlashAttention-2 (SDPA flash) / cuDNN in run A: 1.06x / 0.71x, 1.39x / 0.95x,
-//   0.88x / 0.46x, 0.96x / 0.53x of their speed (rows in order); deterministic mode against run B's own
-//   FlashAttention-2: 1.03x, 1.33x, 0.83x, 0.91x.
-//   The default is the atomic mode: determinism costs 4-6% at three of the four points (run B against run
-//   A; the causal D=64 point is a tie). 8 warps against 4 in the atomic mode: 647.2 -> 618.6 us, 346.6 ->
-//   347.2, 12,090.5 -> 10,912.4, 6,047.5 -> 5,436.8 us (runs B, A): the dQ atomics per key halve. The
-//   deterministic mode with 8 warps was slower than with 4 (670.5, 369.5, 12,104.0, 6,034.6 us, run A).
-//   Below FlashAttention-2 at D=128: each warp re-reads all of Q_i and dO_i from shared memory for its
-//   16 keys (one ldmatrix per two mma), and 16 keys is what 255 registers allow; FA2 splits dK/dV over
-//   the head dim between warps and stages P and dS through shared memory instead (bwd_dkdv_split, below).
-// The dK/dV layouts (V6B_D*_LAYOUT, see bwd_dkdv_split), atomic mode, one interleaved run per row with
-// SDPA's FlashAttention-2 and cuDNN (results/h200/backward_layouts.json, commit 24123e3; python -c
-// "from flashattn.autograd import main; main(['--json', 'results/h200/backward_layouts.json'])"):
-//   shape (bf16)             causal   layout 0    layout 1    layout 2   SDPA flash       cuDNN
-//   B=4 H=12 M=N=2048 D=64   no           613.2       600.2       598.5       597.7       383.1
-//   B=2 H=16 M=N=8192 D=128  no        10,799.7     9,809.3     9,514.0     9,349.1     4,997.3
-//   B=4 H=12 M=N=2048 D=64   yes          348.3       345.4       342.1       428.8       292.5
-//   B=2 H=16 M=N=8192 D=128  yes        5,562.8     4,902.3     4,860.7     5,222.1     2,839.8
-//   Layout 2 against FlashAttention-2: 0.999x, 0.983x, 1.254x, 1.074x of its speed (rows in order):
-//   ahead with the causal mask, behind without it. Layout 2 is the default (faster than layout 0 at all
-//   four rows). The fused builds (V6B_SPLIT_FUSE) were no faster; docs/backward_notes.md and the chapter
-//   have them, and the Nsight Compute comparison of the layouts.
-// The dQ step on layout 2 (V6B_DQ_BULK, V6B_SPLIT_STAGES; results/h200/backward_dq.json, commit 4ab3d2e;
-// python -m flashattn.book.backward_steps --set dq --json results/h200/backward_dq.json),
-// one interleaved run per row, 200 calls in 20 rounds, bf16, us:
-//   shape (bf16)             causal   red dQ  red, 3 stages   bulk dQ  bulk, 3 stages  SDPA flash     cuDNN
-//   B=4 H=12 M=N=2048 D=64   no         599.0           600.0     566.6           565.8       577.1     369.0
-//   B=2 H=16 M=N=8192 D=128  no       9,743.3         9,379.2   7,837.7         8,032.9     9,366.8   5,034.4
-//   B=4 H=12 M=N=2048 D=64   yes        337.3           337.9     319.9           320.5       405.9     269.2
-//   B=2 H=16 M=N=8192 D=128  yes      5,036.1         4,773.0   4,132.6         4,235.1     5,178.6   2,778.7
-//   Bulk dQ is 1.057x, 1.243x, 1.054x, 1.219x the speed of red dQ (rows in order): the default on sm_90, with
-//   2 stages (a third stage helped only the red build, at D=128). Against FlashAttention-2 the D=64 non-causal
-//   point is within run-to-run spread: 1.019x here, 0.971x in the target run at commit 4ab3d2e.
-// The query tile at D=64 (V6B_D64_BR, on the bulk path; results/h200/backward_tile.json, commit 3d56a9f;
-// scripts/record_h200.sh results/h200 backward-tile, i.e. flashattn.book.backward_steps.main(['--set', 'tile', ...])),
-// one interleaved run per row, 200 calls in 20 rounds, bf16, us. At D=128 both builds are the same kernel
-// (B_r stays 64 there), so those two rows show how far one kernel moves within a run:
-//   shape (bf16)             causal   B_r = 64   B_r = 128   SDPA flash       cuDNN
-//   B=4 H=12 M=N=2048 D=64   no          566.9       485.2        633.5       400.5
-//   B=2 H=16 M=N=8192 D=128  no        8,094.6     7,862.8      9,381.0     4,915.3   (same kernel)
-//   B=4 H=12 M=N=2048 D=64   yes         320.0       283.6        409.4       273.7
-//   B=2 H=16 M=N=8192 D=128  yes       4,267.2     4,221.9      5,137.8     2,727.7   (same kernel)
-//   B_r = 128 is 1.168x (non-causal) and 1.128x (causal) the speed of B_r = 64 at D=64, more than the 2.9% and
-//   1.1% by which the same kernel moved at D=128; Nsight Compute at D=64 (backward_tile_ncu.json): 10.5% fewer
-//   instructions, 18% fewer ldmatrix, tensor pipe 38.3% -> 45.6% active. The default since then.
-// The targets with the default build (results/h200/bench_backward.json, commit 0983125; scripts/record_h200.sh
-// results/h200 backward), one interleaved run per row, bf16, us (TFLOP/s):
-//   shape (bf16)             causal            v6   deterministic    SDPA flash       cuDNN   v6 vs FA2 / cuDNN
-//   B=4 H=12 M=N=2048 D=64   no         488.5 (264)       641.4         623.6       394.2   1.276x / 0.807x
-//   B=2 H=16 M=N=8192 D=128  no       8,208.1 (335)    11,451.9       9,668.3     5,114.9   1.178x / 0.623x
-//   B=4 H=12 M=N=2048 D=64   yes        284.9 (226)       346.7         417.2       280.1   1.464x / 0.983x
-//   B=2 H=16 M=N=8192 D=128  yes      4,289.6 (320)     5,919.2       5,312.7     2,846.0   1.239x / 0.663x
-//   Five more processes of the non-causal rows (results/h200/bench_backward_repeat.json, same commit;
-//   scripts/record_h200.sh results/h200 backward-repeat): v6 at 1.222x-1.268x FA2's speed at D=64, 1.195x-1.204x
-//   at D=128. The deterministic mode keeps the 4-warp bwd_dkdv (B_r = 64): it costs 31% at D=64, 40% at D=128.
+// Why these defaults (the backward chapter has the runs): the atomic mode is the default, determinism
+// costs time at most shapes; bwd_dkdv_split with stmatrix (layout 2) beat bwd_dkdv at every shape, the
+// bulk dQ reduction beat the per-element red.global on sm_90, and the 128-row query tile at D=64 beat
+// the 64-row one. bwd_dkdv keeps 16 keys per warp because that is what 255 registers allow at D=128;
+// each of its warps re-reads all of Q_i and dO_i for those keys, which is why the split layout, which
+// shares that work between warps as FlashAttention-2 does, replaced it as the default.
+// Build switches (V6B_* below) rebuild every step the chapter compares; for the file with every switch
+// at its default: python -m flashattn.measure.kernel_source v6_backward.
+//
+// Results: results/h200/bench_backward.json and bench_backward_repeat.json (python -m
+// flashattn.measure.bench), the step comparisons results/h200/backward_layouts.json, backward_dq.json,
+// backward_tile.json, backward_det.json and backward_heads.json (python -m flashattn.book.backward_steps
+// --set ...) with their Nsight Compute records backward_*_ncu.json, the profile
+// results/h200/flash_v6_backward_s2048_profile.*; the chapter is book/backward.ipynb
+// (docs/backward_notes.md).
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -168,7 +109,7 @@
 // Warps of bwd_dkdv, 16 keys each, so B_c = 16 * warps (4 or 8); *_WARPS for its atomic mode (layout 0;
 // the default layout 2 is bwd_dkdv_split, always 8 warps), *_DET_WARPS for the deterministic mode.
 // 8 warps halve the dQ atomics per key, which is what the atomic mode pays for; without the dQ step,
-// 2 blocks of 4 warps per SM measured faster than 1 block of 8 (see the header).
+// 2 blocks of 4 warps per SM ran faster than 1 block of 8 (the backward chapter).
 #ifndef V6B_D64_WARPS
 #define V6B_D64_WARPS 8
 #endif
@@ -185,14 +126,13 @@
 #define V6B_D128_LAYOUT 2
 #endif
 // bwd_dkdv_split: bit 1 computes S^T and dP^T in one k loop instead of one after the other, bit 2 the
-// same for dV_j and dK_j (two independent mma chains for the scheduler to interleave). Measured no faster
+// same for dV_j and dK_j (two independent mma chains for the scheduler to interleave). No faster
 // (results/h200/backward_layouts.json), so it stays off.
 #ifndef V6B_SPLIT_FUSE
 #define V6B_SPLIT_FUSE 0
 #endif
 // bwd_dkdv_split without the causal mask: 1 orders the blocks head-fastest, as the causal kernel does.
-// Measured against 0 in one interleaved run: no difference beyond run-to-run spread
-// (results/h200/backward_heads.json), so it stays off.
+// No difference from 0 beyond run-to-run spread (results/h200/backward_heads.json), so it stays off.
 #ifndef V6B_SPLIT_HEADS_FIRST
 #define V6B_SPLIT_HEADS_FIRST 0
 #endif
@@ -213,8 +153,8 @@
 #define V6B_D64_BR 128
 #endif
 // The deterministic mode's dK/dV kernel: 0 = bwd_dkdv with V6B_D*_DET_WARPS warps, 1 = bwd_dkdv_split without
-// its dQ step (the atomic mode's layout and, on sm_90, its B_r). Measured no faster (results/h200/
-// backward_det.json: 0.95x-1.02x the speed of 0), so it stays off.
+// its dQ step (the atomic mode's layout and, on sm_90, its B_r). No faster than 0
+// (results/h200/backward_det.json), so it stays off.
 #ifndef V6B_DET_SPLIT
 #define V6B_DET_SPLIT 0
 #endif

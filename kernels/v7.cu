@@ -40,42 +40,20 @@
 //          16 KB V_j) = 80 KB (+1 KB to align the base to 1024 bytes): 2 blocks per SM.
 //   D=128: 3 warpgroups (B_r = 192, 384 threads), B_c = 128, 2 stages. smem 48 KB Q_i + 2 x (32 + 32 KB)
 //          = 176 KB: 1 block per SM, 12 warps.
-//   Registers per thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed. ptxas (nvcc 13.0, sm_90a), no
-//   spills, no stack frame: D=64 127 registers (so two 256-thread blocks fit the 64K register file),
-//   D=128 161 (159 causal), under the 168 that 384 threads allow.
+//   Registers per thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed. D=64 stays within 128 registers,
+//   so two 256-thread blocks fit the 64K register file; D=128 within the 168 that 384 threads allow; no
+//   spills, no stack frame (ptxas; results/compile/resources.json).
 //
-// What the steps measured: `python -m flashattn.measure.sweep v7` (results/h200/v7_sweep.json; H200, bf16,
-// non-causal, B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim
-// beside SDPA's backends and v6 in one interleaved run, L2 flushed, median; ptxas registers per
-// thread of the timed instance and the blocks per SM they and the shared memory allow):
-//   variant                                macros                                  us  regs blk/SM
-//   d64 plain loads, 1 stage               V7_TMA=0 V7_STAGES=1                 251.9   159      1
-//   d64 plain loads, 2 stages              V7_TMA=0                             212.0   157      1
-//   d64 TMA, 1 stage                       V7_STAGES=1                          132.6   127      2
-//   d64 TMA, 2 stages (default)            (this build)                         116.0   127      2
-//   d64 TMA, 3 stages                      V7_STAGES=3                          138.9   127      1
-//   d64 3 WG                               V7_D64_WG=3                          124.8   127      1
-//   d64 B_c=64                             V7_D64_BC=64 V7_D64_MINB=2           130.3    92      2
-//   d128 plain loads, 1 stage              V7_TMA=0 V7_STAGES=1 V7_D128_WG=2   3,555.8   193      1
-//   d128 plain loads, 2 stages             V7_TMA=0 V7_D128_WG=2              3,095.3   194      1
-//   d128 TMA, 1 stage                      V7_STAGES=1                        2,484.0   165      1
-//   d128 TMA, 2 stages, 2 WG               V7_D128_WG=2                       1,826.4   165      1
-//   d128 TMA, 2 stages, 3 WG (default)     (this build)                       1,676.3   161      1
-//   d128 TMA, 3 stages, 2 WG               V7_STAGES=3 V7_D128_WG=2           2,046.0   165      1
-//   d128 B_c=64                            V7_D128_BC=64 V7_D128_WG=2 V7_D128_MINB=2   1,908.4   128      2
-//   same run: v6 170.0 / 3,173.4; sdpa_cudnn 121.7 / 1,752.1; sdpa_flash 185.7 / 3,457.4 us (D=64 / D=128).
-//   Our reading, not yet profiled: with plain loads every thread both copies and computes, so every
-//   thread waits for the stage to be empty and the warpgroups run in lockstep (one's softmax cannot hide
-//   another's wgmma), and the copy addresses cost registers (D=64: 154-157 instead of 127, so one block
-//   per SM instead of two; D=128 with 2 WG: 190-194). With TMA one thread issues a whole tile and the
-//   warpgroups drift apart. A third stage lost at both sizes: at D=64 its 113 KB leave room for a
-//   second block only if nothing else does: the occupancy column above says one block per SM; at D=128 it forces
-//   2 warpgroups.
+// Why TMA (the chapter's steps, V7_TMA and V7_STAGES below): with plain cp.async loads every thread both
+// copies and computes, so every thread waits for the stage to be empty and the warpgroups run in
+// lockstep (one's softmax cannot hide another's wgmma), and the copy addresses cost registers, so D=64
+// drops to one block per SM. With TMA one thread issues a whole tile and the warpgroups drift apart. A
+// third stage lost at both head dims: at D=64 it leaves room for one block per SM, at D=128 it forces
+// 2 warpgroups. For the file with every switch at its default: python -m flashattn.measure.kernel_source v7.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 115.1 us median, 1.05x SDPA's speed, 1.61x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 68.2 us median, 1.22x SDPA's speed, 1.92x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,655.7 us median, 1.03x SDPA's speed, 1.99x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 890.1 us median, 1.09x SDPA's speed, 2.12x SDPA-flash's, same run [python -m flashattn.measure.bench v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
+// Results: results/h200/bench_v7.json (python -m flashattn.measure.bench v7 ...), the variants
+// results/h200/v7_sweep.json (python -m flashattn.measure.sweep v7), the profiles
+// results/h200/flash_v7_*_profile.*; the chapter is book/v7.ipynb.
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>

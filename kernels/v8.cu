@@ -1,7 +1,8 @@
 // v8: v7 plus FlashAttention-3's scheduling -- warp specialization, a register split between the roles,
 // ping-pong between consumer warpgroups, the softmax of one tile overlapped with the products of the
-// next, and persistent blocks. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200).
+// next, and persistent blocks. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128.
+// Needs an sm_90a build (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0
+// (H100, H200).
 //
 // What changed from v7 (same products, same TMA tiles and swizzle, same online softmax):
 //   * warp specialization (V8_SPECIALIZE): the block gets one extra warpgroup, the producer, whose
@@ -20,25 +21,20 @@
 //     tile j while that runs, issues O_i += P_ij V_j, waits only for the first product (wgmma.wait_group
 //     1) and runs the softmax of tile j + 1 while P_ij V_j is still on the tensor cores; packing P to
 //     16 bits waits for the second (its registers are the A operand in flight), so P stays fp32 in the
-//     S accumulators meanwhile. What ptxas made of it (tests/test_v8.py reads the SASS): it keeps no
-//     wgmma in flight across a branch, so the mask is a template choice (a loop over the tiles that
-//     need none, then one over those that do) rather than v7's run-time test; even so it schedules
-//     part of the softmax after the second wait, to start packing P early -- in the unmasked loop
-//     about 2/3 of the exponentials (D=128) or 1/3 (D=64, 160 registers) run inside the overlap;
+//     S accumulators meanwhile. ptxas keeps no wgmma in flight across a branch, so the mask is a
+//     template choice (a loop over the tiles that need none, then one over those that do) rather than
+//     v7's run-time test; it still schedules part of the softmax after the second wait, to start packing
+//     P early (tests/test_v8.py reads the SASS);
 //   * persistent blocks (V8_PERSISTENT): one block per SM loops over work items (Q_i row blocks). The
-//     clock stamps of the trace build (V8_TRACE, flashattn/trace.py) showed each block waiting before
-//     its first product (Q_i and K_0 in flight) and writing O_i after its last, each for a large part
-//     of a key tile's time (results/h200/v8_trace_nonpersistent.json); in a persistent block the producer fetches the next item's Q_i (once every S of the item is done:
-//     the Q_i-empty barrier) and K/V tiles while the consumers finish, and the K/V ring and the ping-
-//     pong turns carry on from item to item. Causal items come longest first; taken in plain bands
-//     (block c: items c, G + c, ...) the causal D=64 kernel was slower than one block per item, taken
-//     in a snake order (V8_SNAKE) it was faster (results/h200/v8_candidates_run1.json, v8_candidates.json).
-//     With the persistent loop the non-causal D=64 kernel keeps almost no exponential inside the overlap
-//     window, and is faster all the same.
+//     trace build (V8_TRACE below) showed each block of the non-persistent kernel waiting before its
+//     first product (Q_i and K_0 in flight) and writing O_i after its last; in a persistent block the
+//     producer fetches the next item's Q_i (once every S of the item is done: the Q_i-empty barrier) and
+//     K/V tiles while the consumers finish, and the K/V ring and the ping-pong turns carry on from item
+//     to item. Causal items come longest first, taken in a snake order (V8_SNAKE), which evens out the
+//     blocks' sums of key tiles where plain bands (block c: items c, G + c, ...) did not.
 //   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
 //   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
-//   masked; the row blocks with the most key tiles go first (launched first, or, persistent, taken
-//   first, in a snake order over the blocks: V8_SNAKE).
+//   masked; the row blocks with the most key tiles go first.
 //   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
 //   computes and thread 0 also copies; v7's tiles (2 warpgroups and two blocks per SM at D=64, 3 at
 //   D=128).
@@ -62,50 +58,24 @@
 //          Q_i + 2 x (32 + 32 KB) = 160 KB: 1 block per SM. Registers: 168 at entry (65,536 / 384,
 //          down to a multiple of 8); producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168).
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
-//   overlap. ptxas (nvcc 13.0, sm_90a), no spills, no stack frame: the consumers' highest register is
-//   R218 of 240 at D=128 (R214 causal) and R156 of 160 at D=64 (R237 with V8_D128_BC=176,
-//   FlashAttention-3's key tile at D=128: 32 KB + 2 x (44 + 44 KB) = 208 KB of shared memory).
-//   tests/test_v8.py checks the split in the SASS.
+//   overlap; the consumers fit their share with no spills and no stack frame (tests/test_v8.py checks
+//   the split in the SASS). V8_D128_BC=176 is FlashAttention-3's key tile at D=128 (32 KB + 2 x (44 +
+//   44 KB) = 208 KB of shared memory).
 //
-// What the steps measured: `python -m flashattn.measure.sweep v8` (results/h200/v8_sweep.json; H200, bf16, non-causal,
-// B=4,H=12,M=N=2048 at D=64 and B=2,H=16,M=N=8192 at D=128; every variant of a head dim beside v7 and SDPA's
-// backends in one interleaved run, L2 flushed, median; registers: ptxas's per-thread figure at launch (the cap
-// that setmaxnreg then splits), blocks per SM). Written from the record, not by hand:
-//   variant                    macros                                                           us  regs blk/SM
-//   d64 spec0                  V8_SPECIALIZE=0                                               115.6   127      2
-//   d64 spec                   V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0    127.5   127      1
-//   d64 setmaxnreg             V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0                    131.6   128      1
-//   d64 pingpong               V8_OVERLAP=0 V8_PERSISTENT=0                                  119.1   128      1
-//   d64 overlap                V8_PERSISTENT=0                                               115.7   128      1
-//   d64 persistent (default)   (this build)                                                  108.8   128      1
-//   d64 stages3                V8_STAGES=3                                                   108.5   128      1
-//   d64 d64wg2                 V8_D64_WG=2                                                   126.6   168      1
-//   d64 overlap_nopp           V8_PINGPONG=0 V8_PERSISTENT=0                                 125.7   128      1
-//   d128 spec0                 V8_SPECIALIZE=0                                             1,667.7   165      1
-//   d128 spec                  V8_SETMAXNREG=0 V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0  1,842.4   165      1
-//   d128 setmaxnreg            V8_PINGPONG=0 V8_OVERLAP=0 V8_PERSISTENT=0                  1,855.0   168      1
-//   d128 pingpong              V8_OVERLAP=0 V8_PERSISTENT=0                                1,706.8   168      1
-//   d128 overlap               V8_PERSISTENT=0                                             1,626.3   168      1
-//   d128 persistent (default)  (this build)                                                1,595.2   168      1
-//   d128 stages3               V8_STAGES=3                                                 1,570.7   168      1
-//   d128 bc176                 V8_D128_BC=176                                              1,549.7   168      1
-//   d128 overlap_nopp          V8_PINGPONG=0 V8_PERSISTENT=0                               1,655.3   168      1
-//   same run: v7 114.7 / 1,626.3; sdpa_cudnn 120.8 / 1,694.3; sdpa_flash 185.1 / 3,091.8 us (D=64 / D=128).
-//   (meta: commit a1ec2e6)
-//   In this run: specialization alone lost to v7's loop at both head dims and setmaxnreg did not win it
-//   back; ping-pong and the overlap brought v8 level with v7; persistent blocks were the first step ahead of
-//   v7 and of cuDNN at both head dims. Three stages and FlashAttention-3's B_c = 176 (D=128) ran faster
-//   still in this one run; they are not the default because earlier runs had them mixed (docs/v8_notes.md,
-//   run-to-run spread at D=128 is several percent). The persistent
-//   step and the other candidates: results/h200/v8_candidates_run1.json and v8_candidates.json (three
-//   interleaved runs each beside v7 and cuDNN; the chapter's "Persistent blocks" prints them; notes in
-//   docs/v8_notes.md). The lines below are written by
-//   scripts/update_tables.sh from results/h200/bench_v8.json, never by hand.
+// Why these defaults (the chapter's sweep): specialization alone lost to v7's loop, and setmaxnreg did
+// not win it back; ping-pong and the overlap brought v8 level with v7; persistent blocks were the first
+// step ahead of it. Three stages and B_c = 176 at D=128 are not the default: their runs disagreed, and
+// run-to-run spread at D=128 is as large as their difference (docs/v8_notes.md).
+// Instrumentation: V8_TRACE=1 builds forward_trace, whose clock stamps flashattn/book/trace.py reads; all
+// of it is in the trace section below, whose macros expand to nothing otherwise.
+// For the file with every switch at its default and the trace gone:
+// python -m flashattn.measure.kernel_source v8.
 //
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16): 109.0 us median, 1.11x SDPA's speed, 1.70x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048]
-// Measured on H200 (B=4, H=12, M=2048, N=2048, D=64, bfloat16, causal): 71.6 us median, 1.16x SDPA's speed, 1.82x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 4 -H 12 -D 64 --seq-lens 2048 --causal]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,631.4 us median, 1.05x SDPA's speed, 2.06x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192]
-// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16, causal): 846.3 us median, 1.12x SDPA's speed, 2.09x SDPA-flash's, same run [python -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn --dtype bfloat16 -B 2 -H 16 -D 128 --seq-lens 8192 --causal]
+// Results: results/h200/bench_v8.json (python -m flashattn.measure.bench v8 ...), the steps and
+// variants results/h200/v8_sweep.json (python -m flashattn.measure.sweep v8), the persistent candidates
+// results/h200/v8_candidates.json and v8_candidates_run1.json, the traces results/h200/v8_trace.json and
+// v8_trace_nonpersistent.json, the profiles results/h200/flash_v8_*_profile.*; the chapter is
+// book/v8.ipynb (docs/v8_notes.md).
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
@@ -184,13 +154,12 @@
 #ifndef V8_CLOCK_FENCE
 #define V8_CLOCK_FENCE 0
 #endif
-// V8_TRACE=1: an instrumented build. One lane of the producer and of every consumer warpgroup writes
-// clock64 stamps at its events per key tile into a buffer (forward_trace); see flashattn/trace.py.
 // FLASHATTN_LSE=1 (the training build, flashattn.autograd.forward_module): also compile the instances of
 // forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).
 #ifndef FLASHATTN_LSE
 #define FLASHATTN_LSE 0
 #endif
+// V8_TRACE=1: the instrumented build (the trace section below).
 #ifndef V8_TRACE
 #define V8_TRACE 0
 #endif
@@ -384,19 +353,34 @@ template <> struct Wgmma<176, __half> {
 };
 
 // ---------------------------------------------------------------- trace (V8_TRACE) ------------------
-// Buffer [items][TRACE_ROLES][1 + tiles][TRACE_WORDS] of 64-bit words: role 0 the producer, 1.. the
-// consumer warpgroups; row 0 a header, row 1 + t the stamps (clock64) of key tile t. flashattn/trace.py
-// reads it with these same indices.
-enum TraceShape { TRACE_ROLES = 4, TRACE_WORDS = 10 };
-enum TraceHeader { H_SMID, H_GT0, H_CLK0, H_GT1, H_CLK1, H_TILES, H_M_BLOCK, H_BH, H_Q, H_END };
-enum TraceConsumer { C_KWAIT, C_KREADY, C_VREADY, C_TURNWAIT, C_TURN, C_S_ISSUED, C_S_DONE, C_SOFTMAX_END,
-                     C_PV_ISSUED, C_PV_DONE };
-enum TraceProducer { P_KWAIT, P_K_ISSUED, P_VWAIT, P_V_ISSUED };
+// The instrumentation, all of it here. With V8_TRACE=1 one lane of the producer and of every consumer
+// warpgroup writes clock64 stamps at its events per key tile into a buffer (forward_trace), which
+// flashattn/book/trace.py reads with these same indices: [items][TRACE_ROLES][1 + tiles][TRACE_WORDS] of
+// 64-bit words, role 0 the producer, 1.. the consumer warpgroups; row 0 a header, row 1 + t the stamps
+// of key tile t. Otherwise every macro below expands to nothing and the kernel is compiled as if they
+// were not there.
+#if V8_TRACE || V8_CLOCK_FENCE
 __device__ __forceinline__ uint64_t clock_now() {
   uint64_t c;
   asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
   return c;
 }
+// A predicated store, not a branch: ptxas keeps no wgmma in flight across a branch that may diverge, so
+// an `if (lane == 0)` here would change the schedule being measured.
+__device__ __forceinline__ void trace_store(unsigned long long* p, uint64_t v, bool on) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(p), "l"(v),
+               "r"((int)on)
+               : "memory");
+}
+#endif
+
+#if V8_TRACE
+constexpr bool kTraceBuild = true;
+enum TraceShape { TRACE_ROLES = 4, TRACE_WORDS = 10 };
+enum TraceHeader { H_SMID, H_GT0, H_CLK0, H_GT1, H_CLK1, H_TILES, H_M_BLOCK, H_BH, H_Q, H_END };
+enum TraceConsumer { C_KWAIT, C_KREADY, C_VREADY, C_TURNWAIT, C_TURN, C_S_ISSUED, C_S_DONE, C_SOFTMAX_END,
+                     C_PV_ISSUED, C_PV_DONE };
+enum TraceProducer { P_KWAIT, P_K_ISSUED, P_VWAIT, P_V_ISSUED };
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t)::"memory");
@@ -407,15 +391,9 @@ __device__ __forceinline__ uint32_t sm_id() {
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
   return id;
 }
-// A predicated store, not a branch: ptxas keeps no wgmma in flight across a branch that may diverge, so
-// an `if (lane == 0)` here would change the schedule being measured.
-__device__ __forceinline__ void trace_store(unsigned long long* p, uint64_t v, bool on) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(p), "l"(v),
-               "r"((int)on)
-               : "memory");
-}
-
-#if V8_TRACE
+// The kernel's extra parameters, and the launcher's arguments for them (a Trace `tr`).
+#define V8_TRACE_PARAMS , unsigned long long* trace, int trace_items, int trace_tiles
+#define V8_TRACE_ARGS(tr) , (tr).buffer, (tr).items, (tr).tiles
 // In a role's code: its row of the buffer for `item`, and whether this thread writes (`on`).
 #define V8_TRACE_ROW(role, item, on)                                                                     \
   unsigned long long* const trace_row =                                                                  \
@@ -429,11 +407,20 @@ __device__ __forceinline__ void trace_store(unsigned long long* p, uint64_t v, b
     V8_HEAD(H_SMID, sm_id()); V8_HEAD(H_GT0, global_ns()); V8_HEAD(H_CLK0, clock_now());                  \
     V8_HEAD(H_TILES, n_tiles); V8_HEAD(H_M_BLOCK, m_block); V8_HEAD(H_BH, bh);                           \
   } while (0)
+// The end of a role's item: the last stamps of its header row.
+#define V8_TAIL()                                                                                        \
+  do {                                                                                                   \
+    V8_HEAD(H_END, clock_now()); V8_HEAD(H_GT1, global_ns()); V8_HEAD(H_CLK1, clock_now());               \
+  } while (0)
 #else
+constexpr bool kTraceBuild = false;
+#define V8_TRACE_PARAMS
+#define V8_TRACE_ARGS(tr)
 #define V8_TRACE_ROW(role, item, on) ((void)0)
 #define V8_STAMP(t, ev) ((void)0)
 #define V8_HEAD(field, value) ((void)0)
 #define V8_HEADS() ((void)0)
+#define V8_TAIL() ((void)0)
 #endif
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
@@ -497,11 +484,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
                                   Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
-                 float scale_log2, float* __restrict__ LSE
-#if V8_TRACE
-                 , unsigned long long* trace, int trace_items, int trace_tiles
-#endif
-                 ) {
+                 float scale_log2, float* __restrict__ LSE V8_TRACE_PARAMS) {
   static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
@@ -905,9 +888,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
           LSE[(size_t)bh * M + row] = l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
       }
     }
-    V8_HEAD(H_END, clock_now());
-    V8_HEAD(H_GT1, global_ns());
-    V8_HEAD(H_CLK1, clock_now());
+    V8_TAIL();
   };
 
   // The producer's copies for one item: Q_i, then K_0, then K_t before V_{t-1} (the order the consumers
@@ -938,9 +919,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     V8_STAMP(n_tiles - 1, P_VWAIT);
     load_v(n_tiles - 1);
     V8_STAMP(n_tiles - 1, P_V_ISSUED);
-    V8_HEAD(H_END, clock_now());
-    V8_HEAD(H_GT1, global_ns());
-    V8_HEAD(H_CLK1, clock_now());
+    V8_TAIL();
   };
 
   if constexpr (SPECIALIZE) {
@@ -1068,11 +1047,7 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
     return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
   kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2,
-                                             lse
-#if V8_TRACE
-                                             , trace.buffer, trace.items, trace.tiles
-#endif
-  );
+                                             lse V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -1119,7 +1094,7 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
                        int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
                        int trace_tiles, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
-  if (trace != nullptr && !V8_TRACE) return "v8: forward_trace needs a build with -DV8_TRACE=1";
+  if (trace != nullptr && !v8::kTraceBuild) return "v8: forward_trace needs a build with -DV8_TRACE=1";
   const v8::Trace tr{trace, trace_items, trace_tiles};
   if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
@@ -1152,7 +1127,7 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 // q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
 // of compute capability 9.0; D in {64, 128}. Returns o like q, and with_lse: lse float32 [B, H, M] too.
 // Messages carry no numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE
-// build, see flashattn/trace.py.
+// build, see flashattn/book/trace.py.
 static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
                                                       at::Tensor* trace, bool with_lse = false) {
   const auto dtype = q.scalar_type();

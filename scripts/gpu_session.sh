@@ -26,7 +26,7 @@
 # root: unpack it there with `tar -xzf records.tar.gz`). The copy of the tree on such a machine has no .git,
 # or a stale one: set FLASHATTN_GIT_COMMIT to the commit sent, for the JSON records (it takes precedence
 # over git).
-# Examples (the H200 runs behind results/h200; /tmp/handoff/final_gpu_plan.md has the timings):
+# Examples (the calls behind results/h200; each step's limit is its @SECONDS):
 #   scripts/gpu_session.sh $OUT build@150 record-new@270 notebooks-new@170
 #   scripts/gpu_session.sh $OUT build@90 suite@500
 set -uo pipefail

@@ -34,16 +34,16 @@
 #   backward the gradient call given dO (python -m flashattn.measure.bench --backward) of v6 (atomic and
 #            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
 #            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
-#   backward-dq the dQ step of the backward's key-tile kernel (flashattn.book.backward_steps.DQ_VARIANTS: red.global or
+#   backward-dq the dQ step of the backward's key-tile kernel (flashattn.measure.variants, backward-dq: red.global or
 #            one bulk reduction per tile, 2 or 3 stages) beside SDPA's FlashAttention-2 and cuDNN backward,
 #            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
 #            stall samples -> OUTDIR/backward_dq.json, backward_dq_ncu.{json,raw.csv,source.csv}
 #            (about 90 s once built)
-#   backward-tile the next step at D=64: B_r = 128 query rows per tile instead of 64 (flashattn.book.backward_steps.
-#            TILE_VARIANTS) beside SDPA's FlashAttention-2 and cuDNN backward, the same four configurations (the
+#   backward-tile the next step at D=64: B_r = 128 query rows per tile instead of 64 (flashattn.measure.
+#            variants, backward-tile) beside SDPA's FlashAttention-2 and cuDNN backward, the same four configurations (the
 #            two builds are one kernel at D=128), then Nsight Compute on both at B=4,H=12,2048,D=64
 #            -> OUTDIR/backward_tile.json, backward_tile_ncu.{json,raw.csv} (about 60 s once built)
-#   backward-det the deterministic mode's dK/dV kernel (flashattn.book.backward_steps.DET_VARIANTS: the 4-warp bwd_dkdv or
+#   backward-det the deterministic mode's dK/dV kernel (flashattn.measure.variants, backward-det: the 4-warp bwd_dkdv or
 #            bwd_dkdv_split without its dQ step), both in deterministic mode beside the atomic mode, SDPA's
 #            FlashAttention-2 and cuDNN backward, the same four configurations -> OUTDIR/backward_det.json
 #            (about 60 s once built)

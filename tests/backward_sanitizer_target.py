@@ -1,7 +1,7 @@
 """Runs v6's forward_lse and backward (atomic and deterministic dQ) on small and odd shapes;
 tests/test_backward.py runs this file under compute-sanitizer (memcheck, then racecheck). The kernels are
 built by the test before the sanitizer starts. `--variant NAME` runs the backward built with the macros of
-flashattn.book.backward_steps.VARIANTS[NAME] (variant_module) instead of the default build; `--forward VERSION` takes
+flashattn.measure.variants.backward(NAME) (variant_module) instead of the default build; `--forward VERSION` takes
 the log-sum-exp from that version's forward_lse (v7, v8) instead of v6's."""
 import itertools
 import sys

@@ -122,11 +122,9 @@ def _free_gpu_memory():
         torch.cuda.empty_cache()
 
 
-def write_bench_file(folder: Path, old_keys: bool = False) -> None:
-    """A bench.json with baseline, sdpa and v4 at one shape; `old_keys`: as files recorded before the
-    rename (impl, ran_as)."""
-    import json
-
+def write_bench_file(folder: Path) -> None:
+    """A bench.json (flashattn.measure.results, kind bench) with baseline, sdpa and v4 at one shape."""
+    from flashattn.measure import results
     from flashattn.measure.bench import add_comparisons
     rows = []
     for version, us in (("baseline", 2000.0), ("sdpa", 1500.0), ("v4", 1200.0)):
@@ -135,9 +133,5 @@ def write_bench_file(folder: Path, old_keys: bool = False) -> None:
                          median_us=us, min_us=us - 1, max_us=us + 1, calls_timed=100, requested_repetitions=100,
                          tflops=51.5e9 / (us * 1e-6) / 1e12, flops=51.5e9))
     add_comparisons(rows)
-    if old_keys:
-        rows = [{{"version": "impl", "runs_as": "ran_as"}.get(k, k): v for k, v in r.items()} for r in rows]
-    doc = {"schema": 1, "runs": [{"meta": {"device": {"name": "NVIDIA H200"}, "torch": "2.11",
-                                           "git": {"commit": "abcdef1234567"}},
-                                  "settings": {"repetitions": 100, "warmup": 25}, "rows": rows}]}
-    (folder / "bench.json").write_text(json.dumps(doc))
+    meta = {"device": {"name": "NVIDIA H200"}, "torch": "2.11", "git": {"commit": "abcdef1234567"}}
+    results.write(folder / "bench.json", "bench", rows, meta, {"repetitions": 100, "warmup": 25})

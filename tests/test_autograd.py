@@ -82,6 +82,53 @@ def test_version_without_backward_refuses_grad():
             fa.attention(q, q, q, version="v6")
 
 
+def fake_cuda(*shape, dtype=torch.float32, grad=False):
+    """A CUDA tensor without a GPU: call inside FakeTensorMode."""
+    return torch.empty(*shape, device="cuda", dtype=dtype, requires_grad=grad)
+
+
+@pytest.mark.parametrize("version,dtype,D", [("v0", torch.float32, 64), ("v4", torch.float32, 64),
+                                             ("v6", torch.bfloat16, 128), ("v8", torch.float16, 64)])
+def test_forward_op_has_a_fake_of_the_bindings_shape(version, dtype, D):
+    assert hasattr(torch.ops.flashattn, "forward")
+    with FakeTensorMode():
+        q, k = fake_cuda(2, 3, 40, D, dtype=dtype), fake_cuda(2, 3, 40 if version == "v0" else 57, D, dtype=dtype)
+        for o in (torch.ops.flashattn.forward(q, k, k, version, False), fa.forward(q, k, k, version=version)):
+            assert (o.shape, o.dtype, o.device.type) == (q.shape, dtype, "cuda") and o.is_contiguous()
+
+
+def test_forward_traces_as_one_graph_under_dynamo():
+    """Dynamo with fullgraph semantics (strict export) over fake CUDA tensors: flashattn.forward becomes the
+    op, the fallback (v4 at D=32 runs v2) is resolved while tracing, and nothing of the build is traced."""
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return fa.forward(q, k, v, version="v4") * 2
+
+    for D, runs in ((64, "v4"), (32, "v2")):
+        with FakeTensorMode():
+            q, k, v = fake_cuda(1, 2, 33, D), fake_cuda(1, 2, 65, D), fake_cuda(1, 2, 65, D)
+        program = torch.export.export(Model(), (q, k, v), strict=True)
+        calls = [n for n in program.graph.nodes if n.op == "call_function"]
+        assert calls[0].target == torch.ops.flashattn.forward.default and calls[0].args[3:] == (runs, False)
+        assert [n.target for n in calls[1:]] == [torch.ops.aten.mul.Tensor]
+
+
+def test_forward_with_grad_trains_or_refuses():
+    """flashattn.forward on inputs that require grad: v6 goes through the differentiable op (the output has
+    a grad_fn); a version without a backward raises naming the versions that train; under no_grad it runs."""
+    with FakeTensorMode():
+        h = fake_cuda(1, 2, 9, 64, dtype=torch.bfloat16, grad=True)
+        o = fa.forward(h, h, h, version="v6", causal=True)
+        assert o.requires_grad and "attention_forward" in type(o.grad_fn).__name__.lower()
+        q = fake_cuda(1, 2, 9, 32, grad=True)
+        for version in ("v4", "v0", "baseline", "sdpa"):           # v4 at D=32 would run v2
+            with pytest.raises(ValueError, match=rf"'{version}' has no backward pass.*versions that train: v6, v7, v8"):
+                fa.forward(q, q, q, version=version)
+        with torch.no_grad():
+            assert not fa.forward(q, q, q, version="v4").requires_grad
+        assert not fa.forward(q.detach(), q.detach(), q.detach(), version="v4").requires_grad
+
+
 def test_backward_flops_and_names():
     for causal in (False, True):
         assert backward_flops(2, 3, 100, 70, 64, causal) == 2.5 * attention_flops(2, 3, 100, 70, 64, causal)
@@ -157,6 +204,34 @@ def test_no_grad_version_runs_forward():
     with torch.no_grad():
         out = fa.attention(q, k, v, version="v5")
     assert torch.equal(out, flashattn.forward(q, k, v, version="v5"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v4", "v6"])
+def test_compiled_forward_matches_eager(version):
+    """torch.compile(fullgraph=True) of a function calling flashattn.forward runs and gives eager's bits
+    (the op is opaque to the compiler; the scaling around it is one elementwise op either way)."""
+    import flashattn
+    dtype = torch.float32 if version == "v4" else torch.bfloat16
+    q, k, v, _ = cuda_inputs(M=100, N=70, dtype=dtype)
+    f = lambda q, k, v: flashattn.forward(q * 0.5, k, v, version=version) + 1
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(q, k, v), f(q, k, v))
+    assert not torch.equal(compiled(q, k, v), compiled(q, v, k))     # it computes, not a constant
+
+
+@pytest.mark.gpu
+def test_forward_with_grad_runs_the_differentiable_op():
+    import flashattn
+    q, k, v, do = cuda_inputs(M=65, N=65)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = flashattn.forward(*leaves, version="v6", causal=True)
+    o.backward(do)
+    ref = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    fa.attention(*ref, causal=True).backward(do)
+    assert torch.equal(o, flashattn.forward(q, k, v, version="v6", causal=True))
+    assert all(a.grad is not None and torch.equal(a.grad, b.grad) for a, b in zip(leaves, ref))
 
 
 class TinyAttention(torch.nn.Module):

@@ -9,7 +9,7 @@
   * CPU: the bulk dQ step's float32 image in shared memory (acc_pair's column order): every element once,
     conflict-free stores, and bwd_convert's read of it.
   * GPU: compute-sanitizer memcheck, racecheck and synccheck over tests/backward_sanitizer_target.py, for the
-    default build and every other build of the atomic mode (flashattn.book.backward_steps.VARIANTS).
+    default build and every other build of the atomic mode (flashattn.measure.variants, the backward-* sets).
 """
 from __future__ import annotations
 
@@ -366,7 +366,7 @@ BUILDS = ["v6_layout0", "v6_layout1", "v6_layout2", "v6_layout2_stages3", "v6_la
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("variant", BUILDS)
 def test_all_dkdv_variants(fwd, variant, causal, D, M, N):
-    """The atomic mode's builds (flashattn.book.backward_steps.VARIANTS, built side by side by variant_module,
+    """The atomic mode's builds (flashattn.measure.variants.backward, built side by side by variant_module,
     whichever is the default): gradients within the tolerance, and dK, dV bit-identical to the
     deterministic mode (same sums in the same order)."""
     from flashattn.book.backward_steps import variant_module

@@ -2,7 +2,6 @@
 real run of every version plus one profile (GPU only)."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn.measure import bench, profile
+from flashattn.measure import bench, profile, results
 from flashattn.versions import INFO, VERSIONS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,9 +114,24 @@ def test_comparisons_against_baseline_and_sdpa():
 
 def test_json_append(tmp_path):
     path = tmp_path / "b.json"
-    bench.write_json({"rows": [1]}, path)
-    bench.write_json({"rows": [2]}, path, append=True)
-    assert [r["rows"] for r in json.loads(path.read_text())["runs"]] == [[1], [2]]
+    bench.write_json({"meta": {"n": 1}, "settings": {}, "rows": [{"median_us": 1.0}]}, path)
+    bench.write_json({"meta": {"n": 2}, "settings": {}, "rows": [{"median_us": 2.0}]}, path, append=True)
+    runs = results.runs(results.read(path, "bench"))
+    assert [(r["meta"]["n"], r["rows"]) for r in runs] == [(1, [{"median_us": 1.0}]), (2, [{"median_us": 2.0}])]
+    bench.write_json({"meta": {"n": 3}, "settings": {}, "rows": []}, path)       # without --append: replaced
+    assert [r["meta"]["n"] for r in results.runs(results.read(path))] == [3]
+
+
+def test_help_lists_every_version_that_takes_a_dtype_or_causal(capsys):
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split("options:")[1].split())
+    dtype_help = set(text.split("--dtype {float32,bfloat16,float16}")[1].split("(default")[0].replace(",", " ").split())
+    causal_help = set(text.split("--causal ")[1].split(";")[0].replace(",", " ").replace("(", " ").split())
+    for v in VERSIONS:
+        assert (v in dtype_help) == (torch.bfloat16 in INFO[v].dtypes), (v, dtype_help)
+        assert (v in causal_help) == INFO[v].causal, (v, causal_help)
+    assert "v8" in dtype_help and "v8" in causal_help
 
 
 # -------------------------------------------------------------------------------------- profile
@@ -207,7 +221,7 @@ def test_short_benchmark_of_every_version(tmp_path):
     names = list(VERSIONS) + list(bench.SDPA_BACKENDS)
     assert bench.main(names + ["-B", "1", "-H", "2", "-D", "64", "--seq-lens", "128", "--warmup", "2",
                                "--repetitions", "3", "--json", str(out)]) == 0
-    run = json.loads(out.read_text())["runs"][0]
+    run = results.runs(results.read(out, "bench"))[0]
     assert run["meta"]["device"]["name"] and run["meta"]["torch"] == torch.__version__
     rows = {r["version"]: r for r in run["rows"]}
     assert set(rows) == set(names)
@@ -247,11 +261,12 @@ def test_one_profile_run(tmp_path):
         assert (tmp_path / f"flash_v4_s256_profile{suffix}").stat().st_size > 0
     pytest.importorskip("ncu_report")
     from flashattn.measure import ncu as ncu_parse
+    from flashattn.measure import ncu_pages
     s = ncu_parse.summarize(report)
     assert s["registers_per_thread"] > 0 and s["duration_s"] > 0
     problems = ncu_parse.compare_with_exports(
-        s, ncu_parse.read_details_csv(tmp_path / "flash_v4_s256_profile.details.csv"),
-        ncu_parse.read_raw_csv(tmp_path / "flash_v4_s256_profile.raw.csv"), ncu_parse.load_action(report))
+        s, ncu_pages.read_details_csv(tmp_path / "flash_v4_s256_profile.details.csv"),
+        ncu_pages.read_raw_csv(tmp_path / "flash_v4_s256_profile.raw.csv"), ncu_parse.load_action(report))
     assert not problems, problems
 
 
@@ -263,7 +278,7 @@ def test_short_backward_benchmark(tmp_path):
     names = ["v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn"]
     assert bench.main(["--backward", *names, "-B", "1", "-H", "2", "--seq-lens", "203", "--causal",
                        "--warmup", "1", "--repetitions", "3", "--rounds", "1", "--json", str(out)]) == 0
-    run = json.loads(out.read_text())["runs"][0]
+    run = results.runs(results.read(out, "bench"))[0]
     assert run["settings"]["direction"] == "backward"
     rows = {r["version"]: r for r in run["rows"]}
     assert set(rows) == set(names)

@@ -1,13 +1,20 @@
 """What the chapters call besides the records: the per-version tables of flashattn.book.notebook, the cost
-tables of flashattn.book.tiles, the no-GPU paths of flashattn.book.live and every figure of flashattn.book.figures."""
+tables of flashattn.book.tiles, the no-GPU paths of flashattn.book.live and every figure of flashattn.book.figures,
+flashattn.book.diagrams and flashattn.book.layouts."""
 from __future__ import annotations
 
-import pytest
-from conftest import write_bench_file
+import matplotlib
 
-from flashattn.book import figures, layouts, live, notebook, records, tiles
-from flashattn.measure.table import label
-from flashattn.versions import INFO, VERSIONS
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import write_bench_file  # noqa: E402
+
+from flashattn.book import diagrams, figures, layouts, live, notebook, records, tiles  # noqa: E402
+from flashattn.measure.table import label  # noqa: E402
+from flashattn.versions import INFO, VERSIONS  # noqa: E402
 
 pytest.importorskip("IPython")
 
@@ -72,25 +79,23 @@ def test_variant_edits_must_match_the_source():
 
 
 def test_online_softmax_trace_equals_direct_sum():
-    import numpy as np
     s = np.random.default_rng(1).normal(0, 4, 100)
-    *_, (_, m, l) = figures.online_softmax_trace(s, 16)
+    *_, (_, m, l) = diagrams.online_softmax_trace(s, 16)
     assert m == s.max()
     assert l == pytest.approx(np.exp(s - s.max()).sum(), rel=1e-12)
 
 
 @pytest.mark.parametrize("draw", [
     lambda: figures.fig_roofline_model(), lambda: figures.fig_attention_bytes(),
-    lambda: figures.fig_online_softmax(), lambda: figures.fig_v0_dataflow(), lambda: figures.fig_grid_fill(),
-    lambda: figures.fig_loop_order(), lambda: figures.fig_warp_ownership(), lambda: figures.fig_bank_mapping(),
-    lambda: figures.fig_register_tile(), lambda: figures.fig_pipeline(), lambda: layouts.fig_mma_fragment(),
-    lambda: layouts.fig_swizzle(), lambda: figures.fig_smem_stack(("v1", "v2", "v3", "v4")),
     lambda: figures.roofline(["v4"], highlight="v4"), lambda: figures.fig_scaling(),
+    lambda: diagrams.fig_online_softmax(), lambda: diagrams.fig_v0_dataflow(), lambda: diagrams.fig_grid_fill(),
+    lambda: diagrams.fig_loop_order(), lambda: diagrams.fig_warp_ownership(), lambda: diagrams.fig_bank_mapping(),
+    lambda: diagrams.fig_register_tile(), lambda: diagrams.fig_pipeline(),
+    lambda: diagrams.fig_smem_stack(("v1", "v2", "v3", "v4")),
+    lambda: layouts.fig_mma_fragment(), lambda: layouts.fig_swizzle(), lambda: layouts.fig_warpgroup_accumulator(),
+    lambda: layouts.fig_tma_swizzle(),
 ])
 def test_figures_draw(draw, monkeypatch):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     monkeypatch.setattr(plt, "show", lambda: None)
     plt.close("all")
     draw()

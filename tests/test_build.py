@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMED_LOAD = """
 import time, flashattn
 t = time.perf_counter()
-flashattn.loader._cached("{name}")
+flashattn.load("{name}")
 print("SECONDS", time.perf_counter() - t)
 """
 

@@ -1,14 +1,20 @@
 """The book's figures are legible: drawn with the Agg backend from the committed records, checked for size,
 tick labels and line styles (the properties a reader relies on)."""
+import base64
+import struct
+from pathlib import Path
+
 import matplotlib
+import nbformat
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn.book import figures, notebook, summary  # noqa: E402
+from flashattn.book import diagrams, figures, notebook, summary  # noqa: E402
 from flashattn.book.records import primary_rows  # noqa: E402
+from flashattn.measure.geometry import v5_default_tiles  # noqa: E402
 from flashattn.measure.table import label  # noqa: E402
 
 
@@ -25,11 +31,11 @@ def pixels(fig):
 
 
 def test_register_tile_is_large_and_labelled():
-    fig = figures.fig_register_tile(show=False)
+    fig = diagrams.fig_register_tile(show=False)
     w, h = pixels(fig)
     assert w >= 1000 and h >= 800, (w, h)
     tile, block = fig.axes[:2]
-    t = figures.v5_default_tiles()[64]
+    t = v5_default_tiles()[64]
     threads = (t["B_r"] // t["TM"]) * (t["B_c"] // t["TN"])
     numbers = sorted(int(x.get_text()) for x in block.texts)
     assert numbers == list(range(threads)), "the enlarged block names the owner of every cell"
@@ -81,7 +87,6 @@ def test_roofline_measured_and_datasheet_roofs_differ(versions, highlight):
 
 
 def test_book_css_scrolls_wide_tables():
-    from pathlib import Path
     css = (Path(__file__).resolve().parent.parent / "book" / "_static" / "book.css").read_text()
     assert "overflow-x: auto" in css and "table" in css
 
@@ -122,11 +127,6 @@ def test_rtx4080_reference_names_its_source_and_matches_the_table():
 def test_wide_figures_of_the_chapters_use_the_full_width():
     """The page's text column is about 690 px at 1280 px; a figure drawn wider would shrink its text unless
     its cell is tagged full-width (about 930 px in sphinx-book-theme)."""
-    import base64
-    import struct
-    from pathlib import Path
-
-    import nbformat
     book = Path(__file__).resolve().parent.parent / "book"
     narrow = []
     for name in ("intro", "online_softmax", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "results"):

@@ -2,7 +2,6 @@
 flashattn.measure.resources turns registers and shared memory into blocks per SM, flashattn.book.tiles prints both."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -12,8 +11,9 @@ import pytest
 import flashattn
 from flashattn import loader
 from flashattn.book import tiles
-from flashattn.measure import geometry, sweep
+from flashattn.measure import geometry, results
 from flashattn.measure.resources import load_record, occupancy
+from flashattn.measure.variants import SETS, Variant
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "results" / "compile" / "resources.json"
@@ -74,9 +74,9 @@ def test_constant_refuses_a_name_the_file_lacks():
 def test_v5_formula_matches_what_the_runtime_reported():
     """kernel_info (the compiled binding asking the CUDA runtime) recorded threads and shared memory for
     every swept tile shape; the Python formula must give the same for each."""
-    doc = json.loads((ROOT / "results" / "h200" / "v5_sweep.json").read_text())
+    doc = results.read(ROOT / "results" / "h200" / "v5_sweep.json", "sweep")
     checked = 0
-    for r in doc["variants"]:
+    for r in doc["rows"]:
         rt = r.get("runtime")
         if not rt:
             continue
@@ -87,12 +87,12 @@ def test_v5_formula_matches_what_the_runtime_reported():
 
 
 def test_sweep_variants_have_the_geometry_of_their_macros():
-    for name, variant in sweep.VARIANTS["v5"].items():
-        g = sweep.geometry_of("v5", variant)
+    for name, variant in SETS["v5"].items():
+        g = geometry.variant_geometry(variant)
         D = variant.D
         assert (g["B_r"], g["B_c"]) == (variant.macros[f"V5_D{D}_BR"], variant.macros[f"V5_D{D}_BC"]), name
     defaults = geometry.v5_default_tiles()
-    assert sweep.geometry_of("v5", sweep.Variant(64, {})) == defaults[64]
+    assert geometry.variant_geometry(Variant("default", "v5", 64)) == defaults[64]
 
 
 def test_launch_of_covers_every_recorded_kernel():

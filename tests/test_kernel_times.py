@@ -1,13 +1,14 @@
-"""flashattn.book.kernel_times: the per-kernel times of the unfused versions and V0's memory metrics."""
+"""flashattn.book.kernel_times and v0_memory: the per-kernel times of the unfused versions and V0's memory metrics."""
 from __future__ import annotations
 
 import csv
-import json
 
 import pytest
 import torch
 
 from flashattn.book import kernel_times as kt
+from flashattn.book import v0_memory
+from flashattn.measure import results
 
 FLUSH = "vectorized_elementwise_kernel<FillFunctor<unsigned char>>"
 
@@ -49,16 +50,16 @@ def test_traffic_model():
 
 def test_expected_sectors_follow_the_thread_mapping():
     # scores: the 16 x-lanes read 16 key rows D floats apart (16 sectors), the 2 y-rows two query rows
-    assert kt.expected_sectors("scores_kernel", D=64) == {"load": 9.0, "store": 4}
-    assert kt.expected_sectors("scores_kernel", D=1)["load"] == 1.5      # rows 4 bytes apart: coalesced
-    assert kt.expected_sectors("pv_kernel", D=64) == {"load": 2.0, "store": 4}
-    assert kt.expected_sectors("softmax_kernel") == {"load": 4.0, "store": 4}
+    assert v0_memory.expected_sectors("scores_kernel", D=64) == {"load": 9.0, "store": 4}
+    assert v0_memory.expected_sectors("scores_kernel", D=1)["load"] == 1.5      # rows 4 bytes apart: coalesced
+    assert v0_memory.expected_sectors("pv_kernel", D=64) == {"load": 2.0, "store": 4}
+    assert v0_memory.expected_sectors("softmax_kernel") == {"load": 4.0, "store": 4}
     with pytest.raises(ValueError, match="kernel"):
-        kt.expected_sectors("gemm")
+        v0_memory.expected_sectors("gemm")
 
 
 def _write_ncu_csv(path, rows):
-    header = ["ID", "Kernel Name", *kt.NCU_METRICS, kt.PACE_METRICS["L1 throughput"]]
+    header = ["ID", "Kernel Name", *v0_memory.NCU_METRICS, v0_memory.PACE_METRICS["L1 throughput"]]
     with open(path, "w", newline="") as fh:
         fh.write("==PROF== Disconnected\n")
         w = csv.writer(fh, quoting=csv.QUOTE_ALL)
@@ -69,17 +70,17 @@ def _write_ncu_csv(path, rows):
 
 
 def test_ncu_rows_parse_the_raw_page(tmp_path):
-    path = tmp_path / kt.NCU_FILE
+    path = tmp_path / v0_memory.NCU_FILE
     _write_ncu_csv(path, [("scores_kernel(const float*)", [900, 100, 40, 10, 95.5, 2e9, 1e8, 8e8, 1e7, 61.5]),
                           ("pv_kernel(const float*)", [200, 100, 40, 10, 50, 1e9, 8e8, 1e6, 2e7, 20.0])])
-    rows = kt.ncu_rows(path)
+    rows = v0_memory.ncu_rows(path)
     assert [r["kernel"] for r in rows] == ["scores_kernel", "pv_kernel"]
     assert rows[0]["load_sectors_per_request"] == 9.0 and rows[1]["load_sectors_per_request"] == 2.0
     assert rows[0]["store_sectors_per_request"] == 4.0 and rows[1]["dram_read"] == 8e8
     assert rows[0]["l1_load_bytes"] == 900 * 32
     assert rows[0]["pace"] == {"L1 throughput": 61.5}              # the pace counters the file has
     assert rows[0]["time_s"] == pytest.approx(0.01) and rows[1]["time_s"] == pytest.approx(0.02)   # ns -> s
-    assert kt.ncu_rows(tmp_path / "absent.csv") == []
+    assert v0_memory.ncu_rows(tmp_path / "absent.csv") == []
 
 
 def test_table_lines_shares_add_up():
@@ -143,8 +144,8 @@ def test_measure_names_every_kernel(version, roles, L):
 @pytest.mark.gpu
 def test_cli_writes_a_record_the_readers_take(tmp_path):
     assert kt.main(["--out", str(tmp_path), "--versions", "v0", "--seq-lens", "64", "--calls", "3"]) == 0
-    doc = json.loads((tmp_path / "kernel_times.json").read_text())
-    assert doc["schema"] == kt.SCHEMA and doc["meta"]["command"].startswith("python -m flashattn.book.kernel_times")
+    doc = results.read(tmp_path / "kernel_times.json", kt.KIND)
+    assert doc["meta"]["command"].startswith("python -m flashattn.book.kernel_times")
     run = kt.recorded_run("v0", 64, tmp_path / "kernel_times.json")
     assert [k["role"] for k in run["kernels"]] == ["scores", "softmax", "PV"]
     assert len(kt.table_lines(run, dram=4e12, fp32=50e12)) == 5

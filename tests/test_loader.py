@@ -1,5 +1,7 @@
 """flashattn.loader without a GPU: which architectures a version is built for, what a GPU it cannot run on
-is told, one binding signature for every kernel file, and torch's no-GPU notice kept out of the output."""
+is told, one binding signature for every kernel file exported with named arguments and causal=False by
+default, and torch's no-GPU notice kept out of the output; on a GPU, `load(v).forward(q, k, v)` as the seed
+wrote it."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import flashattn
 from flashattn import loader, versions
+from flashattn.autograd import TRAINING_VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +57,8 @@ def test_build_passes_exact_gencode_and_linker_flags(hopper_only, monkeypatch):
     ext = loader.cpp_extension()
     monkeypatch.setattr(ext, "load_inline", lambda **kw: seen.update(kw) or "module")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
-    assert loader.build("vh", src="// empty", extra_ldflags=["-lcuda"]) == "module"
+    src = "at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {}"
+    assert loader.build("vh", src=src, extra_ldflags=["-lcuda"]) == "module"
     assert "-gencode=arch=compute_90a,code=sm_90a" in seen["extra_cuda_cflags"]
     assert not any("compute_80" in f for f in seen["extra_cuda_cflags"])
     assert seen["extra_ldflags"] == ["-lcuda"]
@@ -104,5 +109,65 @@ def test_shown_load_inline_call_is_the_one_build_makes(version, monkeypatch, tmp
     assert built.pop("verbose") is False and "verbose" not in shown
     shown.setdefault("extra_ldflags", [])          # the shown call leaves out an empty linker list
     assert shown == built
-    assert built["cpp_sources"] == built["cuda_sources"] == loader.source(version)
+    assert built["cpp_sources"] == [loader.source(version), loader.module_def(loader.source(version))]
+    assert built["cuda_sources"] == loader.source(version) and "functions" not in built
     assert loader.gencode_flags(loader.version_archs(version) or loader.arch_list())[0] in shown["extra_cuda_cflags"]
+
+
+# ------------------------------------------------------------------------------------------ module_def
+SEED_CALL = 'py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false);'
+# every binding the package exports, by kernel file (the training builds add forward_lse, see autograd.py)
+EXPORTED = {**{v: ("forward",) for v in flashattn.KERNEL_VERSIONS}, "v5": ("forward", "kernel_info"),
+            **{v: ("forward", "forward_lse") for v in TRAINING_VERSIONS},
+            "v8": ("forward", "forward_lse", "forward_trace"), "v6_backward": ("backward",)}
+
+
+@pytest.mark.parametrize("kernel", sorted(EXPORTED))
+def test_module_def_names_every_parameter_of_the_binding(kernel):
+    """The generated block names each parameter as the .cu file does, in order, so `forward(q=..., k=...,
+    v=...)` works; the trailing flags default to false."""
+    src = loader.source(kernel)
+    text = loader.module_def(src, EXPORTED[kernel])
+    assert text.startswith("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n") and text.endswith("}\n")
+    for name in EXPORTED[kernel]:
+        line = next(li for li in text.splitlines() if li.strip().startswith(f'm.def("{name}"'))
+        assert f"torch::wrap_pybind_function({name})" in line
+        signature = re.search(rf"^[\w:<>, ]+\b{name}\(([^)]*)\)", src, re.M).group(1)
+        assert re.findall(r'py::arg\("(\w+)"\)', line) == [re.findall(r"\w+", p)[-1] for p in signature.split(",")]
+        if name.startswith("forward") and name != "forward_trace":
+            assert line.endswith(SEED_CALL)
+
+
+def test_defaults_only_where_every_later_parameter_has_one():
+    backward = loader.module_def(loader.source("v6_backward"), ("backward",))
+    assert backward.count(" = false") == 2
+    assert 'py::arg("causal") = false, py::arg("deterministic") = false)' in backward
+    trace = loader.module_def(loader.source("v8"), ("forward_trace",))
+    assert " = false" not in trace and trace.rstrip().endswith('py::arg("causal"), py::arg("trace"));\n}')
+    with pytest.raises(ValueError, match="defines no binding kernel_info"):
+        loader.module_def(loader.source("v4"), ("kernel_info",))
+    assert loader.binding_params("std::tuple<at::Tensor, at::Tensor> f(const at::Tensor& a, std::vector<int, A> b,\n"
+                                 "                                      bool c) {", "f") == ["a", "b", "c"]
+
+
+def test_shown_call_carries_the_bindings():
+    shown = loader.load_inline_call("v4")
+    assert "cpp_sources=[src, bindings], cuda_sources=src" in shown and SEED_CALL in shown
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", flashattn.KERNEL_VERSIONS)
+def test_seed_call_defaults_to_non_causal(version):
+    """`flashattn.load(v).forward(q, k, v)` as the seed wrote it equals forward(q, k, v, False), and the
+    arguments go by name too."""
+    from test_v7 import is_hopper
+    if versions.INFO[version].archs and not is_hopper():
+        pytest.skip(f"{version} needs a Hopper GPU")
+    dtype = versions.INFO[version].dtypes[0]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 64, 64, device="cuda", generator=g).to(dtype) for _ in range(3))
+    module = flashattn.load(version)
+    out = module.forward(q, k, v)
+    assert torch.equal(out, module.forward(q, k, v, False))
+    assert torch.equal(out, module.forward(q=q, k=k, v=v, causal=False))
+    assert torch.isfinite(out).all() and out.abs().sum() > 0

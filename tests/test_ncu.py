@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.measure import ncu
+from flashattn.measure import ncu, ncu_pages, ncu_tables
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 # the reports of `python -m flashattn.measure.profile`, which saves ncu's pages next to each; other tools' reports
@@ -53,13 +53,13 @@ def test_export_readers(tmp_path):
         '"0","k","Occupancy","Achieved Occupancy","%","48.39"\n')
     raw = tmp_path / "r.raw.csv"
     raw.write_text('"ID","Kernel Name","gpu__time_duration.sum"\n"","","nsecond"\n"0","k","4,123,456"\n')
-    assert ncu.read_details_csv(details)["Duration"] == ("4,123,456", "nsecond")
-    assert ncu.read_raw_csv(raw)["gpu__time_duration.sum"] == ("4,123,456", "nsecond")
+    assert ncu_pages.read_details_csv(details)["Duration"] == ("4,123,456", "nsecond")
+    assert ncu_pages.read_raw_csv(raw)["gpu__time_duration.sum"] == ("4,123,456", "nsecond")
     summary = {f: None for f in ncu.FIELDS} | {"duration_s": 4.123456e-3, "achieved_occupancy_pct": 48.386,
                                                  "block_limits": {}}
-    assert ncu.compare_with_exports(summary, ncu.read_details_csv(details)) == []
+    assert ncu.compare_with_exports(summary, ncu_pages.read_details_csv(details)) == []
     summary["achieved_occupancy_pct"] = 50.0
-    assert ncu.compare_with_exports(summary, ncu.read_details_csv(details))
+    assert ncu.compare_with_exports(summary, ncu_pages.read_details_csv(details))
 
 
 def test_table_rows_from_a_synthetic_summary():
@@ -69,7 +69,7 @@ def test_table_rows_from_a_synthetic_summary():
              theoretical_occupancy_pct=50.0, blocks_per_sm=3, limited_by=["registers", "shared memory"],
              registers_per_thread=80, block_size=256, grid_size=1536, shared_total_bytes=33920,
              shared_dynamic_bytes=32896, shared_static_bytes=0, shared_driver_bytes=1024)
-    text = ncu.markdown_table(s)
+    text = ncu_tables.markdown_table(s)
     assert "compute-bound side" in text and "limited jointly by registers and shared memory" in text
     assert "33.92 KB/block" in text and "32.90 KB dynamic" in text
 
@@ -77,12 +77,12 @@ def test_table_rows_from_a_synthetic_summary():
 def test_stall_table_from_a_synthetic_summary():
     s = dict(stalls={"wait": 1.9, "selected": 1.0, "short_scoreboard": 0.5, "barrier": 0.1},
              warp_cycles_per_issue=3.5, issued_ipc=1.67)
-    rows = ncu.stall_rows(s, top=3)
+    rows = ncu_tables.stall_rows(s, top=3)
     assert [r[0] for r in rows] == ["wait", "selected", "short_scoreboard"]
     assert rows[0][2] == pytest.approx(100 * 1.9 / 3.5)
-    text = ncu.stall_table(s)
+    text = ncu_tables.stall_table(s)
     assert "| wait | 1.90 | 54% |" in text and "3.50 cycles per issued instruction" in text and "1.67" in text
-    assert "no warp-state statistics" in ncu.stall_table({"stalls": {}})
+    assert "no warp-state statistics" in ncu_tables.stall_table({"stalls": {}})
 
 
 @pytest.mark.skipif(not REPORTS, reason="no Nsight Compute report committed under results/h200/ yet")
@@ -95,11 +95,11 @@ def test_parsed_values_equal_ncu_pages(report):
     s = ncu.summarize(report)
     assert s["duration_s"] > 0 and s["registers_per_thread"] > 0 and s["blocks_per_sm"] >= 1
     assert s["dram_bytes_per_s"] > 0 and s["fp32_peak_flops_per_s"] > 0 and s["arithmetic_intensity"] > 0
-    printed = ncu.read_details_csv(details)
+    printed = ncu_pages.read_details_csv(details)
     for label in ("Duration", "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy",
                   "Dynamic Shared Memory Per Block", "Driver Shared Memory Per Block", "Block Limit Registers"):
         assert label in printed, f"{label} not on the details page"
-    problems = ncu.compare_with_exports(s, printed, ncu.read_raw_csv(raw) if raw.exists() else None,
+    problems = ncu.compare_with_exports(s, printed, ncu_pages.read_raw_csv(raw) if raw.exists() else None,
                                         ncu.load_action(report))
     assert not problems, "\n".join(problems)
     # profile.py collects WarpStateStats: one figure per stall reason, and they add up to the warp
@@ -117,13 +117,13 @@ def test_raw_rows_of_several_kernels_and_their_step_metrics(tmp_path):
     raw = tmp_path / "r.raw.csv"
     raw.write_text(f'==PROF== note\n"ID","Kernel Name","{conflicts}","gpu__time_duration.sum","{stall}"\n'
                    '"","","","nsecond","ratio"\n"0","k","1,024","2,000","0.50"\n"1","k","0","1,000","0"\n')
-    rows = ncu.read_raw_rows(raw)
-    assert len(rows) == 2 and ncu.read_raw_csv(raw) == rows[0]
+    rows = ncu_pages.read_raw_rows(raw)
+    assert len(rows) == 2 and ncu_pages.read_raw_csv(raw) == rows[0]
     names = {"bank_conflicts_ld": conflicts, "duration_s": "gpu__time_duration.sum", "absent": "no.such"}
-    counters, stalls = ncu.raw_values(rows[0], names)
+    counters, stalls = ncu_pages.raw_values(rows[0], names)
     assert counters == {"bank_conflicts_ld": 1024, "duration_s": pytest.approx(2e-6), "absent": None}
     assert stalls == {"barrier": 0.5}
-    assert ncu.raw_values(rows[1], names)[1] == {}     # a zero stall is left out, like ncu.stalls
+    assert ncu_pages.raw_values(rows[1], names)[1] == {}     # a zero stall is left out, like ncu.stalls
 
 
 def test_bank_conflict_row_only_when_the_report_has_the_counters():
@@ -133,10 +133,10 @@ def test_bank_conflict_row_only_when_the_report_has_the_counters():
              theoretical_occupancy_pct=None, blocks_per_sm=None, limited_by=[], registers_per_thread=None,
              block_size=None, grid_size=None, shared_total_bytes=None, shared_dynamic_bytes=None,
              shared_static_bytes=None, shared_driver_bytes=None)
-    assert "bank conflicts" not in ncu.markdown_table(s)
+    assert "bank conflicts" not in ncu_tables.markdown_table(s)
     s.update(bank_conflicts_ld=12.0, bank_conflicts_st=3.0, shared_wavefronts_ld=1000.0, shared_wavefronts_st=40.0)
     row = "| Shared-memory bank conflicts | 12 load, 3 store | extra wavefronts, out of 1,000 load"
-    assert row in ncu.markdown_table(s)
+    assert row in ncu_tables.markdown_table(s)
 
 
 def test_every_profile_collects_the_bank_conflict_counters():
@@ -165,43 +165,41 @@ SOURCE_PAGE = '''"Kernel Name","void k1<int, (int)2>(const int *)"
 
 
 def test_source_page_round_trip(tmp_path):
-    pages = ncu.split_source_page("==PROF== noise\n" + SOURCE_PAGE)
+    pages = ncu_pages.split_source_page("==PROF== noise\n" + SOURCE_PAGE)
     assert list(pages) == ["void k1<int, (int)2>(const int *)", "void k2<int, (int)3>(const int *)"]
     assert [len(rows) for rows in pages.values()] == [6, 1]
     assert pages["void k1<int, (int)2>(const int *)"][3]["stall_long_sb"] == "50"
     path = tmp_path / "source.csv"
-    ncu.write_source_rows(pages, path, labels=["red", "bulk"])
-    back = ncu.read_source_rows(path)
+    ncu_pages.write_source_rows(pages, path, labels=["red", "bulk"])
+    back = ncu_pages.read_source_rows(path)
     assert list(back) == ["red", "bulk"]
     assert back["red"][1]["Source"].startswith("REDG") and back["bulk"][0]["stall_long_sb"] == "7"
     assert back["red"][0]["stall_mio"] == ""   # a column the page did not have stays empty
     with pytest.raises(ValueError):
-        ncu.write_source_rows(pages, path, labels=["only one"])
+        ncu_pages.write_source_rows(pages, path, labels=["only one"])
 
 
 def test_register_waits_finds_the_memory_instruction_that_holds_the_register():
-    rows = ncu.split_source_page(SOURCE_PAGE)["void k1<int, (int)2>(const int *)"]
-    waits = ncu.register_waits(rows, top=3)
+    rows = ncu_pages.split_source_page(SOURCE_PAGE)["void k1<int, (int)2>(const int *)"]
+    waits = ncu_pages.register_waits(rows, top=3)
     assert [w["samples"] for w in waits] == [80, 50, 10]
     # R70 is read by the STG at the loop's bottom: found by wrapping around, one instruction back
     assert waits[0]["waits_for"] == {"source": "STG.E desc[UR10][R70.64], R31", "distance": 1, "wrapped": True}
     # R77 is the high half of the REDG's 64-bit address R76.64; the predicate does not hide the opcode
     assert waits[1]["waits_for"]["source"].startswith("REDG") and waits[1]["waits_for"]["distance"] == 2
     assert waits[2]["waits_for"] is None                      # R9: no memory instruction reads it
-    assert ncu.register_waits(rows, top=2, window=2)[1]["waits_for"] is None   # the REDG is 2 back
+    assert ncu_pages.register_waits(rows, top=2, window=2)[1]["waits_for"] is None   # the REDG is 2 back
 
 
 def test_recorded_dq_profile_backs_the_backward_chapter():
     """The chapter's claim about results/h200/backward_dq_ncu.*: in the red.global build, most of the
     instructions with the most long-scoreboard samples overwrite a register of a pending REDG, and the bulk
     build has a small fraction of those samples."""
-    import json
-
-    from flashattn.book.records import RESULTS
-    info = json.loads((RESULTS / "backward_dq_ncu.json").read_text())
-    pages = ncu.read_source_rows(RESULTS / info["source_csv"])
+    from flashattn.book.records import RESULTS, ncu_record
+    info = ncu_record(RESULTS / "backward_dq_ncu.json")
+    pages = ncu_pages.read_source_rows(RESULTS / info["source_csv"])
     assert list(pages) == info["kernels"] == ["v6_layout2", "v6_layout2_bulk"]
-    waits = ncu.register_waits(pages["v6_layout2"], top=3)
+    waits = ncu_pages.register_waits(pages["v6_layout2"], top=3)
     assert sum(bool(w["waits_for"]) and w["waits_for"]["source"].startswith("REDG") for w in waits) >= 2, waits
 
     def long_scoreboard(rows):

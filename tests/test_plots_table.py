@@ -1,14 +1,13 @@
 """The roofline figure and the README table, from synthetic inputs and from committed results."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from flashattn.book import plots
-from flashattn.measure import table
+from flashattn.measure import results, table
 from flashattn.versions import INFO, VERSIONS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
@@ -60,8 +59,8 @@ def _run(rows, **settings):
             "settings": {"warmup": 25, "repetitions": 100, **settings}, "rows": rows}
 
 
-def _row(impl, us, L=2048, status="ok", calls=100, **kw):
-    r = dict(impl=impl, batch_size=4, num_heads=12, seq_len_q=L, seq_len_kv=L, head_dim=64, dtype="float32",
+def _row(version, us, L=2048, status="ok", calls=100, **kw):
+    r = dict(version=version, batch_size=4, num_heads=12, seq_len_q=L, seq_len_kv=L, head_dim=64, dtype="float32",
              causal=False, status=status, message=None if status == "ok" else "takes float32 only",
              median_us=us, calls_timed=calls, requested_repetitions=100)
     r.update(kw)
@@ -73,12 +72,13 @@ def synthetic_doc():
             _row("baseline", 11940.15), _row("sdpa", 5507.07, change_vs_baseline_pct=-53.9, speedup_vs_sdpa=1.0),
             _row("v1", 241906.6, calls=12, change_vs_baseline_pct=1926.0, speedup_vs_sdpa=0.0228),
             _row("v0", None, status="unsupported"), _row("v4", 999.0, L=1024)]
-    return {"schema": 1, "runs": [_run(rows)]}
+    run = _run(rows)
+    return results.document("bench", run["rows"], run["meta"], run["settings"])
 
 
 def test_table_from_synthetic_json(tmp_path):
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps(synthetic_doc()))
+    results.save(path, synthetic_doc())
     md = table.results_table(path)
     lines = md.splitlines()
     assert lines[0] == "| Version | Title | Latency (µs) | Δ vs. baseline | vs. SDPA | Description |"
@@ -105,7 +105,7 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path):
 
 def test_table_cli(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps(synthetic_doc()))
+    results.save(path, synthetic_doc())
     assert table.main([str(path), "--seq-len", "1024"]) == 0
     assert "999.00" in capsys.readouterr().out
 
@@ -129,8 +129,8 @@ def test_v7_and_backward_tables_and_a_file_not_recorded(tmp_path, capsys):
     """--compare --tflops: the ratios and rates follow from the medians; backward rows are never read as
     forward ones; a missing file leaves a plain 'Not recorded yet' in the README block, nothing else."""
     bwd = tmp_path / "bench_backward.json"
-    bwd.write_text(json.dumps({"runs": [_run([_timed("v6", 4000.0, backward=True),
-                                              _timed("sdpa_flash", 6000.0, backward=True)])]}))
+    run = _run([_timed("v6", 4000.0, backward=True), _timed("sdpa_flash", 6000.0, backward=True)])
+    results.write(bwd, "bench", run["rows"], run["meta"], run["settings"])
     text = table.comparison_table(table.load(bwd), "v6", ["sdpa_flash", "sdpa_cudnn"], tflops=True)
     rate = 2.5 * 4 * 2 * 16 * 8192 * 8192 * 128 / 4000e-6 / 1e12
     assert f"| 2, 16, 8192, 128 | bfloat16 | no | 4,000.0 | {rate:,.0f} | 6,000.0 | 1.50× | n/a | — |" in text
@@ -144,14 +144,3 @@ def test_v7_and_backward_tables_and_a_file_not_recorded(tmp_path, capsys):
                                  "<!-- v7-table:end -->\nb\n"
     assert "Not recorded yet" in capsys.readouterr().out
 
-
-def test_kernel_header_update_only_touches_the_versions_named(tmp_path):
-    for v in ("v6", "v7"):
-        (tmp_path / f"{v}.cu").write_text(f"// {v}\n// Measured on H200 (old)\n#ifdef __CUDACC__\n")
-    rows = [dict(_timed("v7", 1700.0), speedup_vs_sdpa=1.03), _timed("v6", 3000.0), _timed("sdpa_flash", 3400.0)]
-    changed = table.update_kernel_headers(rows, "cmd", kernels_dir=tmp_path, only=["v7"])
-    assert changed == [str(tmp_path / "v7.cu")]
-    assert (tmp_path / "v6.cu").read_text().count("(old)") == 1
-    line = (tmp_path / "v7.cu").read_text().split("\n")[1]
-    assert line.startswith("// Measured on H200 (B=2, H=16, M=8192, N=8192, D=128, bfloat16): 1,700.0 us")
-    assert "1.03x SDPA's speed" in line and f"{3400 / 1700:.2f}x SDPA-flash's" in line

@@ -2,13 +2,13 @@
 committed files or from small files written here; a missing record says so instead of failing."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from conftest import write_bench_file
 
-from flashattn.book import records
+from flashattn.book import clocks, records
+from flashattn.measure import results as record
 from flashattn.measure import table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,12 +24,12 @@ def results(tmp_path, monkeypatch):
     """An empty results folder in place of results/h200 (with the committed ceilings)."""
     (tmp_path / "ceilings.json").write_text((records.RESULTS / "ceilings.json").read_text())
     monkeypatch.setattr(records, "RESULTS", tmp_path)
+    monkeypatch.setattr(clocks, "RESULTS", tmp_path)
     return tmp_path
 
 
-@pytest.mark.parametrize("old_keys", [False, True], ids=["today", "recorded-before-the-rename"])
-def test_recorded_table_from_a_bench_file(results, old_keys):
-    write_bench_file(results, old_keys)
+def test_recorded_table_from_a_bench_file(results):
+    write_bench_file(results)
     t = text(records.recorded(["baseline", "sdpa", "v4"]))
     assert "| V4 | 2048 | 1,200.0 |" in t and f"{1500 / 1200:.2f}× faster" in t
     assert f"{(1200 / 2000 - 1) * 100:+.1f}%" in t
@@ -47,26 +47,26 @@ def test_missing_records_say_so(results):
 
 
 def test_ceilings_come_from_the_record_and_give_the_ridge_points():
-    doc = json.loads((records.RESULTS / "ceilings.json").read_text())
-    value = {k: c["value"] for k, c in doc["ceilings"].items()}
+    doc = record.read(records.RESULTS / "ceilings.json", "ceilings")
+    value = {r["name"]: r["value"] for r in doc["rows"]}
     c = records.ceilings()
     assert c["fp32"] == value["fp32_cuda_core_tflops"] * 1e12 and c["dram"] == value["dram_copy_tbps"] * 1e12
-    assert c["sm_count"] == doc["sm_count"] and c["source"]
+    assert c["sm_count"] == doc["meta"]["sm_count"] and c["source"]
     ridge = value["fp32_cuda_core_tflops"] / value["dram_copy_tbps"]
     assert f"| {ridge:,.0f} FLOP/byte |" in text(records.ceilings_table())
 
 
 def test_clock_log_counts_power_capped_samples(results):
-    assert records.clock_log() is None and "No clock log" in text(records.clock_table())
+    assert clocks.clock_log() is None and "No clock log" in text(clocks.clock_table())
     (results / "gpu_clocks.csv").write_text(
         "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, "
         "clocks_event_reasons.active\n"
         "2026/11/29 15:30:55.505, 345 MHz, 3201 MHz, 78.2 W, 35, 0x0000000000000001\n"
         "2026/11/29 15:30:55.705, 1980 MHz, 3201 MHz, 655.0 W, 41, 0x0000000000000000\n"
         "2026/11/29 15:30:55.905, 1755 MHz, 3201 MHz, 691.7 W, 42, 0x0000000000000004\n")
-    c = records.clock_log()
+    c = clocks.clock_log()
     assert c == dict(busy_samples=2, capped_samples=1, peak_watts=691.7, max_mhz=1980, min_capped_mhz=1755)
-    assert "| 2 | 1 samples | 692 W | up to 1980 MHz | 1755 MHz |" in text(records.clock_table())
+    assert "| 2 | 1 samples | 692 W | up to 1980 MHz | 1755 MHz |" in text(clocks.clock_table())
 
 
 def test_repeat_table_groups_runs_by_shape(results):
@@ -75,9 +75,10 @@ def test_repeat_table_groups_runs_by_shape(results):
     def row(version, L, us):
         return dict(version=version, batch_size=1, num_heads=1, seq_len_q=L, seq_len_kv=L, head_dim=64,
                     dtype="bfloat16", causal=False, status="ok", median_us=us)
-    runs = [{"rows": [row("v6", L, 100.0 + i), row("sdpa_flash", L, 110.0), row("sdpa", L, 80.0)]}
-            for i in range(2) for L in (64, 128)]
-    (results / "bench_v6_repeat.json").write_text(json.dumps({"schema": 1, "runs": runs}))
+    for i in range(2):
+        for L in (64, 128):
+            record.append(results / "bench_v6_repeat.json", "bench",
+                          [row("v6", L, 100.0 + i), row("sdpa_flash", L, 110.0), row("sdpa", L, 80.0)], meta={})
     lines = [l for l in text(records.repeat_table()).splitlines() if l.startswith("| 1, 1,")]
     assert [l.split("|")[1].strip() for l in lines] == ["1, 1, 64, 64"] * 2 + ["1, 1, 128, 64"] * 2
     assert f"| 100.0 | 110.0 | {110 / 100:.2f}× |" in lines[0] and f"| 101.0 | 110.0 | {110 / 101:.2f}× |" in lines[1]
@@ -85,13 +86,13 @@ def test_repeat_table_groups_runs_by_shape(results):
 
 @pytest.mark.parametrize("version", ["v5", "v6"])
 def test_sweep_table_has_a_row_per_recorded_variant(version):
-    doc = json.loads((records.RESULTS / f"{version}_sweep.json").read_text())
-    assert doc["schema"] == "flashattn.sweep/1" and doc["version"] == version
+    doc = record.read(records.RESULTS / f"{version}_sweep.json", "sweep")
+    assert doc["meta"]["version"] == version
     t = text(records.sweep_table(version))
-    for r in doc["variants"]:
+    for r in doc["rows"]:
         assert f"| {r['name']} | {r['D']} |" in t
         assert f"| {r['timing']['median_us']:,.1f} |" in t
-    fastest = min((r for r in doc["variants"] if r["D"] == 64 and r.get("correct") is not False),
+    fastest = min((r for r in doc["rows"] if r["D"] == 64 and r.get("correct") is not False),
                   key=lambda r: r["timing"]["median_us"])
     assert f"D=64: {fastest['name']}" in t
 
@@ -130,15 +131,13 @@ def test_step_table_of_a_recorded_chain(results):
         if lds is not None:
             r["sass_hot_loop"] = {"LDS": lds, "LDSM": 0}
         return r
-    doc = {"schema": "flashattn.sweep/1", "version": "v6", "set": "v6-steps", "dtype": "bfloat16",
-           "steps": ["d64 a", "d64 b", "d64 c", "d128 a"],
-           "settings": {"timing": "interleaved"},
-           "variants": [variant("d128 a", 128, 900.0, "first"), variant("d64 c", 64, 100.0, "third", 0, 3),
-                        variant("d64 b", 64, 150.0, "second", 4096, 227), variant("d64 a", 64, 300.0, "first")],
-           "references": []}
-    (results / "v6_steps.json").write_text(json.dumps(doc))
+    meta = {"version": "v6", "set": "v6-steps", "dtype": "bfloat16", "steps": ["d64 a", "d64 b", "d64 c", "d128 a"],
+            "references": [], "device": {"name": "NVIDIA H200"}, "git": {"commit": "abc123"}}
+    variants = [variant("d128 a", 128, 900.0, "first"), variant("d64 c", 64, 100.0, "third", 0, 3),
+                variant("d64 b", 64, 150.0, "second", 4096, 227), variant("d64 a", 64, 300.0, "first")]
+    record.write(results / "v6_steps.json", "sweep", variants, meta, {"timing": "interleaved"})
     rows = records.step_rows("v6")
-    assert [r["name"] for r in rows] == doc["steps"] and [r["step"] for r in rows] == [1, 2, 3, 1]
+    assert [r["name"] for r in rows] == meta["steps"] and [r["step"] for r in rows] == [1, 2, 3, 1]
     assert rows[1]["vs_previous"] == pytest.approx(2.0) and rows[2]["vs_previous"] == pytest.approx(1.5)
     assert rows[2]["vs_first"] == pytest.approx(3.0) and rows[3]["vs_previous"] is None
     assert rows[1]["bank conflicts ld"] == 4096 and rows[1]["LDS"] == 227 and rows[0]["stall barrier"] is None
@@ -147,13 +146,5 @@ def test_step_table_of_a_recorded_chain(results):
     assert "| 128 |" not in t and "1024" in t.replace(",", "")
     sentence = records.step_sentence("v6", 2)
     assert "Step 2 (second): at D = 64 it goes from 300.0 µs to 150.0 µs (2.00× the speed" in sentence
-    from flashattn.measure import steps
-    doc["meta"] = {"device": {"name": "NVIDIA H200"}, "git": {"commit": "abc123"}}
-    (results / "v6_steps.json").write_text(json.dumps(doc))
-    lines = steps.header_lines("v6")
-    assert lines[0].startswith("//   D=64: B,H,M,N = 4,12,2048,2048; D=128:") and "abc123" in lines[2]
-    assert max(map(len, lines)) <= 120
-    assert any(line.startswith("//      2  b ") and "150.0   2.00   200" in line for line in lines)
     (results / "v6_steps.json").unlink()
     assert "No recorded step chain" in text(records.step_table("v6"))
-    assert steps.header_lines("v6") == ["//   No step chain is recorded yet (results/h200/v6_steps.json)."]

@@ -2,10 +2,15 @@
 inputs small enough to check by hand."""
 from __future__ import annotations
 
-import pytest
+import matplotlib
 
-from flashattn.book import schedule
-from flashattn.measure import sass
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from flashattn.book import schedule, trace  # noqa: E402
+from flashattn.measure import sass  # noqa: E402
 
 
 def test_pingpong_issues_in_turn_and_keeps_the_tensor_cores_busier():
@@ -19,6 +24,16 @@ def test_pingpong_issues_in_turn_and_keeps_the_tensor_cores_busier():
     assert shared[0].start == shared[1].start and shared[0].end == shared[1].end == 2.0
     assert schedule.tensor_busy(turns) > schedule.tensor_busy(lockstep)
     assert schedule.tensor_busy(lockstep) == pytest.approx(2 / 3)
+
+
+def test_pingpong_figure_shows_both_schedules_with_their_busy_share():
+    fig = schedule.fig_pingpong(show=False)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 2 and "V8_PINGPONG=0" in titles[0] and "V8_PINGPONG=1" in titles[1]
+    for pingpong, title in zip((False, True), titles):
+        busy = schedule.tensor_busy(schedule.simulate(2, 4, pingpong=pingpong))
+        assert f"busy {100 * busy:.0f}%" in title
+    plt.close(fig)
 
 
 def test_overlap_window_counts_exponentials_and_finds_a_write_in_flight():
@@ -40,7 +55,6 @@ def test_register_moves_reads_setmaxnreg():
 # ---------------------------------------------------------------- flashattn.book.trace (V8_TRACE stamps)
 def _stamps(tiles=6, period=2000, offset=1000):
     """One item of a hand-made trace at 1 cycle per ns: producer and two consumers taking turns."""
-    from flashattn.book import trace
     rows = []
     for role in range(trace.ROLES):
         r = [[-1] * trace.WORDS for _ in range(1 + tiles + 1)]
@@ -55,7 +69,6 @@ def _stamps(tiles=6, period=2000, offset=1000):
 
 
 def test_trace_summary_of_hand_made_stamps():
-    from flashattn.book import trace
     raw = [_stamps()]
     assert trace.clock_ghz(raw) == 1.0
     s = trace.summarize(raw, 1.0)
@@ -75,14 +88,11 @@ def test_trace_summary_of_hand_made_stamps():
 def test_recorded_trace_reads_back_in_order(name):
     """The stamps recorded on the H200 (python -m flashattn.book.trace) give a timeline whose segments all end
     after they start, per consumer in tile order, with the figure drawn from them."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from flashattn.book import trace
     doc = trace.load(trace.RECORD.parent / name)
-    assert doc is not None and doc["schema"] == trace.SCHEMA, f"results/h200/{name} missing"
-    assert [(r["shape"]["D"], r["shape"]["causal"]) for r in doc["runs"]] == [(128, False), (64, False),
+    assert doc is not None, f"results/h200/{name} missing"
+    assert [(r["shape"]["D"], r["shape"]["causal"]) for r in doc["rows"]] == [(128, False), (64, False),
                                                                              (128, True), (64, True)]
-    for run in doc["runs"]:
+    for run in doc["rows"]:
         segs = trace.timeline(run)
         assert {"producer", "consumer 0", "consumer 1"} <= {s[0] for s in segs}
         assert all(0 <= a <= b for _, _, _, a, b in segs)
@@ -95,4 +105,4 @@ def test_recorded_trace_reads_back_in_order(name):
         assert mine == pytest.approx(run["summary"]["tile period"], rel=0.25)
         fig = trace.fig_timeline(run, show=False)
         assert len(fig.axes[0].patches) > 10
-        matplotlib.pyplot.close(fig)
+        plt.close(fig)

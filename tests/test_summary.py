@@ -5,7 +5,6 @@ so the tests do not depend on which step files are committed; nothing drawn from
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -15,12 +14,13 @@ import pytest
 matplotlib.use("Agg")
 
 from flashattn.book import records, summary  # noqa: E402
+from flashattn.measure import results as record  # noqa: E402
 
 REAL = Path(records.RESULTS)
 SHAPE = [4, 12, 2048, 2048, 64]
 
 
-def _steps_doc(version: str, chain: list[tuple[str, float, str]], dtype: str) -> dict:
+def _write_steps(path: Path, version: str, chain: list[tuple[str, float, str]], dtype: str) -> None:
     """A step file as `python -m flashattn.measure.sweep VERSION-steps` writes it, with a D=128 copy of every step
     that the staircase must leave out."""
     variants = []
@@ -28,8 +28,7 @@ def _steps_doc(version: str, chain: list[tuple[str, float, str]], dtype: str) ->
         variants += [dict(name=f"d{D} {n}", D=D, change=c, shape=shape, correct=True, max_rel_error=1e-6 * (i + 1),
                           timing=dict(median_us=us * (1 if D == 64 else 10)))
                      for i, (n, us, c) in enumerate(chain)]
-    return {"schema": "flashattn.sweep/1", "version": version, "dtype": dtype, "variants": variants,
-            "steps": [v["name"] for v in variants]}
+    record.write(path, "sweep", variants, {"version": version, "dtype": dtype, "steps": [v["name"] for v in variants]})
 
 
 V5_CHAIN = [("register tiles", 2000.0, "register tiles"), ("cp.async", 1600.0, "double buffering"),
@@ -45,6 +44,7 @@ def results(tmp_path, monkeypatch):
         if not f.name.endswith("_steps.json"):
             shutil.copy(f, tmp_path / f.name)
     monkeypatch.setattr(records, "RESULTS", tmp_path)
+    monkeypatch.setattr(summary, "RESULTS", tmp_path)
     return tmp_path
 
 
@@ -62,8 +62,8 @@ def test_without_step_files_each_version_is_one_step(results):
 
 
 def test_step_files_replace_the_versions_by_their_steps(results):
-    (results / "v5_steps.json").write_text(json.dumps(_steps_doc("v5", V5_CHAIN, "float32")))
-    (results / "v6_steps.json").write_text(json.dumps(_steps_doc("v6", V6_CHAIN, "bfloat16")))
+    _write_steps(results / "v5_steps.json", "v5", V5_CHAIN, "float32")
+    _write_steps(results / "v6_steps.json", "v6", V6_CHAIN, "bfloat16")
     fp32 = summary.phase_steps("fp32")
     v5 = [r for r in fp32 if r["version"] == "v5"]
     assert [r["us"] for r in v5] == [2000.0, 1600.0, 1250.0]          # D=64 only, in the file's order

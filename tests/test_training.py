@@ -1,7 +1,10 @@
-"""The training demonstration (flashattn.book.training): its data, its model, its record, and on a GPU the claim
-the book makes with it: training through flashattn.attention follows SDPA to within the noise of bf16."""
+"""The training demonstration (flashattn.book.training, training_data, training_model): its data, its model,
+its record, its command line, and on a GPU the claim the book makes with it: training through
+flashattn.attention follows SDPA to within the noise of bf16."""
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -9,20 +12,22 @@ import pytest
 import torch
 
 from flashattn.book import training as tr
+from flashattn.book import training_data as td
+from flashattn.book import training_model as tm
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny(**kw) -> tr.Config:
+def tiny(**kw) -> tm.Config:
     """A model small enough for two shared CPU cores: one layer, two heads of D=16, context 32."""
     base = dict(block_size=32, n_layer=1, n_head=2, head_dim=16, batch_size=8, steps=40, lr=3e-3,
                 warmup_steps=5, eval_every=20, seed=0)
-    return tr.Config(**dict(base, **kw))
+    return tm.Config(**dict(base, **kw))
 
 
 @pytest.fixture(scope="module")
 def data():
-    return tr.CharData.from_repository()
+    return td.CharData.from_repository()
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -61,28 +66,28 @@ def test_bad_sizes_are_refused_with_the_argument_named(data):
     with pytest.raises(ValueError, match="block_size"):
         data.batch(torch.Generator(), 2, len(data.train))
     with pytest.raises(ValueError, match="documents"):
-        tr.CharData(["", "a"])
+        td.CharData(["", "a"])
     with pytest.raises(ValueError, match="attn"):
-        tr.GPT(tiny(vocab_size=10), attn="naive")
+        tm.GPT(tiny(vocab_size=10), attn="naive")
 
 
 # -------------------------------------------------------------------------------------------- model
 def test_every_attention_path_starts_from_the_same_weights(data):
     cfg = tiny(vocab_size=data.vocab_size)
     rng = torch.random.get_rng_state()
-    models = {a: tr.build_model(cfg, a) for a in tr.ATTENTIONS}
+    models = {a: tm.build_model(cfg, a) for a in tm.ATTENTIONS}
     assert torch.equal(rng, torch.random.get_rng_state())      # building a model leaves the global RNG alone
     ref = models["sdpa"].state_dict()
     for a, m in models.items():
         assert m.state_dict().keys() == ref.keys()
         assert all(torch.equal(v, ref[k]) for k, v in m.state_dict().items()), a
-    other = tr.build_model(tiny(vocab_size=data.vocab_size, seed=1), "sdpa").state_dict()
+    other = tm.build_model(tiny(vocab_size=data.vocab_size, seed=1), "sdpa").state_dict()
     assert not torch.equal(other["blocks.0.attn.qkv.weight"], ref["blocks.0.attn.qkv.weight"])
     assert models["sdpa"].head.weight is models["sdpa"].tok.weight      # tied embeddings
 
 
 def test_flashattn_path_refuses_cpu_tensors(data):
-    model = tr.build_model(tiny(vocab_size=data.vocab_size), "flashattn")
+    model = tm.build_model(tiny(vocab_size=data.vocab_size), "flashattn")
     x, y = data.batch(torch.Generator().manual_seed(0), 2, 32)
     with pytest.raises(ValueError, match="attn='flashattn' needs CUDA"):
         model(x, y)
@@ -96,8 +101,8 @@ def test_float32_yardstick_stays_float32_under_bf16_autocast():
     q, k, v = (torch.randn(2, 3, 40, 16, generator=g) for _ in range(3))
     ref = attention_reference(q, k, v, causal=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        fp32 = tr.attend_sdpa_fp32(q, k, v)
-        bf16 = tr.attend_sdpa(q, k, v)
+        fp32 = tm.attend_sdpa_fp32(q, k, v)
+        bf16 = tm.attend_sdpa(q, k, v)
     assert fp32.dtype == torch.float32 and bf16.dtype == torch.bfloat16
     assert relative_error(fp32, ref) < 1e-5 < 1e-3 < relative_error(bf16, ref)
 
@@ -140,6 +145,31 @@ def test_cli_record_round_trips_through_json(tmp_path):
     assert tr.read_json(tmp_path / "again.json") == rec == json.loads(json.dumps(rec))
     assert f"{s['final_val_loss']:.4f}" in tr.summary_table(rec)
     assert tr.read_json(tmp_path / "absent.json") is None
+
+
+def test_without_a_gpu_the_cli_says_what_runs_in_one_line(monkeypatch, capsys):
+    """The default run includes flashattn; with no CUDA GPU (or --device cpu) the command says so in one
+    line naming --attn sdpa and exits 2 before reading any data, instead of a traceback from train()."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(td.CharData, "from_repository", lambda *a: pytest.fail("the data was read"))
+    assert tr.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "no CUDA GPU" in err and "--attn sdpa" in err
+
+
+def test_cli_on_cpu_device_exits_nonzero_without_traceback():
+    res = subprocess.run([sys.executable, "-m", "flashattn.book.training", "--device", "cpu"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "Traceback" not in res.stderr and "--device is cpu" in res.stderr and "--attn sdpa" in res.stderr
+
+
+def test_help_says_the_demo_trains_three_attentions():
+    help_text = " ".join(subprocess.run([sys.executable, "-m", "flashattn.book.training", "--help"], cwd=ROOT,
+                                        capture_output=True, text=True, timeout=120).stdout.split())
+    assert "three attentions (flashattn, SDPA, SDPA in float32)" in help_text
+    assert set(tm.ATTENTIONS) == {"flashattn", "sdpa", "sdpa_fp32"}
 
 
 def _record(curves: dict) -> dict:
@@ -196,9 +226,9 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
       strayed 0.003 to 0.09 nats from the float32 one and flashattn's 0.008 to 0.8, neither one closer at
       every seed; at 1e-3 both stayed within 0.05."""
     from flashattn.reference import relative_error
-    cfg = tr.Config(vocab_size=data.vocab_size, block_size=128, n_layer=2, n_head=2, head_dim=64, batch_size=8,
+    cfg = tm.Config(vocab_size=data.vocab_size, block_size=128, n_layer=2, n_head=2, head_dim=64, batch_size=8,
                     steps=30, lr=1e-3, warmup_steps=5, eval_every=30)
-    models = {a: tr.build_model(cfg, a, "cuda") for a in tr.ATTENTIONS}
+    models = {a: tm.build_model(cfg, a, "cuda") for a in tm.ATTENTIONS}
     x, y = data.batch(torch.Generator().manual_seed(0), cfg.batch_size, cfg.block_size, "cuda")
     g = {a: _grads(m, x, y) for a, m in models.items()}
     err = {a: relative_error(g[a], g["sdpa_fp32"]) for a in ("sdpa", "flashattn")}
@@ -209,7 +239,7 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
     worst = {"sdpa": 0.0, "flashattn": 0.0}
     for seed in range(3):
         cfg.seed = seed
-        curves, _, _ = tr.train(cfg, data, tr.ATTENTIONS, "cuda")
+        curves, _, _ = tr.train(cfg, data, tm.ATTENTIONS, "cuda")
         ref = torch.tensor(curves["sdpa_fp32"]["train_loss"])
         assert ref[-5:].mean() < ref[:5].mean() - 0.5
         for a in mean:
@@ -222,7 +252,7 @@ def test_flashattn_training_follows_sdpa_within_bf16_noise(data):
 
 @pytest.mark.gpu
 def test_step_timing_uses_cuda_events_per_attention(data):
-    cfg = tr.Config(vocab_size=data.vocab_size, block_size=128, n_layer=1, n_head=2, head_dim=64, batch_size=4,
+    cfg = tm.Config(vocab_size=data.vocab_size, block_size=128, n_layer=1, n_head=2, head_dim=64, batch_size=4,
                     steps=2, eval_every=2)
     _, models, opts = tr.train(cfg, data, ("sdpa", "flashattn"), "cuda")
     t = tr.time_steps(models, opts, data, cfg, warmup=2, repetitions=6, rounds=2)

@@ -1,4 +1,4 @@
-"""The V5 chapter's steps (flashattn.measure.sweep.VARIANTS["v5-steps"]): macros of kernels/v5.cu, each step the one
+"""The V5 chapter's steps (flashattn.measure.variants.SETS["v5-steps"]): macros of kernels/v5.cu, each step the one
 before with one more macro switched on, the last one the committed build.
 
 CPU tests (nvcc, no GPU): the committed build is the same machine code as the build with every step macro
@@ -28,15 +28,16 @@ from conftest import poison_allocator, run_sanitized  # noqa: E402
 
 from flashattn.measure import sass, sweep  # noqa: E402
 from flashattn.measure.resources import compile_report  # noqa: E402
+from flashattn.measure.variants import SETS, V5_STEPS  # noqa: E402
 from flashattn.reference import attention_reference, relative_error, sdpa  # noqa: E402
 
-STEPS = [name for name, _, _ in sweep.V5_STEPS]                  # chapter order
-MACROS = {name: sweep.VARIANTS["v5-steps"][f"d64 {name}"].macros for name in STEPS}
+STEPS = [name for name, _, _ in V5_STEPS]                  # chapter order
+MACROS = {name: SETS["v5-steps"][f"d64 {name}"].macros for name in STEPS}
 HEAD_DIMS = (64, 128)
 
 
 def step_flags(step: str) -> tuple[str, ...]:
-    return tuple(sweep.flags(sweep.Variant(64, MACROS[step])))
+    return tuple(SETS["v5-steps"][f"d64 {step}"].flags)
 
 
 def kernel(step: str, D: int) -> sass.Function:
@@ -127,7 +128,7 @@ def build(step: str):
     """The step's extension, under the module name `python -m flashattn.measure.sweep v5-steps` builds it as (one
     build serves both)."""
     if step not in _BUILT:
-        _BUILT[step] = sweep._build("v5", sweep.VARIANTS["v5-steps"][f"d64 {step}"])
+        _BUILT[step] = sweep.build(SETS["v5-steps"][f"d64 {step}"])
     return _BUILT[step]
 
 

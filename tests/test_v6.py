@@ -30,7 +30,8 @@ from conftest import (
 )
 
 import flashattn
-from flashattn.measure import sweep
+from flashattn.measure import results, sweep
+from flashattn.measure.variants import SETS
 from flashattn.reference import attention_reference, relative_error, sdpa
 
 
@@ -351,7 +352,7 @@ def test_bad_inputs_refused_then_good_call_works(v6):
 # Every step of `python -m flashattn.measure.sweep v6-steps` but the last (the committed build, tested above), built
 # under the sweep's own module names so that a sweep after the tests reuses the builds. Steps share one
 # build for both head dims, so the d64 names stand for both.
-STEPS = {n.removeprefix("d64 "): v for n, v in sweep.VARIANTS["v6-steps"].items() if n.startswith("d64 ")}
+STEPS = {n.removeprefix("d64 "): v for n, v in SETS["v6-steps"].items() if n.startswith("d64 ")}
 FINAL = list(STEPS)[-1]
 STEP_SHAPES = [(2, 3, 113, 203, 1.0), (2, 3, 203, 113, 1.0), (1, 1, 1, 1, 1.0), (1, 2, 1023, 1025, 1.0),
                (3, 2, 17, 1, 1.0), (2, 2, 300, 517, 25.0)]   # (B, H, M, N, logit scale): 25 overflows exp alone
@@ -359,11 +360,11 @@ SANITIZE_STEP_SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67)]
 
 
 def build_step(name: str):
-    return sweep._build("v6", STEPS[name])
+    return sweep.build(STEPS[name])
 
 
 def test_steps_are_one_change_each_and_end_at_the_committed_build():
-    chain = list(sweep.VARIANTS["v6-steps"].items())
+    chain = list(SETS["v6-steps"].items())
     for D in (64, 128):
         mine = [(n, v) for n, v in chain if v.D == D]
         assert len(mine) == len(STEPS) >= 6
@@ -385,7 +386,7 @@ def test_steps_default_build_is_the_same_machine_code():
         pytest.skip(sass.tool_missing_reason())
     def code(flags):
         return {f.name: [i.text for i in f.instructions] for f in sass.disassemble("v6", tuple(flags))}
-    plain, spelled = code(()), code(sweep.flags(STEPS[FINAL]))
+    plain, spelled = code(()), code(STEPS[FINAL].flags)
     assert plain.keys() == spelled.keys() and len(plain) == 24
     assert [n for n in plain if plain[n] != spelled[n]] == []
 
@@ -445,12 +446,12 @@ if __name__ == "__main__" and "--sanitize-step" in sys.argv:
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_steps_bank_model(D):
-    """flashattn.measure.steps.bank_model, the chapter's prediction for the layout step: with plain rows a multiple
+    """flashattn.measure.banks.bank_model, the chapter's prediction for the layout step: with plain rows a multiple
     of 128 bytes apart every fragment access of a warp piles onto a few banks; padding and the swizzle
     both make every access conflict-free; the swizzled address is the one geometry.swizzle (and the
     emulation above) uses."""
-    from flashattn.measure import geometry, steps
-    rows = {r["access"].split(" (")[0].split(",")[0]: r for r in steps.bank_model(D)}
+    from flashattn.measure import banks, geometry
+    rows = {r["access"].split(" (")[0].split(",")[0]: r for r in banks.bank_model(D)}
     for r in rows.values():
         assert r["padded"] == r["swizzled"] == r["ideal"], r
     assert rows["Q_i or K_j fragment"]["plain"] == 8 and rows["P_ij store"]["plain"] == 8
@@ -459,7 +460,7 @@ def test_steps_bank_model(D):
     assert rows["cp.async 16-byte copy into the tile"]["plain"] == 4
     for r in range(16):
         for c in range(8):
-            assert steps.smem_address(2, r, c, 0, 2 * D) == r * 2 * D + 16 * geometry.swizzle(r, c)
+            assert banks.smem_address(2, r, c, 0, 2 * D) == r * 2 * D + 16 * geometry.swizzle(r, c)
 
 
 @pytest.mark.parametrize("step", ["P via shared memory", "2 stages", FINAL])
@@ -468,16 +469,14 @@ def test_steps_recorded_sass_counts_hold(step):
     step's hot loop has the recorded instruction counts, and the claims the chapter makes of them hold:
     P through shared memory is the only step with STS in its loop, ldmatrix replaces the LDS, and the
     final step has one BAR/DEPBAR fewer than the step before."""
-    import json
-
-    from flashattn.measure import sass, steps
+    from flashattn.measure import sass, step_sass
     if sass.tool_missing_reason():
         pytest.skip(sass.tool_missing_reason())
-    doc = json.loads((Path(__file__).resolve().parent.parent / "results" / "h200" / "v6_steps.json").read_text())
-    recorded = {r["name"]: r.get("sass_hot_loop") or {} for r in doc["variants"]}
+    doc = results.read(Path(__file__).resolve().parent.parent / "results" / "h200" / "v6_steps.json", "sweep")
+    recorded = {r["name"]: r.get("sass_hot_loop") or {} for r in doc["rows"]}
     for D in (64, 128):
-        variant = sweep.VARIANTS["v6-steps"][f"d{D} {step}"]
-        here = steps._hot_loops("v6", tuple(sweep.flags(variant)), [D])[D]
+        variant = SETS["v6-steps"][f"d{D} {step}"]
+        here = step_sass.hot_loops("v6", tuple(variant.flags), [D])[str(D)]
         for cls in ("HMMA", "LDS", "LDSM", "STS", "BAR/sync", "MUFU"):
             assert here[cls] == recorded[f"d{D} {step}"][cls], (step, D, cls)
         assert here["HMMA"] == 2 * 2 * (64 // 8) * (D // 16)       # 2 products x 2 slices x B_c/8 x D/16

@@ -29,31 +29,16 @@ KERNEL = ROOT / "kernels" / "v7.cu"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import (  # noqa: E402
-    HALF_DTYPES,
-    assert_refused,
-    bad_inputs,
-    every_half_case,
-    poison_allocator,
-    run_sanitized,
-    sanitizer_cases,
-)
+import conftest  # noqa: E402
 
 from flashattn.measure.resources import nvcc  # noqa: E402
 from flashattn.measure.sass import find_tool  # noqa: E402
+from flashattn.measure.variants import SETS  # noqa: E402
 from flashattn.reference import attention_reference, causal_mask  # noqa: E402
 
 GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
-# Tile variants: the default build and the steps the chapter times (macros of kernels/v7.cu).
-VARIANTS = {
-    "default": [],
-    "tma0": ["-DV7_TMA=0", "-DV7_D128_WG=2"],                # wgmma fed by plain cp.async loads
-    "tma0_stages1": ["-DV7_TMA=0", "-DV7_STAGES=1", "-DV7_D128_WG=2"],
-    "stages1": ["-DV7_STAGES=1"],
-    "stages3": ["-DV7_STAGES=3", "-DV7_D128_WG=2"],          # 3 x 64 KB of K/V at D=128 leaves room for 2 WG
-    "wg": ["-DV7_D64_WG=3", "-DV7_D128_WG=2"],              # the other warpgroup count per block
-    "bc64": ["-DV7_D64_BC=64", "-DV7_D128_BC=64", "-DV7_D128_WG=2", "-DV7_D64_MINB=2", "-DV7_D128_MINB=2"],
-}
+# The builds checked here: the default and one build per kind of step the chapter times (both head dims each).
+BUILDS = {name: v.flags for name, v in SETS["v7-builds"].items()}
 
 
 def cuobjdump() -> str:
@@ -95,9 +80,9 @@ def ptxas_entries(report: str) -> list[tuple[str, int]]:
     return [(name, int(regs)) for name, regs in entries]
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", list(BUILDS))
 def test_compiles_for_sm90a_without_spills(variant, tmp_path):
-    report, sass = compile_v7(tmp_path, VARIANTS[variant])
+    report, sass = compile_v7(tmp_path, BUILDS[variant])
     entries = ptxas_entries(report)
     assert max(regs for _, regs in entries) <= 255
 
@@ -108,7 +93,7 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
         # the P V product takes P from registers: an HGMMA whose A operand is a register, not gdesc
         assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA"
         assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA"
-        if "-DV7_TMA=0" in VARIANTS[variant]:
+        if "-DV7_TMA=0" in BUILDS[variant]:
             assert "LDGSTS" in text and "UTMALDG" not in text, f"{name}: expected cp.async, not TMA"
         else:
             assert "UTMALDG" in text, f"{name}: no TMA load"
@@ -160,12 +145,12 @@ def is_hopper() -> bool:
 
 
 needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v7 needs a GPU of compute capability 9.0")
-DTYPES = HALF_DTYPES
+DTYPES = conftest.HALF_DTYPES
 
 
 def build_v7(variant: str = "default"):
     from flashattn.loader import build
-    return build("v7", archs=["9.0a"], module_name=f"flashattn_v7_{variant}", extra_cuda_cflags=VARIANTS[variant])
+    return build("v7", archs=["9.0a"], module_name=f"flashattn_v7_{variant}", extra_cuda_cflags=BUILDS[variant])
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +170,7 @@ def check(v7, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
     q = (torch.randn(B, H, M, D, device="cuda", generator=g) * q_scale).to(dtype)
     k = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
     v = torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype)
-    poison_allocator(q)   # the output's future memory holds NaN: a forgotten element stays NaN
+    conftest.poison_allocator(q)   # the output's future memory holds NaN: a forgotten element stays NaN
     out = v7.forward(q, k, v, causal)
     torch.cuda.synchronize()
     assert out.dtype == dtype and out.shape == q.shape
@@ -215,14 +200,14 @@ def correctness_tests(version: str, fixture: str, build, variants, variant_shape
     @needs_sm90
     @pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
     @pytest.mark.parametrize("M,N", SHAPES)
-    @every_half_case
+    @conftest.every_half_case
     def test_matches_float64(request, dtype, causal, D, M, N, B, H):
         seed = zlib.crc32(repr(tag + (dtype, causal, D, M, N, B, H)).encode())
         check(request.getfixturevalue(fixture), B, H, M, N, D, DTYPES[dtype], causal, seed)
 
     @pytest.mark.gpu
     @needs_sm90
-    @every_half_case
+    @conftest.every_half_case
     def test_large_logits(request, dtype, D, causal):
         # q x 20: scores far beyond exp's range without the running max
         check(request.getfixturevalue(fixture), 2, 2, 300, 517, D, DTYPES[dtype], causal, seed=logit_seed + D,
@@ -245,7 +230,7 @@ def correctness_tests(version: str, fixture: str, build, variants, variant_shape
 
 
 test_matches_float64, test_large_logits, test_variants_match_float64 = correctness_tests(
-    "v7", "v7", build_v7, VARIANTS, [(113, 203), (1025, 1023), (17, 1), (300, 1100)], logit_seed=11)
+    "v7", "v7", build_v7, BUILDS, [(113, 203), (1025, 1023), (17, 1), (300, 1100)], logit_seed=11)
 
 
 @pytest.mark.gpu
@@ -266,12 +251,12 @@ def test_many_heads_tail_tiles_stay_in_their_head(v7):
 @pytest.mark.gpu
 @needs_hopper
 def test_bad_inputs_refused_then_good_call_works(v7):
-    good, cases = bad_inputs()
+    good, cases = conftest.bad_inputs()
     q, k, v = good
     cases.update({"float32": tuple(t.float() for t in good),
                   "D=256": tuple(torch.randn(1, 2, 33, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)),
                   "empty": tuple(torch.empty(1, 2, 0, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))})
-    assert_refused(v7.forward, cases)
+    conftest.assert_refused(v7.forward, cases)
     out = v7.forward(q, k, v, False)
     ref = attention_reference(q, k, v, dtype=torch.float64)
     assert (out.double() - ref).abs().max().item() < 2e-2
@@ -289,7 +274,7 @@ def sanitizer_tests(version: str, build, variants, shapes, driver: Path):
     The test runs memcheck, racecheck and synccheck on every variant and counts the calls that ran."""
     def sanitize_target(variant: str) -> None:
         dtypes = list(DTYPES.values()) if variant == "default" else [torch.bfloat16]
-        sanitizer_cases(build(variant).forward, version, shapes, dtypes)
+        conftest.sanitizer_cases(build(variant).forward, version, shapes, dtypes)
 
     @pytest.mark.gpu
     @pytest.mark.skipif(not is_hopper(), reason=f"{version} needs a GPU of compute capability 9.0")
@@ -297,14 +282,14 @@ def sanitizer_tests(version: str, build, variants, shapes, driver: Path):
     @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
     def test_sanitizer_clean(tool, variant):
         build(variant)   # outside the sanitizer: nvcc under it is slow
-        out, ran = run_sanitized(tool, driver, "--sanitize", variant, tag=f"ran {version} ")
+        out, ran = conftest.run_sanitized(tool, driver, "--sanitize", variant, tag=f"ran {version} ")
         assert len(ran) == len(shapes) * 2 * 2 * (2 if variant == "default" else 1), out[-4000:]
 
     return sanitize_target, test_sanitizer_clean
 
 
 # tail tiles, M > N, fully masked rows
-sanitize_target, test_sanitizer_clean = sanitizer_tests("v7", build_v7, VARIANTS, SANITIZE_SHAPES,
+sanitize_target, test_sanitizer_clean = sanitizer_tests("v7", build_v7, BUILDS, SANITIZE_SHAPES,
                                                         Path(__file__).resolve())
 
 

@@ -1,5 +1,5 @@
 """The V7 chapter reads its steps from the sweep record by variant name: each row of its step table
-(the STEPS list in book/v7.ipynb) names two variants of flashattn.measure.sweep.VARIANTS["v7"] that differ in one
+(the STEPS list in book/v7.ipynb) names two variants of flashattn.measure.variants.SETS["v7"] that differ in one
 choice. These tests keep the chapter and the sweep in step without a GPU: every name exists at the right
 head dim, every variant of the sweep appears in some step, and the two variants of a step differ in
 exactly one macro of kernels/v7.cu (a B_c step also raises __launch_bounds__' blocks per SM, V7_D*_MINB,
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flashattn.measure import geometry
-from flashattn.measure.sweep import VARIANTS
+from flashattn.measure.variants import SETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def chapter_steps() -> list[tuple[int, str, str, str]]:
 def macros_of(name: str) -> dict[str, int]:
     """Every tile macro of kernels/v7.cu at the variant's head dim: the file's default unless the variant
     sets it."""
-    variant = VARIANTS["v7"][name]
+    variant = SETS["v7"][name]
     names = ["V7_TMA", "V7_STAGES"] + [f"V7_D{variant.D}_{k}" for k in ("WG", "BC", "MINB")]
     return {n: variant.macros.get(n, geometry.constant("v7", n)) for n in names}
 
@@ -44,13 +44,13 @@ def test_steps_name_sweep_variants_at_their_head_dim():
     assert STEPS, "the chapter's step table is empty"
     for D, before, after, _ in STEPS:
         for name in (before, after):
-            assert name in VARIANTS["v7"], f"step variant {name!r} is not in flashattn.measure.sweep.VARIANTS['v7']"
-            assert VARIANTS["v7"][name].D == D, f"{name!r} is a D={VARIANTS['v7'][name].D} variant, step says {D}"
+            assert name in SETS["v7"], f"step variant {name!r} is not in flashattn.measure.variants.SETS['v7']"
+            assert SETS["v7"][name].D == D, f"{name!r} is a D={SETS['v7'][name].D} variant, step says {D}"
 
 
 def test_every_sweep_variant_is_in_a_step():
     used = {n for _, before, after, _ in STEPS for n in (before, after)}
-    assert set(VARIANTS["v7"]) <= used, f"variants the chapter never compares: {set(VARIANTS['v7']) - used}"
+    assert set(SETS["v7"]) <= used, f"variants the chapter never compares: {set(SETS['v7']) - used}"
 
 
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s[3])

@@ -34,29 +34,11 @@ import test_v7  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
 from flashattn.measure import sass as sass_tools  # noqa: E402
+from flashattn.measure.variants import SETS  # noqa: E402
 
-# The chapter's steps, one change each (macros of kernels/v8.cu); "default" is the last step.
-VARIANTS = {
-    "spec0": ["-DV8_SPECIALIZE=0"],                                       # v7's loop on v8's barriers
-    "spec": ["-DV8_SETMAXNREG=0", "-DV8_PINGPONG=0", "-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],   # + producer
-    "setmaxnreg": ["-DV8_PINGPONG=0", "-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],                # + register split
-    "pingpong": ["-DV8_OVERLAP=0", "-DV8_PERSISTENT=0"],                  # + ping-pong
-    "overlap": ["-DV8_PERSISTENT=0"],                                     # + intra-warpgroup overlap
-    "default": [],                                                        # + persistent blocks
-    "overlap_nopp": ["-DV8_PINGPONG=0", "-DV8_PERSISTENT=0"],             # overlap without ping-pong
-    "stages3": ["-DV8_STAGES=3"],                                         # a third K/V slot
-    "bc176": ["-DV8_D128_BC=176"],                                        # D=128: FlashAttention-3's B_c
-    "d64wg2": ["-DV8_D64_WG=2"],                                          # D=64: B_r = 128, 2 consumers
-}
-# Candidates that did not become the default (docs/v8_notes.md, results/h200/v8_candidates*.json): built,
-# checked and sanitized like the steps, timed by the candidate runs rather than the chapter's sweep.
-CANDIDATES = {
-    "clockfence": ["-DV8_CLOCK_FENCE=1"],                                 # the whole softmax in the overlap
-    "causal_wg2": ["-DV8_D64_CAUSAL_WG=2"],                               # causal D=64: B_r = 128
-    "causal_per_item": ["-DV8_D64_CAUSAL_PERSISTENT=0"],                  # causal D=64: a block per item
-    "nosnake": ["-DV8_SNAKE=0"],                                          # causal items in plain bands
-}
-BUILDS = {**VARIANTS, **CANDIDATES}
+# The chapter's steps, one change each ("default" is the last), and the candidates that did not become the
+# default (docs/v8_notes.md, results/h200/v8_candidates*.json): built, checked and sanitized alike.
+BUILDS = {name: v.flags for name, v in {**SETS["v8-builds"], **SETS["v8-candidates"]}.items()}
 
 
 def macro(flags: list[str], name: str) -> int:
@@ -165,7 +147,7 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
 
 
 def test_trace_build_stamps_only_where_asked(tmp_path):
-    """V8_TRACE=1 (flashattn/trace.py's build) adds clock reads, predicated 64-bit stores and the trace
+    """V8_TRACE=1 (flashattn/book/trace.py's build) adds clock reads, predicated 64-bit stores and the trace
     parameters; the default build has none of them (its SASS is the untraced kernel's: tests above). The
     stamps' indices in flashattn.book.trace agree with the kernel's enums."""
     from flashattn.book import trace

@@ -1,12 +1,28 @@
-"""The backward chapter's experiment: the steps of the key-tile kernel timed at the four target shapes."""
+"""The backward chapter's experiment: the steps of the key-tile kernel timed at the four target shapes
+(`python -m flashattn.book.backward_steps --set STEP`, main), and the chapter's live backward timing
+(time_backward)."""
 from __future__ import annotations
 
+import argparse
+import contextlib
 import functools
+import inspect
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from flashattn.autograd import forward_module
+from flashattn.loader import build, check_device
+from flashattn.measure import ncu_pages, results, variants
 from flashattn.measure.backward import backward_call, backward_flops
+from flashattn.measure.bench import bench_shape
+from flashattn.measure.timing import time_interleaved
+from flashattn.measure.variants import SETS
 from flashattn.versions import INFO
 
 # The four target configurations of issue 14: (B, H, M = N, D, causal).
@@ -14,58 +30,42 @@ TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64
            (2, 16, 8192, 128, True))
 
 
-# Builds of kernels/v6_backward.cu compared by compare_layouts: the atomic mode's dK/dV kernel per head dim
-# (V6B_D*_LAYOUT; 0: bwd_dkdv, a warp per 16 keys x the whole head dim; 1: bwd_dkdv_split, FlashAttention-2's
-# warp split; 2: the same with stmatrix stores of P^T, dS^T and a 2 x 4 warp split of dQ) and, for layout
-# 2, V6B_SPLIT_FUSE (1: S^T and dP^T in one k loop; 3: also dV_j and dK_j) and V6B_SPLIT_HEADS_FIRST
-# (non-causal blocks ordered head-fastest, as the causal ones are).
-def _macros(layout: int, fuse: int = 0, heads_first: int = 0, stages: int = 2, bulk: int = 0, br: int = 64,
-            det_split: int = 0) -> dict:
-    return {"V6B_D64_LAYOUT": layout, "V6B_D128_LAYOUT": layout, "V6B_SPLIT_FUSE": fuse,
-            "V6B_SPLIT_HEADS_FIRST": heads_first, "V6B_SPLIT_STAGES": stages, "V6B_DQ_BULK": bulk,
-            "V6B_D64_BR": br, "V6B_DET_SPLIT": det_split}
-
-
-# every entry spells out all the macros, so that a change of the file's defaults changes no entry
-LAYOUT_VARIANTS = {"v6_layout0": _macros(0), "v6_layout1": _macros(1), "v6_layout2": _macros(2),
-                   "v6_layout2_fuse1": _macros(2, fuse=1), "v6_layout2_fuse3": _macros(2, fuse=3),
-                   "v6_layout2_heads": _macros(2, heads_first=1)}
-# The next step on layout 2: where dQ_i's sum goes (V6B_DQ_BULK: red.global per element pair, or one bulk
-# reduction per tile from shared memory) and how far ahead Q_i, dO_i are loaded (V6B_SPLIT_STAGES).
-DQ_VARIANTS = {"v6_layout2": _macros(2), "v6_layout2_stages3": _macros(2, stages=3),
-               "v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_stages3": _macros(2, stages=3, bulk=1)}
-# The step after it, at D=64 only: 128 query rows per tile (B_r) instead of 64, FlashAttention-2's tile at this
-# head dim. At D=128 both builds are the same kernel, so their D=128 rows measure the run's own spread.
-TILE_VARIANTS = {"v6_layout2_bulk": _macros(2, bulk=1), "v6_layout2_bulk_br128": _macros(2, bulk=1, br=128)}
-# The deterministic mode's dK/dV kernel (V6B_DET_SPLIT): the 4-warp bwd_dkdv it started with, or the atomic
-# mode's bwd_dkdv_split without its dQ step; timed in deterministic mode (compare_layouts(deterministic=True)).
-DET_VARIANTS = {"v6_layout2_bulk_br128": _macros(2, bulk=1, br=128),
-                "v6_det_split": _macros(2, bulk=1, br=128, det_split=1)}
-VARIANTS = {**LAYOUT_VARIANTS, **DQ_VARIANTS, **TILE_VARIANTS, **DET_VARIANTS}
+# The steps main records (flashattn.measure.variants: "backward-<step>"): the dK/dV layouts; layout 2's dQ sum
+# and pipeline depth; the query tile at D=64; the deterministic mode's dK/dV kernel.
+STEP_SETS = {step: SETS[f"backward-{step}"] for step in ("layouts", "dq", "tile", "det")}
 
 
 def variant_module(name: str):
-    """v6's backward built with the macros of VARIANTS[name], under a module name of its own so
-    that all of them load into one process."""
-    from flashattn.loader import build, check_device
+    """v6's backward built with the macros of the backward variant `name` (flashattn.measure.variants.backward),
+    under a module name of its own so that all of them load into one process."""
     check_device("v6")
-    flags = [f"-D{k}={v}" for k, v in VARIANTS[name].items()]
-    return build(INFO["v6"].backward, extra_cuda_cflags=flags, functions=("backward",),
+    return build(INFO["v6"].backward, extra_cuda_cflags=variants.backward(name).flags, functions=("backward",),
                  module_name=f"flashattn_v6_backward_{name}")
 
 
-def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torch.bfloat16, warmup: int = 25,
+def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
+                  "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
+                  rounds: int = 10, max_seconds: float = 1.5) -> list[dict]:
+    """Backward times of `names` at one shape on fresh random inputs, by the benchmark's own path
+    (`flashattn.measure.bench.bench_shape` with dO: interleaved, L2 flushed, median): one row per name, in the
+    benchmark's format with "direction": "backward" and TFLOP/s by `backward_flops`. The command line for
+    the same is `python -m flashattn.measure.bench --backward NAME ...`."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
+    return bench_shape(list(names), q, k, v, causal, args, do=do)
+
+
+def compare_layouts(configs=TARGETS, names=tuple(STEP_SETS["layouts"]), dtype=torch.bfloat16, warmup: int = 25,
                     repetitions: int = 100, rounds: int = 10, max_seconds: float = 3.0,
                     deterministic: bool = False) -> list[dict]:
-    """The builds of LAYOUT_VARIANTS (atomic dQ) beside SDPA's flash and cuDNN backward, one interleaved run per
-    configuration (flashattn.measure.timing.time_interleaved), rows in the benchmark's backward format; each v6
-    row also says whether its dK, dV are bit-identical to the first variant's on the same inputs.
-    deterministic=True times the builds' deterministic mode instead, and the last build's atomic mode
+    """The backward builds `names` (default: the layout step's, atomic dQ) beside SDPA's flash and cuDNN backward,
+    one interleaved run per configuration (flashattn.measure.timing.time_interleaved), rows in the benchmark's
+    backward format; each v6 row also says whether its dK, dV are bit-identical to the first build's on the same
+    inputs. deterministic=True times the builds' deterministic mode instead, and the last build's atomic mode
     beside them (row "atomic"), for what determinism costs in the same run."""
-    import contextlib
-
-    from flashattn.measure.timing import time_interleaved
-    modules = {name: variant_module(name) for name in variants}
+    modules = {name: variant_module(name) for name in names}
     rows = []
     for B, H, L, D, causal in configs:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -81,7 +81,7 @@ def compare_layouts(configs=TARGETS, variants=tuple(LAYOUT_VARIANTS), dtype=torc
             calls[name] = (fn, contextlib.nullcontext)
         del same["grads"]
         if deterministic:
-            last = modules[variants[-1]]
+            last = modules[names[-1]]
             calls["atomic"] = (functools.partial(last.backward, q, k, v, o, lse, do, causal, False),
                                contextlib.nullcontext)
         for name in ("sdpa_flash", "sdpa_cudnn"):
@@ -112,12 +112,10 @@ NCU_METRICS = ("smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,"
                "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
 
 
-# The steps main records: the dK/dV layouts; layout 2's dQ sum and pipeline depth; the query tile at D=64;
-# the deterministic mode's dK/dV kernel.
-STEP_SETS = {"layouts": LAYOUT_VARIANTS, "dq": DQ_VARIANTS, "tile": TILE_VARIANTS, "det": DET_VARIANTS}
 # Nsight Compute's builds per step, and for the dQ step its source page too (warp stall samples per SASS
 # instruction, which name the instruction a stall sits on)
-PROFILED = {"layouts": tuple(LAYOUT_VARIANTS), "dq": ("v6_layout2", "v6_layout2_bulk"), "tile": tuple(TILE_VARIANTS)}
+PROFILED = {"layouts": tuple(STEP_SETS["layouts"]), "dq": ("v6_layout2", "v6_layout2_bulk"),
+            "tile": tuple(STEP_SETS["tile"])}
 RECORD_NAMES = {"layouts": "backward_layouts", "dq": "backward_dq", "tile": "backward_tile", "det": "backward_det"}
 SOURCE_PAGES = ("dq",)   # steps whose record keeps the per-instruction stall samples
 
@@ -125,11 +123,11 @@ SOURCE_PAGES = ("dq",)   # steps whose record keeps the per-instruction stall sa
 def profile_target(step: str = "layouts") -> None:
     """One backward of each of PROFILED[step]'s builds at PROFILE_SHAPES[step], in order: the program
     Nsight Compute runs (main's --profile)."""
-    variants = PROFILED[step]
+    names = PROFILED[step]
     B, H, L, D = PROFILE_SHAPES[step]
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     o, lse = forward_module("v6").forward_lse(q, k, v, False)
-    modules = [variant_module(name) for name in variants]   # built before the first profiled launch
+    modules = [variant_module(name) for name in names]   # built before the first profiled launch
     for module in modules:
         module.backward(q, k, v, o, lse, do, False, False)
     torch.cuda.synchronize()
@@ -146,28 +144,20 @@ def main(argv=None) -> int:
         python -m flashattn.book.backward_steps --set dq --profile results/h200
 
     (RECORD_NAMES[set] + '.json' for the book's record of the other steps). --profile runs ncu on
-    profile_target (the report goes to a
-    temporary folder) and writes <record>_ncu.raw.csv and <record>_ncu.json (which kernel is which) into
-    the folder, <record> being RECORD_NAMES[set]; for the steps of SOURCE_PAGES also
-    <record>_ncu.source.csv, the stall samples per SASS instruction."""
-    import argparse
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from flashattn.measure import ncu as ncu_pages
-    from flashattn.measure.bench import environment, write_json
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    profile_target (the report goes to a temporary folder) and writes <record>_ncu.raw.csv and <record>_ncu.json
+    (which kernel is which) into the folder, <record> being RECORD_NAMES[set]; for the steps of SOURCE_PAGES
+    also <record>_ncu.source.csv, the stall samples per SASS instruction."""
+    parser = argparse.ArgumentParser(prog="python -m flashattn.book.backward_steps",
+                                     description=inspect.cleandoc(main.__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=tuple(STEP_SETS), default="layouts", help="which step's builds")
-    parser.add_argument("--json", type=Path, default=None, help="write {schema, runs: [{meta, rows}]} here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="add a run to this record (flashattn.measure.results, kind backward_steps)")
     parser.add_argument("--profile", type=Path, default=None, help="folder for the Nsight Compute record")
     parser.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    variants = PROFILED.get(args.set, ())
-    if (args.profile or args.profile_target) and not variants:
+    profiled = PROFILED.get(args.set, ())
+    if (args.profile or args.profile_target) and not profiled:
         raise SystemExit(f"the {args.set!r} step has no Nsight Compute record (PROFILED)")
     if args.profile_target:
         profile_target(args.set)
@@ -185,7 +175,7 @@ def main(argv=None) -> int:
         if args.set in SOURCE_PAGES:
             sections += ["--section", "SourceCounters"]
         cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:bwd_dkdv", "--launch-count",
-               str(len(variants)), *sections, "--metrics", NCU_METRICS, "--export", str(rep), "--force-overwrite",
+               str(len(profiled)), *sections, "--metrics", NCU_METRICS, "--export", str(rep), "--force-overwrite",
                sys.executable, "-m", "flashattn.book.backward_steps", "--set", args.set, "--profile-target"]
         subprocess.run(cmd, check=True)
         raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "raw", "--csv"], check=True,
@@ -193,27 +183,25 @@ def main(argv=None) -> int:
         (args.profile / f"{name}_ncu.raw.csv").write_text(raw)
         B, H, L, D = PROFILE_SHAPES[args.set]
         info = {"shape": f"B={B}, H={H}, M=N={L}, D={D}, non-causal", "raw_csv": f"{name}_ncu.raw.csv",
-                "kernels": list(variants), "command": " ".join(cmd),
-                "git_commit": environment([])["git"].get("commit")}
+                "command": " ".join(cmd), "git_commit": results.git_commit().get("commit")}
         if args.set in SOURCE_PAGES:
             page = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--page", "source", "--csv",
                                    "--print-source", "sass"], check=True, capture_output=True, text=True).stdout
             ncu_pages.write_source_rows(ncu_pages.split_source_page(page), args.profile / f"{name}_ncu.source.csv",
-                                        labels=variants)
+                                        labels=profiled)
             info["source_csv"] = f"{name}_ncu.source.csv"
-        (args.profile / f"{name}_ncu.json").write_text(json.dumps(info, indent=1) + "\n")
+        results.write(args.profile / f"{name}_ncu.json", "ncu", [{"kernel": k} for k in profiled], meta=info)
         shutil.rmtree(rep.parent, ignore_errors=True)
         print(f"wrote {args.profile / f'{name}_ncu.json'}")
         return 0
     if args.set != "layouts":   # these steps are a few percent apart: twice the layouts' repetitions
-        rows = compare_layouts(variants=tuple(STEP_SETS[args.set]), repetitions=200, rounds=20,
+        rows = compare_layouts(names=tuple(STEP_SETS[args.set]), repetitions=200, rounds=20,
                                deterministic=args.set == "det")
     else:
         rows = compare_layouts()
     if args.json:
-        meta = environment(argv)
-        meta["command"] = "python -m flashattn.book.backward_steps " + " ".join(argv or sys.argv[1:])
-        write_json({"meta": meta, "rows": rows}, args.json)
+        meta = results.environment(argv, prog="python -m flashattn.book.backward_steps")
+        results.append(args.json, "backward_steps", rows, meta=meta)
         print(f"wrote {args.json}")
     return 0
 

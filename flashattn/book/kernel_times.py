@@ -14,46 +14,33 @@ operand once, write its result once) and the FLOPs of its products. `--ncu` adds
 for V0's three kernels: Nsight Compute's global-load sectors per request and the DRAM and L2 bytes
 (results/h200/v0_memory.raw.csv), the evidence for the uncoalesced key reads of `scores_kernel`.
 
-Importable without a GPU; the readers at the bottom (`table`, `ncu_table`) only read committed files.
+Importable without a GPU; the readers at the bottom (`table`, `kernel_names`) only read committed files, and
+flashattn.book.v0_memory reads what `--ncu` recorded.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from flashattn.loader import REPO_ROOT
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-SCHEMA = "flashattn.kernel_times/1"
+from flashattn.book.notebook import md
+from flashattn.book.records import ceilings
+from flashattn.book.v0_memory import NCU_FILE, run_ncu
+from flashattn.measure import results
+from flashattn.measure.bench import make_call
+from flashattn.measure.timing import l2_flush_buffer, time_cuda, warm_up
+
+KIND = "kernel_times"              # the record's kind (flashattn.measure.results)
 VERSIONS = ("baseline", "v0")
 SHAPE = dict(B=4, H=12, D=64)                 # the primary shape's batch, heads and head dim
 SEQ_LENS = (1024, 2048, 4096)
-NCU_METRICS = ("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
-               "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
-               "l1tex__t_sector_hit_rate.pct", "lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-               "gpu__time_duration.sum")
-# Which unit sets the pace: each level's throughput as a share of its peak, and where warps wait (cycles per
-# issued instruction in each stall state, the WarpStateStats ratios), all names this ncu records in
-# every profile of results/h200 (*.raw.csv).
-PACE_METRICS = {"L1 throughput": "l1tex__throughput.avg.pct_of_peak_sustained_active",
-                "L2 throughput": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-                "DRAM throughput": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
-                "warp cycles per instruction": "smsp__average_warp_latency_per_inst_issued.ratio",
-                "stall: global-load queue full (lg_throttle)":
-                    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio",
-                "stall: waiting for a load (long_scoreboard)":
-                    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
-                "stall: MIO queue full (mio_throttle)":
-                    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
-                "stall: MIO result (short_scoreboard)":
-                    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio"}
-NCU_FILE = "v0_memory.raw.csv"
 
 
 # ------------------------------------------------------------------------------ what each kernel does
@@ -158,10 +145,6 @@ def summarize_calls(calls: list[list[tuple[str, float]]]) -> list[dict]:
 
 def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
     """Per-kernel medians of `fn()` over `calls` profiled calls, each after an L2 flush."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from flashattn.measure.timing import l2_flush_buffer, warm_up
     flush = l2_flush_buffer()
     with profile(activities=[ProfilerActivity.CUDA]) as alone:     # which kernels the flush launches
         for _ in range(3):
@@ -183,10 +166,6 @@ def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
 def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]) -> dict:
     """One record row: the per-kernel times of `version` at B, H, M = N = L, D (float32) with the traffic
     model, and the end-to-end median of the same call through flashattn.measure.timing."""
-    import torch
-
-    from flashattn.measure.bench import make_call
-    from flashattn.measure.timing import time_cuda
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g) for _ in range(3))
     fn, _, runs_as = make_call(version, q, k, v, False)
@@ -197,43 +176,6 @@ def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAP
     return add_model(dict(version=version, runs_as=runs_as, B=B, H=H, M=L, N=L, D=D, dtype="float32", calls=calls,
                           kernels=kernels, kernel_sum_us=sum(k["median_us"] for k in kernels),
                           end_to_end=whole.summary()))
-
-
-# ------------------------------------------------------------------------------------------- ncu part
-NCU_TARGET = ("import torch, flashattn\n"
-              "q, k, v = (torch.randn({B}, {H}, {L}, {D}, device='cuda') for _ in range(3))\n"
-              "for _ in range(2): flashattn.forward(q, k, v, version='v0')\n"
-              "torch.cuda.synchronize()\n")
-
-
-def run_ncu(out: Path, L: int = 2048) -> Path:
-    """V0's three kernels of the second forward at B, H, L, D under Nsight Compute, NCU_METRICS only; the
-    raw page in base units is written to out/NCU_FILE (with the report beside it)."""
-    from flashattn.measure.profile import MISSING_NCU, find_ncu
-    ncu = find_ncu()
-    if ncu is None:
-        raise SystemExit(MISSING_NCU)
-    rep = out / NCU_FILE.replace(".raw.csv", ".ncu-rep")
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "v0_target.py"
-        target.write_text(NCU_TARGET.format(L=L, **SHAPE))
-        subprocess.run([ncu, "--kernel-name", "regex:scores_kernel|softmax_kernel|pv_kernel", "--launch-skip", "3",
-                        "--launch-count", "3", "--clock-control", "none", "--metrics",
-                        ",".join(NCU_METRICS + tuple(PACE_METRICS.values())),
-                        "-f", "-o", str(rep.with_suffix("")), sys.executable, str(target)], check=True)
-    raw = subprocess.run([ncu, "--import", str(rep), "--page", "raw", "--csv", "--print-units", "base"],
-                         check=True, capture_output=True, text=True).stdout
-    (out / NCU_FILE).write_text(raw)
-    return out / NCU_FILE
-
-
-def read_ncu_rows(path: Path) -> list[dict]:
-    """Each kernel's row of an `ncu --page raw --csv --print-units base` file: {column: value}, the
-    metrics as floats in base units (seconds, bytes; the second row of the file gives each unit)."""
-    from flashattn.measure.ncu import parse_number, read_raw_rows, unit_scale
-    metrics = NCU_METRICS + tuple(PACE_METRICS.values())
-    return [{k: (parse_number(v) * unit_scale(u) if k in metrics and parse_number(v) is not None else v)
-             for k, (v, u) in row.items()} for row in read_raw_rows(path)]
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -258,40 +200,36 @@ def format_rows(runs: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
     if not torch.cuda.is_available():
         print("python -m flashattn.book.kernel_times needs a CUDA GPU", file=sys.stderr)
         return 2
-    from flashattn.measure.bench import environment
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = environment(argv, prog="python -m flashattn.book.kernel_times")
-    doc = {"schema": SCHEMA, "meta": meta, "settings": {"calls": args.calls, "l2_flush": True}, "runs": []}
-    path = args.out / "kernel_times.json"
+    meta = results.environment(argv, prog="python -m flashattn.book.kernel_times")
+    settings = {"calls": args.calls, "l2_flush": True}
+    path, rows = args.out / "kernel_times.json", []
     for version in args.versions:
         for L in args.seq_lens:
-            doc["runs"].append(measure(version, L, args.calls))
-            tmp = path.with_suffix(".json.tmp")        # written after every row: a killed run keeps what it has
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
-            os.replace(tmp, path)
-            print(format_rows(doc["runs"][-1:]), flush=True)
-    (args.out / "kernel_times.txt").write_text(format_rows(doc["runs"]) + "\n")
+            rows.append(measure(version, L, args.calls))
+            results.write(path, KIND, rows, meta, settings)   # after every row: a killed run keeps what it has
+            print(format_rows(rows[-1:]), flush=True)
+    (args.out / "kernel_times.txt").write_text(format_rows(rows) + "\n")
     if args.ncu:
         print(f"wrote {run_ncu(args.out)}")
     return 0
 
 
 # ------------------------------------------------------------------------ readers of the record (no GPU)
-RECORD = REPO_ROOT / "results" / "h200"
+RECORD = results.H200
 MISSING = ("*Not recorded yet: `python -m flashattn.book.kernel_times --out results/h200 --ncu` on the H200 writes "
-           "`results/h200/{name}`, and this cell shows it once that run is committed.*")
+           "`results/h200/kernel_times.json`, and this cell shows it once that run is committed.*")
 
 
 def recorded_run(version: str, L: int = 2048, path: Path | None = None) -> dict | None:
     """The row of `version` at M = N = L in kernel_times.json, None when there is none."""
-    path = path or RECORD / "kernel_times.json"
-    if not path.exists():
+    doc = results.read_if_exists(path or RECORD / "kernel_times.json", KIND)
+    if doc is None:
         return None
-    return next((r for r in json.loads(path.read_text())["runs"] if r["version"] == version and r["M"] == L), None)
+    return next((r for r in doc["rows"] if r["version"] == version and r["M"] == L), None)
 
 
 ROLE_TEXT = {"QK^T": "S = Q K^T", "scale": "S / sqrt(D), elementwise", "softmax": "P = softmax(S)",
@@ -351,11 +289,9 @@ def table_lines(run: dict, dram: float, fp32: float) -> list[str]:
 
 def table(version: str, L: int = 2048):
     """The recorded kernel-by-kernel table of `version` at B=4, H=12, M = N = L, D=64 (Markdown)."""
-    from flashattn.book.notebook import md
-    from flashattn.book.records import ceilings
     run = recorded_run(version, L)
     if run is None:
-        return md(MISSING.format(name="kernel_times.json"))
+        return md(MISSING)
     c = ceilings()
     e2e = run["end_to_end"]["median_us"]
     return md("\n".join(table_lines(run, c["dram"], c["fp32"])) + "\n\n"
@@ -364,104 +300,6 @@ def table(version: str, L: int = 2048):
               f"CUDA events takes {e2e:,.1f} µs. Minimum bytes: each operand read once and each result written "
               "once; roofs: `results/h200/ceilings.json`. Record: `results/h200/kernel_times.json`.")
 
-
-def expected_sectors(kernel: str, D: int = 64, N: int = 2048) -> dict[str, float]:
-    """Sectors (32 bytes) one warp-wide global load or store touches, worked out from kernels/v0.cu's
-    thread mapping for a full warp: lane = 16 * y + x of the 16 x 16 block (scores, PV), or 32 lanes
-    along a row (softmax). Loads are averaged over the kernel's load instructions."""
-    lanes = [(lane % 16, lane // 16) for lane in range(32)]
-
-    def sectors(addresses):                        # float index -> byte address -> 32-byte sector
-        return len({4 * a // 32 for a in addresses})
-    if kernel == "scores_kernel":                  # q[d] of row i = y, k[d] of row j = x, at d = 0
-        loads = [sectors(y * D for x, y in lanes), sectors(x * D for x, y in lanes)]
-        store = sectors(y * N + x for x, y in lanes)
-    elif kernel == "pv_kernel":                    # p[j] of row i = y; v[j * D + d] with d = x
-        loads = [sectors(y * N for x, y in lanes), sectors(x for x, y in lanes)]
-        store = sectors(y * D + x for x, y in lanes)
-    elif kernel == "softmax_kernel":               # lane j of one row
-        loads = [sectors(range(32))]
-        store = sectors(range(32))
-    else:
-        raise ValueError(f"kernel must be one of V0's three kernels, got {kernel!r}")
-    return {"load": sum(loads) / len(loads), "store": store}
-
-
-def ncu_rows(path: Path | None = None) -> list[dict]:
-    """V0's kernels as Nsight Compute measured them (results/h200/v0_memory.raw.csv), [] when absent."""
-    path = path or RECORD / NCU_FILE
-    if not path.exists():
-        return []
-    out = []
-    for r in read_ncu_rows(path):
-        name = next((k for k in ("scores_kernel", "softmax_kernel", "pv_kernel") if k in r.get("Kernel Name", "")),
-                    None)
-        if name is None:
-            continue
-        ld = r[NCU_METRICS[0]] / r[NCU_METRICS[1]] if r[NCU_METRICS[1]] else None
-        st = r[NCU_METRICS[2]] / r[NCU_METRICS[3]] if r[NCU_METRICS[3]] else None
-        out.append(dict(kernel=name, load_sectors_per_request=ld, store_sectors_per_request=st,
-                        l1_load_bytes=32 * r[NCU_METRICS[0]],
-                        l1_hit_pct=r["l1tex__t_sector_hit_rate.pct"], l2_bytes=r["lts__t_bytes.sum"],
-                        dram_read=r["dram__bytes_read.sum"], dram_write=r["dram__bytes_write.sum"],
-                        time_s=r["gpu__time_duration.sum"],
-                        pace={k: r.get(m) for k, m in PACE_METRICS.items() if isinstance(r.get(m), float)}))
-    return out
-
-
-def pace_table():
-    """Throughput of each memory level as a share of its peak and the main stall ratios, per V0 kernel
-    (Markdown); the rows a recorded file lacks are left out."""
-    from flashattn.book.notebook import md
-    rows = ncu_rows()
-    names = [k for k in PACE_METRICS if any(k in r["pace"] for r in rows)]
-    if not names:
-        return md(MISSING.format(name=NCU_FILE))
-    lines = ["| | " + " | ".join(f"`{r['kernel']}`" for r in rows) + " |", "|---|" + "--:|" * len(rows)]
-    for k in names:
-        unit = "%" if "throughput" in k else ""
-        lines.append(f"| {k} | " + " | ".join("—" if k not in r["pace"] else f"{r['pace'][k]:,.1f}{unit}"
-                                              for r in rows) + " |")
-    return md("\n".join(lines) + "\n\nSame Nsight Compute run (`results/h200/v0_memory.raw.csv`). Throughputs are "
-              "shares of each unit's peak; stall rows are cycles per issued instruction that a warp spends in that "
-              "state (they add up, with the states not shown, to the warp cycles per instruction).")
-
-
-def ncu_table():
-    """Global-memory access per V0 kernel at the primary shape: sectors per request as measured and as the
-    thread mapping predicts, L1 hit rate, L2 and DRAM bytes (Markdown)."""
-    from flashattn.book.notebook import md
-    rows = ncu_rows()
-    if not rows:
-        return md(MISSING.format(name=NCU_FILE))
-    lines = ["| kernel | load sectors / request (measured) | expected from the mapping | store sectors / request "
-             "| global-load sectors through L1 | L1 hit rate | L2 traffic | DRAM read | DRAM written | duration µs |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
-    for r in rows:
-        exp = expected_sectors(r["kernel"])
-        lines.append(f"| `{r['kernel']}` | {r['load_sectors_per_request']:.2f} | {exp['load']:.1f} | "
-                     f"{r['store_sectors_per_request']:.2f} | {r['l1_load_bytes'] / 1e9:,.1f} GB | "
-                     f"{r['l1_hit_pct']:.1f}% | {r['l2_bytes'] / 1e9:,.2f} GB | "
-                     f"{r['dram_read'] / 1e9:,.2f} GB | {r['dram_write'] / 1e9:,.2f} GB | {r['time_s'] * 1e6:,.1f} |")
-    return md("\n".join(lines) + "\n\nNsight Compute, the three kernels of V0's second forward at B=4, H=12, "
-              "M=N=2048, D=64 (`results/h200/v0_memory.raw.csv`, written by `python -m flashattn.book.kernel_times "
-              "--ncu`). A sector is 32 bytes; a warp's 32 four-byte loads need 4 sectors when they are contiguous.")
-
-
-def ncu_sentence() -> str:
-    """What the counters say about V0's score kernel, against the bytes it must read (Q and K once)."""
-    rows = {r["kernel"]: r for r in ncu_rows()}
-    if "scores_kernel" not in rows:
-        return "Not recorded yet (results/h200/v0_memory.raw.csv)."
-    r, B, H, D, L = rows["scores_kernel"], SHAPE["B"], SHAPE["H"], SHAPE["D"], 2048
-    qk = 2 * B * H * L * D * 4                     # Q and K, once
-    asked = B * H * L * L * 2 * D * 4              # every thread reads a query row and a key row
-    return (f"scores_kernel: its {B * H * L * L:,} threads ask for {asked / 1e9:,.1f} GB (a query row and a key row "
-            f"each), and their loads touch {r['l1_load_bytes'] / 1e9:,.1f} GB of 32-byte sectors in L1, "
-            f"{r['l1_load_bytes'] / asked:.2f}× the bytes asked for. L1 serves {r['l1_hit_pct']:.1f}% of those "
-            f"sectors, so only {r['dram_read'] / 1e6:,.0f} MB come from DRAM (Q and K are {qk / 1e6:,.0f} MB). In "
-            f"{r['time_s'] * 1e6:,.0f} µs that is {r['l1_load_bytes'] / r['time_s'] / 1e12:,.1f} TB/s of sectors "
-            "through the L1 caches.")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ Everything here is plain arithmetic from the PTX ISA's description of those layo
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from flashattn.measure.geometry import mma_accumulator_owner, swizzle
@@ -52,15 +53,8 @@ def swizzle_128b(row: int, chunk: int) -> int:
     return chunk ^ (row % 8)
 
 
-def panel_of(col: int, elem_bytes: int = 2) -> tuple[int, int]:
-    """(panel, chunk) of element column `col`: rows wider than 128 bytes are split into panels of 128 bytes."""
-    per_panel = SWIZZLE_BYTES // elem_bytes
-    return col // per_panel, (col % per_panel) * elem_bytes // CHUNK_BYTES
-
-
 def fig_warpgroup_accumulator(n: int = 16):
     """Which warp and lane of a warpgroup hold each element of a wgmma accumulator (first n columns)."""
-    import matplotlib.pyplot as plt
     warp, lane, reg = wgmma_accumulator_owner(n)
     fig, ax = plt.subplots(figsize=(9, 9.5), constrained_layout=True)
     ax.imshow(warp + 0.25 * (lane % 4) / 3, cmap="Pastel2", aspect="auto", vmin=0, vmax=4.5)
@@ -81,7 +75,6 @@ def fig_warpgroup_accumulator(n: int = 16):
 
 def fig_tma_swizzle(rows: int = 8, d: int = 128, elem_bytes: int = 2):
     """Where TMA puts each 16-byte chunk of a [rows, d] tile with the 128-byte swizzle."""
-    import matplotlib.pyplot as plt
     panels = d * elem_bytes // SWIZZLE_BYTES
     chunks = SWIZZLE_BYTES // CHUNK_BYTES
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 3.6), constrained_layout=True, squeeze=False)
@@ -109,7 +102,6 @@ def fig_tma_swizzle(rows: int = 8, d: int = 128, elem_bytes: int = 2):
 def fig_mma_fragment():
     """m16n8k16: which lane of the warp holds which element of the 16 x 8 accumulator tile C (and
     hence of P), and how two neighbouring n8 tiles form one k16 slice of the A operand."""
-    import matplotlib.pyplot as plt
     own = mma_accumulator_owner(16, 16)
     fig, ax = plt.subplots(figsize=(8.5, 5.2), constrained_layout=True)
     ax.imshow(own % 4, cmap="Pastel1", vmin=0, vmax=8)
@@ -130,8 +122,6 @@ def fig_mma_fragment():
 def fig_swizzle():
     """ldmatrix reads one 16-byte chunk from each of 8 rows: without the swizzle all 8 chunks sit in the
     same 4 banks; with chunk ^ (row % 8) they cover all 32 banks."""
-    import matplotlib.pyplot as plt
-    import numpy as np
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     for ax, swz in zip(axes, (False, True)):
         grid = np.full((8, 8), np.nan)

@@ -11,9 +11,14 @@ from types import SimpleNamespace
 
 import torch
 
+from flashattn import loader
 from flashattn.book.notebook import LIVE_ONLY, NO_GPU, PRIMARY, gpu, md
 from flashattn.book.records import RESULTS, bench_rows, bench_table, recorded
+from flashattn.measure.bench import DTYPES, add_comparisons, bench_shape
 from flashattn.measure.table import label
+from flashattn.measure.timing import l2_flush_buffer, time_cuda
+from flashattn.reference import attention_reference, relative_error
+from flashattn.validate import plan
 from flashattn.versions import INFO
 
 
@@ -22,11 +27,11 @@ def build(version: str) -> None:
 
     Without a GPU the extension still compiles for sm_90 (flashattn.loader's default), which checks the
     kernel and the binding; nothing is launched."""
-    from flashattn.loader import arch_list, load, version_archs
     start = time.perf_counter()
-    load(version)
+    loader.load(version)
     took = time.perf_counter() - start
-    archs = ", ".join("sm_" + a.replace(".", "").replace("+PTX", "") for a in version_archs(version) or arch_list())
+    archs = ", ".join("sm_" + a.replace(".", "").replace("+PTX", "")
+                      for a in loader.version_archs(version) or loader.arch_list())
     how = "compiled" if took > 2 else "loaded from the build cache"
     print(f"{label(version)}: kernels/{version}.cu {how} for {archs} in {took:.1f} s.")
 
@@ -36,8 +41,6 @@ def timing_pitfalls(version: str = "baseline", L: int = 1024):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from flashattn.measure.timing import time_cuda
-    from flashattn.validate import plan
     q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=1)
     call = plan(q, k, v, version)
     fn = lambda: call.run(q, k, v)
@@ -69,7 +72,6 @@ def _cache_and_start(fn, warmup: int = 5, repetitions: int = 50) -> dict:
     """Median µs of `fn` for each (L2, GPU at the start event) pair; the flush always runs first, then:
     nothing (cold, queued: the book's method), an untimed call (warm, queued), a synchronisation (cold,
     idle) or both (warm, idle). While the flush or the untimed call runs, the host enqueues the timed one."""
-    from flashattn.measure.timing import time_cuda
     sync = torch.cuda.synchronize
 
     def warm_idle():
@@ -93,8 +95,6 @@ def cache_and_launch(softmax_mb=(0.03, 8, 32, 256), L: int = 1024):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from flashattn.measure.timing import l2_flush_buffer
-    from flashattn.validate import plan
     l2_mb = l2_flush_buffer().numel() / 2 / 1e6
     cases = []
     for mb in softmax_mb:
@@ -175,8 +175,6 @@ def correctness(version: str, shapes=None, dtype=torch.float32, causal: bool = F
             lines.append(f"| {r['batch_size']}, {r['num_heads']}, {r['seq_len_q']}, {r['seq_len_kv']}, "
                          f"{r['head_dim']} | {r['dtype']} | {r['causal']} | {r['rel_error']:.1e} |")
         return md("\n".join(lines))
-    from flashattn.reference import attention_reference, relative_error
-    from flashattn.validate import plan
     lines = ["| B, H, M, N, D | ran as | relative error | finite |", "|---|---|--:|---|"]
     for B, H, M, N, D in shapes or default_shapes(version):
         q, k, v = _inputs(B, H, M, N, D, dtype, scale=scale)
@@ -196,7 +194,6 @@ def timing(versions, seq_lens=(PRIMARY["L"],), B=PRIMARY["B"], H=PRIMARY["H"], D
     if not gpu():
         print(NO_GPU.format(what="the latencies"))
         return recorded(versions, seq_lens, dtype, causal, D, file)
-    from flashattn.measure.bench import DTYPES, add_comparisons, bench_shape
     args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
     rows = []
     for L in seq_lens:
@@ -216,7 +213,6 @@ def peak_memory(versions, L: int = PRIMARY["L"]):
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from flashattn.validate import plan
     q, k, v = _inputs(PRIMARY["B"], PRIMARY["H"], L, L, PRIMARY["D"], seed=2)
     base = torch.cuda.memory_allocated()
     lines = ["| version | extra memory during one forward |", "|---|--:|"]
@@ -237,8 +233,7 @@ def variant_timing(version: str, variants: dict, seq_len: int = PRIMARY["L"], wa
 
     variants: {label: [(old, new), ...]}; every `old` must occur in kernels/<version>.cu, so a cell that
     names an edit fails loudly when the kernel changes. Without a GPU the variants are only compiled."""
-    from flashattn.loader import build, source
-    base = source(version)
+    base = loader.source(version)
     modules = {f"{version} (as committed)": None}
     for name, edits in variants.items():
         src = base
@@ -247,21 +242,18 @@ def variant_timing(version: str, variants: dict, seq_len: int = PRIMARY["L"], wa
                 raise ValueError(f"{version}: the text {old!r} of variant {name!r} is not in kernels/{version}.cu")
             src = src.replace(old, new)
         tag = "".join(ch if ch.isalnum() else "_" for ch in name)[:40]
-        modules[name] = build(version, src=src, module_name=f"flashattn_{version}_{tag}")
+        modules[name] = loader.build(version, src=src, module_name=f"flashattn_{version}_{tag}")
     print(f"built {len(variants)} variant(s) of {version}.")
     if not gpu():
         print(LIVE_ONLY)
         return None
-    from flashattn.measure.timing import time_cuda
-    from flashattn.reference import attention_reference, relative_error
-    from flashattn.validate import plan
     B, H, D = PRIMARY["B"], PRIMARY["H"], PRIMARY["D"]
     q, k, v = _inputs(B, H, seq_len, seq_len, D, seed=7)
     ref = attention_reference(q[:1, :2], k[:1, :2], v[:1, :2])
     lines = ["| variant | median µs | min – max µs | calls | rel. error |", "|---|--:|--:|--:|--:|"]
     committed = plan(q, k, v, version)
     for name, mod in modules.items():
-        fn = (lambda: committed.run(q, k, v)) if mod is None else (lambda m=mod: m.forward(q, k, v, False))
+        fn = (lambda: committed.run(q, k, v)) if mod is None else (lambda m=mod: m.forward(q, k, v))
         out = fn()
         err = relative_error(out[:1, :2], ref)
         t = time_cuda(fn, warmup=warmup, repetitions=repetitions, max_seconds=2.0)

@@ -2,7 +2,8 @@
 
 The book's helpers live in modules named for what they hold: `flashattn.book.records` reads the results recorded
 on the H200 (results/), `flashattn.book.live` runs kernels now when there is a GPU, `flashattn.book.tiles` does the
-tile and occupancy arithmetic, `flashattn.book.figures` draws the diagrams. Each helper returns Markdown or
+tile and occupancy arithmetic, `flashattn.book.figures` draws the measured performance and
+`flashattn.book.diagrams` how the kernels divide the work. Each helper returns Markdown or
 draws a figure, so a code cell stays one readable line.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ def gpu() -> bool:
 
 def md(text: str):
     """`text` as a Markdown display object (rendered in the book)."""
+    # IPython comes with Jupyter, not with the package's dependencies: the command-line tools never get here
     from IPython.display import Markdown
     return Markdown(text)
 
@@ -34,6 +36,7 @@ LIVE_ONLY = ("No CUDA GPU on this machine: this experiment runs live only; the b
 
 def setup() -> None:
     """Matplotlib defaults for the book's figures and one line saying where this notebook runs."""
+    # pyplot is slow to import and picks its backend when imported: only a chapter that draws needs it
     import matplotlib
     import matplotlib.pyplot as plt
     matplotlib.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "font.size": 10,

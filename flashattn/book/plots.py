@@ -14,6 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
+
+from flashattn.measure.ncu import summarize, version_of
+
 
 def point_from_summary(label: str, s: dict) -> dict:
     """The plotting record of one report (see `roofline` for the keys)."""
@@ -23,7 +28,7 @@ def point_from_summary(label: str, s: dict) -> dict:
 
 
 def points_from_reports(paths) -> list[dict]:
-    from flashattn.measure.ncu import summarize, version_of
+    """One plotting record per Nsight Compute report, labelled with the version its file name names."""
     return [point_from_summary(version_of(p), summarize(p)) for p in paths]
 
 
@@ -34,9 +39,6 @@ def roofline(points: list[dict], title: str | None = None, ax=None):
     dram_peak (byte/s), optional tensor_peak (OP/s). The roofs are drawn from the first point that has
     them (every report of one run comes from the same GPU); one marker and one text label per point.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     if ax is None:
         fig, ax = plt.subplots(figsize=(7.5, 5), constrained_layout=True)
     else:

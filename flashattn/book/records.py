@@ -7,46 +7,52 @@ saying what will fill it in, never an error.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
 
 from flashattn.book.notebook import PRIMARY, md
-from flashattn.loader import REPO_ROOT
+from flashattn.loader import REPO_ROOT, version_archs
+from flashattn.measure import ncu, ncu_tables, profile, resources, results, table
 from flashattn.measure.table import label, sdpa_cell
 from flashattn.versions import VERSIONS
 
 ROOT = REPO_ROOT
-RESULTS = ROOT / "results" / "h200"
+RESULTS = results.H200
 COMPILE_RECORD = ROOT / "results" / "compile" / "resources.json"
-SW_POWER_CAP = 0x4          # NVML's clocks-event (throttle) reason bit for the software power cap
 
 
-def _json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
+def ceiling_record() -> dict:
+    """results/h200/ceilings.json: a row per measured ceiling (name, value, datasheet, how); meta: the device,
+    the source and PyTorch's own attention timed with them (pytorch_attention)."""
+    return results.read(RESULTS / "ceilings.json", "ceilings")
+
+
+def ceiling_rows() -> dict[str, dict]:
+    """The measured ceilings by name."""
+    return {r["name"]: r for r in ceiling_record()["rows"]}
 
 
 def ceilings() -> dict:
     """The H200 ceilings measured with PyTorch's own GEMMs and copies (results/h200/ceilings.json), in base
     units."""
-    doc = _json(RESULTS / "ceilings.json")
-    c = {k: v["value"] for k, v in doc["ceilings"].items()}
+    doc = ceiling_record()
+    c = {r["name"]: r["value"] for r in doc["rows"]}
     return {"fp32": c["fp32_cuda_core_tflops"] * 1e12, "tf32": c["tf32_tensor_tflops"] * 1e12,
             "bf16": c["bf16_tensor_tflops"] * 1e12, "fp16": c["fp16_tensor_tflops"] * 1e12,
-            "dram": c["dram_copy_tbps"] * 1e12, "sm_count": doc["sm_count"], "source": doc["source"]}
+            "dram": c["dram_copy_tbps"] * 1e12, "sm_count": doc["meta"]["sm_count"], "source": doc["meta"]["source"]}
 
 
 def ceilings_table():
     """The measured ceilings next to the datasheet, and the ridge points they imply."""
-    doc = _json(RESULTS / "ceilings.json")
-    dram = doc["ceilings"]["dram_copy_tbps"]["value"]
+    rows = ceiling_rows()
+    dram = rows["dram_copy_tbps"]["value"]
     lines = ["| Ceiling | Measured on the H200 | Datasheet | How | Ridge point |", "|---|--:|--:|---|--:|"]
     for key, name in (("fp32_cuda_core_tflops", "FP32, CUDA cores"), ("tf32_tensor_tflops", "TF32, tensor cores"),
                       ("bf16_tensor_tflops", "BF16, tensor cores")):
-        c = doc["ceilings"][key]
+        c = rows[key]
         lines.append(f"| {name} | {c['value']:,.1f} TFLOP/s | {c['datasheet']:,} TFLOP/s | {c['how']} | "
                      f"{c['value'] / dram:,.0f} FLOP/byte |")
-    c = doc["ceilings"]["dram_copy_tbps"]
+    c = rows["dram_copy_tbps"]
     lines.append(f"| DRAM bandwidth | {c['value']:.2f} TB/s | {c['datasheet']} TB/s | {c['how']} | — |")
     return md("\n".join(lines))
 
@@ -56,26 +62,31 @@ def bench_rows(path: Path | None = None) -> list[dict]:
     path = path or RESULTS / "bench.json"
     if not path.exists():
         return []
-    from flashattn.measure.table import load
-    return [dict(r, _meta=run.get("meta", {}), _settings=run.get("settings", {}))
-            for run in load(path)["runs"] for r in run["rows"]]
+    return [dict(r, _meta=run["meta"], _settings=run["settings"])
+            for run in results.runs(table.load(path)) for r in run["rows"]]
+
+
+def ncu_record(path: Path) -> dict:
+    """A step's Nsight Compute note (results/h200/*_ncu.json): what its meta says (shape, raw_csv, command,
+    git_commit, source_csv) and "kernels", the builds in launch order (its rows)."""
+    doc = results.read(path, "ncu")
+    return dict(doc["meta"], kernels=[r["kernel"] for r in doc["rows"]])
 
 
 def report_path(version: str, seq_len: int = PRIMARY["L"]) -> Path:
     return RESULTS / f"flash_{version}_s{seq_len}_profile.ncu-rep"
 
 
-def _ncu_report_importable() -> bool:
+def ncu_report_importable() -> bool:
     """ncu_report comes from PyPI (ncu-report) or from Nsight Compute's own extras/python folder."""
     try:
         import ncu_report  # noqa: F401
         return True
     except ImportError:
         pass
-    from flashattn.measure.profile import find_ncu
-    ncu = find_ncu()
-    if ncu:
-        extras = Path(ncu).resolve().parent / "extras" / "python"
+    found = profile.find_ncu()
+    if found:
+        extras = Path(found).resolve().parent / "extras" / "python"
         if extras.is_dir():
             sys.path.append(str(extras))
             try:
@@ -89,7 +100,7 @@ def _ncu_report_importable() -> bool:
 def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
     """flashattn.measure.ncu's summary of the recorded report of `version`, None when there is none."""
     path = report_path(version, seq_len)
-    if not path.exists() or not _ncu_report_importable():
+    if not path.exists() or not ncu_report_importable():
         return None
     return _summary(str(path), path.stat().st_mtime_ns)
 
@@ -98,8 +109,7 @@ def profile_summary(version: str, seq_len: int = PRIMARY["L"]) -> dict | None:
 def _summary(path: str, mtime_ns: int) -> dict:
     """One parse per report and version of the file: a chapter asks for the table, the stalls and the
     roofline point of the same report."""
-    from flashattn.measure.ncu import summarize
-    return summarize(path)
+    return ncu.summarize(path)
 
 
 def _recorded_summary(version: str, seq_len: int):
@@ -121,10 +131,8 @@ def profile_table(version: str, seq_len: int = PRIMARY["L"], batch_size: int = P
     s, missing = _recorded_summary(version, seq_len)
     if s is None:
         return md(missing)
-    from flashattn.measure.ncu import markdown_table
-    from flashattn.measure.profile import default_dtype
     return md(f"`{s['kernel'].split('(')[0]}` on {s['device']}, B={batch_size}, H={num_heads}, "
-               f"M=N={seq_len}, D={head_dim} ({default_dtype(version)}):\n\n" + markdown_table(s))
+               f"M=N={seq_len}, D={head_dim} ({profile.default_dtype(version)}):\n\n" + ncu_tables.markdown_table(s))
 
 
 def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
@@ -132,8 +140,7 @@ def stall_table(version: str, seq_len: int = PRIMARY["L"], top: int = 6):
     s, missing = _recorded_summary(version, seq_len)
     if s is None:
         return md(missing)
-    from flashattn.measure.ncu import stall_table as table
-    return md(table(s, top))
+    return md(ncu_tables.stall_table(s, top))
 
 
 def bench_table(rows: list[dict], note: str) -> str:
@@ -176,8 +183,7 @@ def recorded(versions, seq_lens=(PRIMARY["L"],), dtype="float32", causal=False, 
 
 def pytorch_attention_table(dtype: str | None = None):
     """PyTorch's attention on the H200 as measured with the ceilings (results/h200/ceilings.json)."""
-    doc = _json(RESULTS / "ceilings.json")
-    rows = [r for r in doc["pytorch_attention"]["rows"] if dtype is None or r["dtype"] == dtype]
+    rows = [r for r in ceiling_record()["meta"]["pytorch_attention"]["rows"] if dtype is None or r["dtype"] == dtype]
     lines = ["| N | dtype | PyTorch path | µs | TFLOP/s |", "|--:|---|---|--:|--:|"]
     for r in rows:
         lines.append(f"| {r['N']} | {r['dtype']} | {r['impl']} | {r['us']:,.1f} | {r['tflops']:.1f} |")
@@ -189,15 +195,9 @@ def kernel_resources(version: str) -> list[dict]:
     """ptxas's registers and static shared memory per kernel for sm_90 (sm_90a for a version built for
     that exact architecture), from results/compile/resources.json (or a fresh nvcc run when the record
     has no entry for this version yet)."""
-    from flashattn.loader import version_archs
-    from flashattn.measure.resources import load_record
     arch = (version_archs(version) or ["9.0"])[0].replace(".", "")
-    rec = load_record(COMPILE_RECORD)[1] if COMPILE_RECORD.exists() else {}
-    kernels = rec.get(version, {}).get(f"sm_{arch}")
-    if not kernels:
-        from flashattn.measure.resources import compile_report
-        kernels = compile_report(version, arch)
-    return kernels
+    rec = resources.load_record(COMPILE_RECORD)[1] if COMPILE_RECORD.exists() else {}
+    return rec.get(version, {}).get(f"sm_{arch}") or resources.compile_report(version, arch)
 
 
 def repeat_table(file="bench_v6_repeat.json", version="v6", against=("sdpa_flash", "sdpa")):
@@ -205,43 +205,7 @@ def repeat_table(file="bench_v6_repeat.json", version="v6", against=("sdpa_flash
     moves from run to run (`scripts/record_h200.sh OUT repeat`)."""
     if not (RESULTS / file).exists():
         return md(f"*No repeated runs recorded yet (`results/h200/{file}`).*")
-    from flashattn.measure.table import comparison_table, load
-    return md(comparison_table(load(RESULTS / file), version, list(against), group_shapes=True))
-
-
-def clock_log(file="gpu_clocks.csv") -> dict | None:
-    """Summary of the nvidia-smi samples taken during the repeated runs (every 200 ms): peak board
-    power, how often the power cap held the clock down, and how low the SM clock went then."""
-    import csv
-    path = RESULTS / file
-    if not path.exists():
-        return None
-    busy = capped = 0
-    peak_w, max_mhz, capped_mhz = 0.0, 0, []
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh, skipinitialspace=True):
-            mhz = int(row["clocks.current.sm [MHz]"].split()[0])
-            watts = float(row["power.draw [W]"].split()[0])
-            # newer drivers name the column clocks_event_reasons, older ones clocks_throttle_reasons
-            reasons = int(row.get("clocks_event_reasons.active") or row["clocks_throttle_reasons.active"], 16)
-            busy += mhz > 1000                              # idle samples sit at 345 MHz
-            peak_w, max_mhz = max(peak_w, watts), max(max_mhz, mhz)
-            if reasons & SW_POWER_CAP:
-                capped += 1
-                capped_mhz.append(mhz)
-    return dict(busy_samples=busy, capped_samples=capped, peak_watts=peak_w, max_mhz=max_mhz,
-                min_capped_mhz=min(capped_mhz) if capped_mhz else None)
-
-
-def clock_table(file="gpu_clocks.csv"):
-    c = clock_log(file)
-    if c is None:
-        return md(f"*No clock log recorded yet (`results/h200/{file}`).*")
-    lines = ["| busy samples | power cap active | peak board power | SM clock | lowest SM clock under the cap |",
-             "|--:|--:|--:|--:|--:|",
-             f"| {c['busy_samples']} | {c['capped_samples']} samples | {c['peak_watts']:.0f} W | "
-             f"up to {c['max_mhz']} MHz | {c['min_capped_mhz'] or '—'} MHz |"]
-    return md("\n".join(lines))
+    return md(table.comparison_table(table.load(RESULTS / file), version, list(against), group_shapes=True))
 
 
 def primary_rows(dtype="float32", causal=False, head_dim=64, file="bench.json"):
@@ -255,8 +219,7 @@ def results_table(seq_len: int = PRIMARY["L"], file="bench.json", dtype="float32
     path = RESULTS / file
     if not path.exists():
         return md(f"*No recorded benchmark yet (`results/h200/{file}`).*")
-    from flashattn.measure.table import results_table as table
-    return md(table(path, seq_len=seq_len, dtype=dtype, causal=causal, head_dim=head_dim))
+    return md(table.results_table(path, seq_len=seq_len, dtype=dtype, causal=causal, head_dim=head_dim))
 
 
 def latency_grid(file="bench.json", dtype="float32"):
@@ -279,10 +242,11 @@ def sweep_table(version: str, file: str | None = None):
     one row per variant with its geometry, compiler report, correctness and latency beside the references
     timed in the same run."""
     file = file or f"{version}_sweep.json"
-    doc = _json(RESULTS / file)
+    doc = results.read_if_exists(RESULTS / file, "sweep")
     if doc is None:
         return md(f"*No recorded sweep yet (`results/h200/{file}`).*")
-    refs = list(dict.fromkeys(r["name"] for r in doc["references"]))
+    meta = doc["meta"]
+    refs = list(dict.fromkeys(r["name"] for r in meta["references"]))
     lines = ["| variant | D | tile B_r × B_c (TM × TN) | B, H, M=N | threads | registers | spills | shared memory | "
              "blocks/SM | correct | median µs | TFLOP/s | " + " | ".join(f"vs. {label(r)}" for r in refs) + " |",
              "|---|--:|---|---|--:|--:|--:|--:|--:|---|--:|--:|" + "--:|" * len(refs)]
@@ -290,7 +254,7 @@ def sweep_table(version: str, file: str | None = None):
     def cell(x, fmt="{}"):
         return "—" if x is None else fmt.format(x)
 
-    for r in doc["variants"]:
+    for r in doc["rows"]:
         geo, px, occ, t = (r.get(k) or {} for k in ("geometry", "ptxas", "occupancy", "timing"))
         B, H, M = (r.get("shape") or [None] * 3)[:3]      # no shape: the variant did not build
         correct = {True: "yes", False: "NO", None: "—"}[r.get("correct")]
@@ -302,18 +266,18 @@ def sweep_table(version: str, file: str | None = None):
                      f"{cell(geo.get('smem'), '{:,} B')} | {cell(occ.get('blocks_per_sm'))} | {correct} | "
                      f"{cell(t.get('median_us'), '{:,.1f}')} | {cell(t.get('tflops'), '{:.1f}')} | "
                      + " | ".join(vs) + " |")
-    device = ((doc.get("meta") or {}).get("device") or {}).get("name", "the H200")
-    note = (f"{doc['dtype']}, non-causal, on {device}; {doc['settings']['timing']}. Correct: "
+    device = (meta.get("device") or {}).get("name", "the H200")
+    note = (f"{meta['dtype']}, non-causal, on {device}; {doc['settings']['timing']}. Correct: "
             f"{doc['settings']['correct_if']}. Ratios above 1 mean the variant is faster.")
     best = {}
-    for r in doc["variants"]:
+    for r in doc["rows"]:
         t = (r.get("timing") or {}).get("median_us")
         if r.get("correct") is not False and t and (r["D"] not in best or t < best[r["D"]][1]):
             best[r["D"]] = (r["name"], t)
-    note += " Fastest " + ("correct " if all(r.get("correct") is not None for r in doc["variants"]) else "") + \
+    note += " Fastest " + ("correct " if all(r.get("correct") is not None for r in doc["rows"]) else "") + \
         "variant per head dim: " + ", ".join(f"D={D}: {n}" for D, (n, _) in sorted(best.items())) + "."
-    if doc.get("converted_from"):
-        note += f" Recorded in an earlier format ({doc['converted_from']['format']}), same measurements."
+    if meta.get("converted_from"):
+        note += f" Recorded in an earlier format ({meta['converted_from']['format']}), same measurements."
     return md("\n".join(lines) + "\n\n" + note)
 
 
@@ -343,12 +307,12 @@ def step_rows(version: str, file: str | None = None) -> list[dict]:
     head dim), change, correct, us (median), vs_previous and vs_first (speedups: the earlier step's time
     over this one's, so above 1 is faster), the references' times, and every STEP_COLUMNS value. [] when
     nothing is recorded."""
-    doc = _json(RESULTS / (file or f"{version}_steps.json"))
+    doc = results.read_if_exists(RESULTS / (file or f"{version}_steps.json"), "sweep")
     if doc is None:
         return []
-    by_name = {r["name"]: r for r in doc["variants"]}
+    by_name = {r["name"]: r for r in doc["rows"]}
     out, last, first = [], {}, {}
-    for name in doc.get("steps") or list(by_name):
+    for name in doc["meta"].get("steps") or list(by_name):
         r = by_name[name]
         D, us = r["D"], (r.get("timing") or {}).get("median_us")
         row = dict(name=name, D=D, step=sum(1 for o in out if o["D"] == D) + 1, change=r.get("change", ""),
@@ -385,12 +349,12 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
         lines.append(f"| {r['D']} | {r['step']} | {r['change']} | {correct} | {cell(r['us'], '{:,.1f}')} | "
                      f"{cell(r['vs_previous'], '{:.2f}×')} | {cell(r['vs_first'], '{:.2f}×')} | "
                      + " | ".join(cell(r.get(c), STEP_COLUMNS.get(c, ((), "{:,}"))[1]) for c in columns) + " |")
-    doc = _json(RESULTS / file)
-    shapes = sorted({(r["D"], tuple(v.get("shape") or ())) for v in doc["variants"] for r in rows
+    doc = results.read(RESULTS / file, "sweep")
+    shapes = sorted({(r["D"], tuple(v.get("shape") or ())) for v in doc["rows"] for r in rows
                      if v["name"] == r["name"]})
     note = ("Times: " + "; ".join(f"D={d}: B, H, M, N = {', '.join(map(str, s[:4]))}" for d, s in shapes if s)
-            + f", {doc['dtype']}, non-causal; {doc['settings']['timing']}.")
-    metric_shape = next((v["metrics"]["shape"] for v in doc["variants"] if (v.get("metrics") or {}).get("shape")),
+            + f", {doc['meta']['dtype']}, non-causal; {doc['settings']['timing']}.")
+    metric_shape = next((v["metrics"]["shape"] for v in doc["rows"] if (v.get("metrics") or {}).get("shape")),
                         None)
     if metric_shape and any(c in columns for c in STEP_COLUMNS if c.startswith(("bank", "shared", "instr",
                                                                                    "occ", "stall"))):

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import matplotlib.pyplot as plt
+
+from flashattn.book.figures import show_or_return
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -69,7 +73,6 @@ def tensor_busy(phases: list[Phase]) -> float:
 def fig_pingpong(warpgroups: int = 2, tiles: int = 4, show: bool = True):
     """Both schedules, one above the other: each consumer warpgroup's products (dark) and softmax (light)
     and, on the bottom row of each panel, which warpgroup the tensor cores serve."""
-    import matplotlib.pyplot as plt
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
     fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True)
     for ax, pingpong in zip(axes, (False, True)):
@@ -91,5 +94,4 @@ def fig_pingpong(warpgroups: int = 2, tiles: int = 4, show: bool = True):
     axes[-1].set_xlabel("time in units of one warpgroup's products (assumed: softmax takes as long; a model, "
                         "not a measurement)")
     fig.tight_layout()
-    from flashattn.book.figures import _done
-    return _done(fig, show)
+    return show_or_return(fig, show)

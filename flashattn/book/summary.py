@@ -7,8 +7,13 @@ without a GPU.
 """
 from __future__ import annotations
 
-from flashattn.book.figures import ROOF_COLORS, _done, datasheet_roofs
-from flashattn.book.records import ceilings, primary_rows, profile_summary
+import matplotlib.pyplot as plt  # flashattn.book.figures, imported below, loads it anyway
+from matplotlib.patches import Patch
+
+from flashattn.book.figures import ROOF_COLORS, datasheet_roofs, show_or_return
+from flashattn.book.notebook import PRIMARY, md
+from flashattn.book.records import RESULTS, bench_rows, ceilings, primary_rows, profile_summary
+from flashattn.measure import results
 from flashattn.measure.table import label
 
 # ------------------------------------------------------------------------------------ the results chapter
@@ -20,7 +25,6 @@ TENSOR_VERSIONS = ("v6", "v7", "v8")
 
 def _primary(file: str, dtype: str) -> dict[str, dict]:
     """{version: row} at the primary shape (B=4, H=12, M=N=2048, D=64, non-causal) of a recorded file."""
-    from flashattn.book.notebook import PRIMARY
     return {r["version"]: r for r in primary_rows(dtype=dtype, file=file) if r["seq_len_q"] == PRIMARY["L"]}
 
 
@@ -39,7 +43,6 @@ def steps(include_hopper: bool = True) -> list[dict]:
     float32 inputs (results/h200/bench.json); V6, V7 and V8 in bf16 (bench_v6.json, and bench_v7.json and
     bench_v8.json when they are recorded; include_hopper=False leaves V7 and V8 out). Each step carries
     its latency, TFLOP/s, roof, recorded error and source file."""
-    from flashattn.book.records import RESULTS
     out = []
     fp32 = _primary("bench.json", "float32")
     for v in ("v0", "v1", "v2", "v3", "v4", "v5", "v6"):
@@ -60,7 +63,6 @@ def steps(include_hopper: bool = True) -> list[dict]:
 def fig_staircase(show: bool = True):
     """Latency of every step at the primary shape on one log axis, each step labelled with its speedup
     over the one before; PyTorch's SDPA in the same dtype as a dashed reference over its part."""
-    import matplotlib.pyplot as plt
     s = steps()
     if not s:
         print("No recorded benchmark yet (results/h200/bench.json).")
@@ -94,19 +96,17 @@ def fig_staircase(show: bool = True):
     ax.set_xlim(-0.6, len(s) - 0.1 + (0.9 if split is not None else 0.6))
     ax.set(ylabel="latency [µs], log scale",
            title="Every step at B=4, H=12, M=N=2048, D=64 (white: speedup over the step before)")
-    from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=ROOF_COLORS[k], label=ROOF_OF[key][1]) for key in ROOF_OF
                        for k in [ROOF_OF[key][0]] if any(r["roof"][0] == k for r in s)],
               loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize=9, title="arithmetic on",
               title_fontsize=9)
     ax.grid(True, axis="y", which="both", alpha=0.25)
-    return _done(fig, show)
+    return show_or_return(fig, show)
 
 
 def roof_table():
     """Each step against its own roof: float32 on CUDA cores against the measured SGEMM ceiling, TF32 and
     bf16 against the measured tensor-core GEMM ceilings; with the recorded error against float64."""
-    from flashattn.book.notebook import md
     c = ceilings()
     lines = ["| step | arithmetic on | latency µs | TFLOP/s | measured roof TFLOP/s | share of its roof | "
              "rel. error vs float64 | recorded in |", "|---|---|--:|--:|--:|--:|--:|---|"]
@@ -128,17 +128,15 @@ def roof_table():
 
 
 def rtx4080() -> dict:
-    """The RTX 4080 figures of the project's original description (results/reference/rtx4080.json)."""
-    import json
-
-    from flashattn.book.records import RESULTS
-    return json.loads((RESULTS.parent / "reference" / "rtx4080.json").read_text())
+    """The RTX 4080 figures of the project's original description (results/reference/rtx4080.json): its meta
+    (source, device, shape, timing, profiles, datasheet) and "latency_us" {version: µs} from its rows."""
+    doc = results.read(RESULTS.parent / "reference" / "rtx4080.json", "reference")
+    return {**doc["meta"], "latency_us": {r["version"]: r["latency_us"] for r in doc["rows"]}}
 
 
 def rtx4080_table():
     """The same versions at the same shape on the RTX 4080 (as published) and on the H200 (recorded):
     latency, the factor each step gained on each GPU, and the theoretical blocks per SM of the profiles."""
-    from flashattn.book.notebook import md
     ref = rtx4080()
     h200 = _primary("bench.json", "float32")
     lines = ["| version | RTX 4080 µs | H200 µs | H200 faster by | step gain, RTX 4080 | step gain, H200 | "
@@ -177,8 +175,6 @@ def sdpa_vs_v4() -> dict:
 def backend_table():
     """Which of SDPA's backends its default choice matches on the H200, per recorded shape: the forced
     backend whose latency is nearest the default's in the same run (results/h200/bench_v6.json)."""
-    from flashattn.book.notebook import md
-    from flashattn.book.records import RESULTS, bench_rows
     rows = [r for r in bench_rows(RESULTS / "bench_v6.json") if r["status"] == "ok"]
     shapes = sorted({(r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], bool(r["causal"]))
                      for r in rows})
@@ -224,14 +220,13 @@ PHASES = {
 
 def _chain(version: str) -> tuple[str, list[dict]] | None:
     """(file, the D=64 variants of `version`'s recorded step chain, in order), None when not recorded."""
-    from flashattn.book.records import RESULTS, _json
     chain = dict(SWEEP_CHAINS.get(version, ()))
     for file, names in ((f"{version}_steps.json", None), (f"{version}_sweep.json", list(chain) or None)):
-        doc = _json(RESULTS / file)
-        if doc is None or (names is None and "steps" not in doc):
+        doc = results.read_if_exists(RESULTS / file, "sweep")
+        if doc is None or (names is None and "steps" not in doc["meta"]):
             continue
-        by_name = {r["name"]: r for r in doc["variants"]}
-        order = [n for n in (names or doc["steps"]) if n in by_name and by_name[n]["D"] == 64]
+        by_name = {r["name"]: r for r in doc["rows"]}
+        order = [n for n in (names or doc["meta"]["steps"]) if n in by_name and by_name[n]["D"] == 64]
         if order:
             return file, [dict(by_name[n], change=by_name[n].get("change") or chain.get(n, "")) for n in order]
     return None
@@ -278,7 +273,6 @@ def phase_steps(phase: str) -> list[dict]:
 def phase_table(phase: str):
     """The steps of a phase as a table: latency, speedup over the step before (marked † when the two come
     from different runs), TFLOP/s, share of the measured roof, relative error against float64."""
-    from flashattn.book.notebook import md
     p, rows = PHASES[phase], phase_steps(phase)
     if not rows:
         return md(f"*Nothing recorded yet for the {p['title']} phase.*")
@@ -321,7 +315,6 @@ def phase_summary(phase: str) -> str:
 def fig_phase(phase: str, show: bool = True):
     """The steps of a phase as horizontal bars on a log axis, each labelled with its latency and its
     speedup over the step before; versions alternate in shade, SDPA in the same dtype dashed."""
-    import matplotlib.pyplot as plt
     p, rows = PHASES[phase], phase_steps(phase)
     if not rows:
         print(f"Nothing recorded yet for the {p['title']} phase.")
@@ -351,4 +344,4 @@ def fig_phase(phase: str, show: bool = True):
            title=f"{p['title']}, B=4, H=12, M=N=2048, D=64: every step\n× speedup over the step before "
                  "(† across two runs), share of the measured roof")
     ax.grid(True, axis="x", which="both", alpha=0.25)
-    return _done(fig, show)
+    return show_or_return(fig, show)

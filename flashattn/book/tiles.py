@@ -25,6 +25,7 @@ def score_bytes_table(lengths=(512, 1024, 2048, 4096, 8192, 16384), B=PRIMARY["B
 
 
 def _short(kernel: str) -> str:
+    """A kernel's name as the tables print it: without `void` and namespaces, template arguments kept."""
     name = kernel.removeprefix("void ")
     head, _, tail = name.partition("<")
     return head.split("::")[-1] + (("<" + tail) if tail else "")
@@ -71,6 +72,8 @@ def smem_traffic_table():
 
 
 def v5_tiles_table():
+    """The register-tile shapes kernels/v5.cu compiles for each head dim, and what they cost in threads and
+    shared memory (read from the kernel file by flashattn.measure.geometry)."""
     lines = ["| D | B_r × B_c | TM × TN | row groups × column groups | threads | shared memory | "
              "blocks/SM by shared memory |",
              "|--:|---|---|---|--:|--:|--:|"]

@@ -14,21 +14,29 @@ that they agree with the .cu file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
-from flashattn.loader import REPO_ROOT
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Patch
+
+from flashattn import loader
+from flashattn.book.figures import show_or_return
+from flashattn.measure import results, timing
+from flashattn.reference import attention_reference, relative_error
 
 ROLES, WORDS = 4, 10
 HEADER = ["smid", "gt0", "clk0", "gt1", "clk1", "tiles", "m_block", "bh", "q", "end"]
 CONSUMER = ["kwait", "kready", "vready", "turnwait", "turn", "s_issued", "s_done", "softmax_end",
             "pv_issued", "pv_done"]
 PRODUCER = ["kwait", "k_issued", "vwait", "v_issued"]
-SCHEMA = "flashattn.trace/1"
-RECORD = REPO_ROOT / "results" / "h200" / "v8_trace.json"
+KIND = "trace"                     # the record's kind (flashattn.measure.results): a row per shape
+RECORD = results.H200 / "v8_trace.json"
 
 # (name, first stamp, last stamp, which tile the last stamp is read from: 0 same, 1 next) per segment kind
 CONSUMER_SEGMENTS = [("K wait", "kwait", "kready"), ("turn wait", "turnwait", "turn"),
@@ -39,13 +47,11 @@ PRODUCER_SEGMENTS = [("K slot wait", "kwait", "k_issued"), ("V slot wait", "vwai
 
 def buffer(items: int, N: int, device="cuda"):
     """A trace buffer for `items` work items of a problem with N keys (rows for B_c = 64, the smallest)."""
-    import torch
     return torch.full((items, ROLES, 1 + math.ceil(N / 64), WORDS), -1, dtype=torch.int64, device=device)
 
 
 def build(flags=(), name: str = "trace"):
     """kernels/v8.cu with -DV8_TRACE=1 (and `flags`), exporting forward and forward_trace."""
-    from flashattn import loader
     return loader.build("v8", archs=["9.0a"], module_name=f"flashattn_v8_{name}",
                         extra_cuda_cflags=["-DV8_TRACE=1", *flags], functions=("forward", "forward_trace"))
 
@@ -151,7 +157,7 @@ ROWS = [("tile period", "one consumer's turn to its next turn (a key tile)"),
 
 def table(doc: dict) -> str:
     """Markdown: the medians (ns) of every recorded shape side by side, the clock and what tracing cost."""
-    runs = doc["runs"]
+    runs = doc["rows"]
     head = "| median, ns | " + " | ".join(label(r["shape"]) for r in runs) + " |"
     lines = [head, "|---" * (len(runs) + 1) + "|"]
     for key, what in ROWS:
@@ -172,7 +178,8 @@ def table(doc: dict) -> str:
 
 
 def load(path: Path = RECORD) -> dict | None:
-    return json.loads(Path(path).read_text()) if Path(path).exists() else None
+    """A recorded trace (flashattn.measure.results, one row per shape), None when there is none."""
+    return results.read_if_exists(path, KIND)
 
 
 COLORS = {"K wait": "#bbbbbb", "turn wait": "#e8c547", "S = Q K^T": "#1f77b4", "softmax": "#ff7f0e",
@@ -184,8 +191,6 @@ def fig_timeline(run: dict, tiles: tuple[int, int] = (4, 8), item: int = 0, ax=N
     tiles[1]: a row per role, a bar per segment (cut at the window's edges). Upper lane: S (issue to its
     wait done) and the softmax; lower lane: P V (issue to its wait done), which runs under the next
     softmax; thin bars: waits."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
     segs = timeline(run, item)
     turns = {s[2]: s[4] for s in segs if s[0] == "consumer 0" and s[1] == "turn wait"}
     lo, hi = turns.get(tiles[0], 0.0), turns.get(tiles[1], max(s[4] for s in segs))
@@ -212,8 +217,7 @@ def fig_timeline(run: dict, tiles: tuple[int, int] = (4, 8), item: int = 0, ax=N
     ax.set_xlabel("microseconds (clock64 stamps of one lane per warpgroup, instrumented build)")
     if own:
         fig.tight_layout()
-        from flashattn.book.figures import _done
-        return _done(fig, show)
+        return show_or_return(fig, show)
     return ax
 
 
@@ -225,7 +229,6 @@ SHAPES = [dict(B=2, H=16, M=8192, N=8192, D=128, causal=False), dict(B=4, H=12, 
 def capture(module, shape: dict, dtype=None, seed: int = 0):
     """Run the traced kernel once (after a warm-up call) on fresh random inputs, every item traced;
     returns (output, raw nested list [items][roles][1 + tiles][words])."""
-    import torch
     dtype = dtype or torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(seed)
     B, H, M, N, D = (shape[k] for k in "BHMND")
@@ -245,7 +248,6 @@ def capture(module, shape: dict, dtype=None, seed: int = 0):
 def record_run(module, shape: dict, keep: int = 2, most: int = 600) -> dict:
     """Capture one shape; keep the stamps of `keep` items from the middle of the launch (steady state) and
     summarize at most `most` items around it (Python loops: a few seconds)."""
-    from flashattn.reference import attention_reference, relative_error
     (q, k, v, out), stamps = capture(module, shape)
     first = max(0, len(stamps) // 2 - most // 2)
     raw = stamps[first:first + most].tolist()
@@ -262,11 +264,6 @@ def record_run(module, shape: dict, keep: int = 2, most: int = 600) -> dict:
 
 def overhead(shape: dict, traced, plain) -> dict:
     """The traced and the untraced build timed in one interleaved run (flashattn.measure.timing), median us."""
-    import contextlib
-
-    import torch
-
-    from flashattn.measure import timing
     B, H, M, N, D = (shape[k] for k in "BHMND")
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
     buf = buffer(B * H * math.ceil(M / 64), N)
@@ -282,22 +279,20 @@ def main(argv=None) -> int:
     ap.add_argument("--flags", action="append", default=[],
                     help="an extra -D flag for both builds, as --flags=-DNAME=VALUE (repeat for more)")
     args = ap.parse_args(argv)
-    from flashattn import loader
-    from flashattn.measure import bench
     tag = "".join(f.replace("-D", "_").replace("=", "") for f in args.flags)
     traced = build(args.flags, name="trace" + tag)
     # without flags, the default build under tests/test_v8.py's module name (one build serves both)
     plain = loader.build("v8", archs=["9.0a"], extra_cuda_cflags=list(args.flags),
                          module_name="flashattn_v8_" + ("untraced" + tag if tag else "default"))
-    env = bench.environment(argv, prog="python -m flashattn.book.trace")
-    doc = {"schema": SCHEMA, "flags": args.flags, "environment": env, "runs": []}
+    meta = dict(results.environment(argv, prog="python -m flashattn.book.trace"), flags=args.flags)
+    rows = []
     for shape in SHAPES:
         run = record_run(traced, shape)
         run["overhead_us"] = overhead(shape, traced, plain)
-        doc["runs"].append(run)
+        rows.append(run)
         print(json.dumps({k: run[k] for k in ("shape", "clock_ghz", "overhead_us", "summary")}), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc))   # after every shape: a killed run keeps what it has
+        # after every shape, so that a killed run keeps what it has; one line: every stamp of the kept items
+        results.write(args.out, KIND, rows, meta, indent=None)
     return 0
 
 

@@ -1,9 +1,16 @@
-"""The backward benchmark's pieces: the FLOP count of a backward and a callable per backward path."""
+"""The backward benchmark's pieces: the FLOP count of a backward and a callable per backward path.
+
+flashattn.measure.bench times them (`--backward`); flashattn.book.backward_steps.time_backward from Python.
+"""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from flashattn.autograd import TRAINING_VERSIONS, backward_module, forward_module
+from flashattn.measure.sdpa_backends import SDPA_BACKENDS, sdpa_backend_context
+from flashattn.reference import sdpa
 from flashattn.validate import aligned, check_inputs
 
 BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
@@ -34,29 +41,8 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
         o, lse = forward_module(name).forward_lse(q, k, v, causal)
         bwd = backward_module(name).backward
         return lambda: bwd(q, k, v, o, lse, do, causal, deterministic)
-    import contextlib
-
-    from flashattn.measure.bench import SDPA_BACKENDS, _sdpa_backend_context
-    from flashattn.reference import sdpa
-    context = _sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
+    context = sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with context():   # the backend is chosen in the forward; autograd then runs that backend's backward
         o = sdpa(q, k, v, causal=causal)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-
-
-def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
-                  "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
-                  rounds: int = 10, max_seconds: float = 1.5) -> list[dict]:
-    """Backward times of `names` at one shape on fresh random inputs, by the benchmark's own path
-    (`flashattn.measure.bench.bench_shape` with dO: interleaved, L2 flushed, median): one row per name, in the
-    benchmark's format with "direction": "backward" and TFLOP/s by `backward_flops`. The command line for
-    the same is `python -m flashattn.measure.bench --backward NAME ...`."""
-    from types import SimpleNamespace
-
-    from flashattn.measure.bench import bench_shape
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
-    k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
-    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
-    return bench_shape(list(names), q, k, v, causal, args, do=do)

@@ -14,35 +14,33 @@ attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ ke
 backends.
 
 `--json PATH` writes every figure with the device, driver, torch and CUDA versions, the git commit and
-the shapes; `flashattn.measure.table` turns that file into the README table.
+the shapes, as a record of kind bench (flashattn.measure.results; `--append` adds a run to it);
+`flashattn.measure.table` turns that file into the README table.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
-import os
-import platform
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from flashattn.loader import REPO_ROOT
-from flashattn.versions import VERSIONS
+from flashattn.autograd import BACKWARD_DTYPES
+from flashattn.measure import results
+from flashattn.measure.backward import BACKWARD_NAMES, backward_call, backward_flops
+from flashattn.measure.sdpa_backends import SDPA_BACKENDS, sdpa_backend_context
+from flashattn.measure.timing import time_interleaved
+from flashattn.reference import attention_gradients, attention_reference, relative_error, sdpa
+from flashattn.validate import plan
+from flashattn.versions import INFO, VERSIONS
 
-# Bench-only names: SDPA with one backend forced through torch.nn.attention.sdpa_kernel, for the
-# tensor-core comparisons. They are not versions of the book, so they are not in flashattn.VERSIONS.
-SDPA_BACKENDS = {
-    "sdpa_flash": "FLASH_ATTENTION",
-    "sdpa_efficient": "EFFICIENT_ATTENTION",
-    "sdpa_cudnn": "CUDNN_ATTENTION",
-}
+PROG = "python -m flashattn.measure.bench"
 BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# what --help lists, read from the versions' own contracts
+HALF_VERSIONS = [v for v in VERSIONS if torch.bfloat16 in INFO[v].dtypes] + ["the SDPA variants"]
+CAUSAL_VERSIONS = [v for v in VERSIONS if INFO[v].causal] + ["the SDPA variants"]
 
 DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 2048],
                 warmup=25, repetitions=100, rounds=10, max_seconds=3.0, dtype="float32")
@@ -65,7 +63,7 @@ the cap off.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flashattn.measure.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("versions", nargs="+", metavar="VERSION", help="all, a version name, or an SDPA variant")
     p.add_argument("-B", "--batch-size", type=int, default=DEFAULTS["batch_size"],
@@ -84,10 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=DEFAULTS["max_seconds"], metavar="S",
                    help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                   help="input dtype; bfloat16/float16 for sdpa, baseline, v6, v7 (default: float32; "
+                   help=f"input dtype; bfloat16/float16 for {', '.join(HALF_VERSIONS)} (default: float32; "
                         "bfloat16 with --backward)")
     p.add_argument("--causal", action="store_true",
-                   help="causal masking (v6, v7, sdpa, baseline; default: off)")
+                   help=f"causal masking ({', '.join(CAUSAL_VERSIONS)}; default: off)")
     p.add_argument("--backward", action="store_true",
                    help="time the backward (dQ, dK, dV given dO) of v6, v6_deterministic, sdpa, sdpa_flash, "
                         "sdpa_cudnn, sdpa_efficient instead of the forward (default: forward)")
@@ -107,8 +105,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     known, every = BENCH_NAMES, VERSIONS
     if args.backward:
-        from flashattn.autograd import BACKWARD_DTYPES
-        from flashattn.measure.backward import BACKWARD_NAMES
         known = every = BACKWARD_NAMES
         args.dtype = args.dtype or "bfloat16"
         if DTYPES[args.dtype] not in BACKWARD_DTYPES:
@@ -142,68 +138,21 @@ def attention_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False
 
 
 # --------------------------------------------------------------------------------------------- calls
-def _sdpa_backend_context(name: str):
-    """A factory of fresh contexts that force `name`'s backend (each one can be entered only once)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
-
-
 def make_call(version: str, q, k, v, causal: bool):
     """(fn, context, runs_as): `fn()` runs one forward; `context()` gives a context to enter around warm-ups
     and timing (it forces an SDPA backend, so the choice happens outside the timed region); `runs_as` is the
     version that really runs (v3/v4/v5 hand unsupported head dims to v2). The inputs are checked once,
     here, by flashattn.plan (ValueError/TypeError when the version cannot take them); `fn` runs the plan."""
     if version in SDPA_BACKENDS:
-        from flashattn.reference import sdpa
-        return (lambda: sdpa(q, k, v, causal=causal)), _sdpa_backend_context(version), "sdpa"
-    from flashattn.validate import plan
+        return (lambda: sdpa(q, k, v, causal=causal)), sdpa_backend_context(version), "sdpa"
     p = plan(q, k, v, version, causal)          # compiles or loads the kernel before any timing
     return (lambda: p.run(q, k, v)), contextlib.nullcontext, p.runs_as
-
-
-# --------------------------------------------------------------------------------------- environment
-def _run(cmd, cwd=None) -> str | None:
-    try:
-        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def git_commit() -> dict:
-    if os.environ.get("FLASHATTN_GIT_COMMIT"):
-        # a copy of the tree on a remote GPU machine, with no .git or a stale one: the caller names the
-        # commit it sent, and that wins over whatever git would say there
-        return {"commit": os.environ["FLASHATTN_GIT_COMMIT"], "dirty": None,
-                "commit_source": "FLASHATTN_GIT_COMMIT (tree copied to the GPU machine)"}
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT)
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT)
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
-
-
-def environment(argv=None, prog: str = "python -m flashattn.measure.bench") -> dict:
-    """Device, driver, torch, CUDA, cuDNN and git versions (strings; None where unknown), and the command
-    line that made the record (`prog` and argv, sys.argv by default)."""
-    env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "python": platform.python_version(),
-           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "git": git_commit(),
-           "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([prog] + list(sys.argv[1:] if argv is None else argv))}
-    if torch.cuda.is_available():
-        prop = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env["device"] = {"name": prop.name, "capability": f"{prop.major}.{prop.minor}",
-                         "sm_count": prop.multi_processor_count, "memory_bytes": prop.total_memory,
-                         "l2_bytes": getattr(prop, "L2_cache_size", None)}
-        smi = shutil.which("nvidia-smi")
-        env["driver"] = _run([smi, "--query-gpu=driver_version", "--format=csv,noheader"]) if smi else None
-        if env["driver"]:
-            env["driver"] = env["driver"].splitlines()[0]
-    return env
 
 
 # ----------------------------------------------------------------------------------------------- run
 def _progress(total: int):
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # optional: the GPU image may not ship it
         return tqdm(total=total, unit="row", file=sys.stderr, disable=None, dynamic_ncols=True)
     except ImportError:                            # the GPU image may not ship tqdm
         class _Quiet:
@@ -216,7 +165,6 @@ def _progress(total: int):
 def make_backward_call(name: str, q, k, v, do, causal: bool):
     """(fn, context, runs_as) like make_call, where `fn()` returns (dq, dk, dv) given `do` (the forward ran
     once, here: flashattn.measure.backward.backward_call; "v6_deterministic" is v6 with its atomic-free dQ)."""
-    from flashattn.measure.backward import backward_call
     fn = backward_call(name, q, k, v, do, causal)
     return fn, contextlib.nullcontext, "sdpa" if name in SDPA_BACKENDS else name.removesuffix("_deterministic")
 
@@ -227,12 +175,9 @@ def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do
     the output is checked against `ref` when given); then `flashattn.measure.timing.time_interleaved` times all
     of them in `args.rounds` interleaved rounds. With `do` (the output's gradient) the backward is timed
     instead: rows say "direction": "backward", `ref` is (dq, dk, dv) and rel_error the largest of the three."""
-    from flashattn.measure.timing import time_interleaved
     B, H, M, D = q.shape
     N = k.shape[2]
     backward = do is not None
-    if backward:
-        from flashattn.measure.backward import backward_flops
     rows, calls = {}, {}
     for version in versions:
         row = dict(version=version, batch_size=B, num_heads=H, seq_len_q=M, seq_len_kv=N, head_dim=D,
@@ -249,7 +194,6 @@ def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do
                 out = fn()
                 torch.cuda.synchronize()
                 if ref is not None:
-                    from flashattn.reference import relative_error
                     row["rel_error"] = max(map(relative_error, out, ref)) if backward else relative_error(out, ref)
                 del out
             calls[version] = (fn, context)
@@ -290,7 +234,6 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
 def run(args) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("flashattn.measure.bench needs a CUDA GPU: torch.cuda.is_available() is False")
-    from flashattn.reference import attention_gradients, attention_reference
     dtype = DTYPES[args.dtype]
     backward = getattr(args, "backward", False)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -319,7 +262,7 @@ def run(args) -> dict:
     settings["direction"] = "backward" if backward else "forward"
     settings["flops_formula"] = ("2.5*4*B*H*M*N*D" if backward else "4*B*H*M*N*D") + \
         (" / 2 (causal)" if args.causal else "")
-    return {"meta": environment(getattr(args, "argv", None)), "settings": settings,
+    return {"meta": results.environment(getattr(args, "argv", None), prog=PROG), "settings": settings,
             "rows": add_comparisons(rows)}
 
 
@@ -360,15 +303,12 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_json(result: dict, path: Path, append: bool = False) -> None:
-    doc = {"schema": 1, "runs": []}
-    if append and path.exists():
-        doc = json.loads(path.read_text())
-    doc["runs"].append(result)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+def write_json(result: dict, path: Path, append: bool = False) -> dict:
+    """Write the run `result` ({meta, settings, rows}) as a bench record (flashattn.measure.results), or add it
+    to the file's runs with `append`; returns the file's document."""
+    if append:
+        return results.append(path, "bench", result["rows"], result["meta"], result["settings"])
+    return results.write(path, "bench", result["rows"], result["meta"], result["settings"])
 
 
 def main(argv=None) -> int:

@@ -4,12 +4,15 @@ The kernel files are the truth. Tile sizes are read from their text (`constexpr 
 `#define V5_D64_BR 128`), and the few formulas that turn a tile into bytes are written here once, in the
 kernel's own terms, for the book's tables, the tile sweep and the tests; tests/test_geometry.py checks
 the V5 formula against the compiled binding's `kernel_info`, which asks the CUDA runtime.
-Also here: the bank and fragment arithmetic of shared-memory reads (bank_map, swizzle, mma layouts).
+Also here: the bank and fragment arithmetic of shared-memory reads (bank_map, swizzle, mma layouts); what
+each access of kernels/v6.cu costs per layout is flashattn.measure.banks.
 """
 from __future__ import annotations
 
 import functools
 import re
+
+import numpy as np
 
 from flashattn.loader import KERNELS_DIR
 
@@ -132,6 +135,28 @@ def v8_tiles(D: int, macros: dict | None = None) -> dict:
                 threads=128 * (NWG + spec), smem=smem)
 
 
+def variant_geometry(variant) -> dict | None:
+    """Threads and shared memory of a flashattn.measure.variants.Variant's kernel at its head dim (v5 ... v8)."""
+    D, macros = variant.D, variant.macros
+    if variant.kernel == "v5":
+        return v5_default_tiles(macros)[D]
+    if variant.kernel == "v6":
+        get = lambda k: macros.get(f"V6_D{D}_{k}") or constant("v6", f"V6_D{D}_{k}")
+        B_r, smem = v6_smem(2, D, get("WM"), get("BC"), get("STAGES"))
+        # the step macros, as kernels/v6.cu's launcher counts them: 16 bytes more per row when padded,
+        # and a [B_r][B_c] tile for P when it goes through shared memory
+        if macros.get("V6_SMEM_LAYOUT") == 1:
+            smem += 16 * (B_r + 2 * get("STAGES") * get("BC"))
+        if macros.get("V6_P_SMEM") == 1:
+            smem += 2 * B_r * get("BC") + (16 * B_r if macros.get("V6_SMEM_LAYOUT") == 1 else 0)
+        return dict(D=D, B_r=B_r, B_c=get("BC"), threads=32 * constant("v6", "kWarps"), smem=smem)
+    if variant.kernel == "v7":
+        return v7_tiles(D, macros)
+    if variant.kernel == "v8":
+        return v8_tiles(D, macros)
+    return None
+
+
 # ---------------------------------------------------------------------------- kernels by name
 def template_args(name: str) -> list[str]:
     inner = name[name.index("<") + 1: name.rindex(">")]
@@ -193,7 +218,6 @@ def swizzle(row: int, chunk: int) -> int:
 
 def mma_accumulator_owner(rows=16, cols=8):
     """Lane that holds each element of an m16n8 fp32 accumulator (PTX ISA fragment layout)."""
-    import numpy as np
     lane = np.zeros((rows, cols), dtype=int)
     for r in range(rows):
         for c in range(cols):

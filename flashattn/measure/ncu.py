@@ -39,15 +39,16 @@ Metrics, as Nsight Compute's section files use them (sections/*.section of ncu 2
   launch__block_size; Grid Size launch__grid_size.
 
 All values are returned in base SI units (seconds, bytes, FLOP/s, %), whatever unit the report stores.
-CLI: `python -m flashattn.measure.ncu REPORT...` prints each report's table as markdown.
+CLI: `python -m flashattn.measure.ncu REPORT...` prints each report's table as markdown (flashattn.measure.ncu_tables).
+The pages ncu prints for a report (details, raw, source) are read by flashattn.measure.ncu_pages.
 """
 from __future__ import annotations
 
-import csv
-import math
 import re
 import sys
 from pathlib import Path
+
+from flashattn.measure.ncu_tables import markdown_table, stall_table
 
 # summary field -> (details-page label, raw metric name)
 FIELDS = {
@@ -85,23 +86,6 @@ TENSOR_PIPE = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_
                "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active")
 TENSOR_PATH = re.compile(r"^sm__ops_path_tensor_(\w+)\.sum\.per_cycle_elapsed$")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
-STALL_MEANING = {   # what a warp in each state is waiting for (Kernel Profiling Guide, in our words)
-    "wait": "a fixed-latency dependency: the result of a recent math instruction (mma, FFMA) is not ready",
-    "short_scoreboard": "an MIO result: a shared-memory load (ldmatrix, ld.shared), a shuffle or an exp2",
-    "long_scoreboard": "a global- or local-memory load",
-    "math_pipe_throttle": "its math pipe (tensor or FMA) is still busy with earlier instructions",
-    "not_selected": "nothing: it was ready, but the scheduler issued another warp's instruction",
-    "selected": "nothing: this is the cycle it issues (one per instruction)",
-    "dispatch_stall": "chosen, but the dispatch stage could not send the instruction on this cycle",
-    "barrier": "the block's other warps at __syncthreads",
-    "mio_throttle": "room in the queue to shared memory, shuffles and special functions",
-    "lg_throttle": "room in the queue for global- and local-memory instructions",
-    "no_instruction": "its next instruction to be fetched (instruction-cache miss, or just after a branch)",
-    "branch_resolving": "a branch target to be computed",
-    "drain": "its memory stores to drain before it exits",
-    "membar": "a memory fence",
-    "imc_miss": "a constant-cache miss",
-}
 # Shared memory, collected by flashattn.measure.profile with --metrics on top of the sections (reports recorded
 # before that lack them: None). A bank conflict is an extra wavefront: a warp's shared-memory request
 # that needs k passes through the 32 banks counts k wavefronts and k - 1 conflicts. ldmatrix is a
@@ -189,7 +173,7 @@ def equals_printed(value: float, text: str, unit: str | None = None) -> bool:
 # ---------------------------------------------------------------------------------------- reports
 def load_action(path, kernel: str | None = None):
     """The profiled kernel launch of a report (the first one, or the first whose name contains `kernel`)."""
-    import ncu_report
+    import ncu_report  # Nsight Compute's own module: optional, and only the report readers need it
     ctx = ncu_report.load_report(str(path))
     for r in range(ctx.num_ranges()):
         rng = ctx.range_by_idx(r)
@@ -289,150 +273,6 @@ def stalls(action) -> dict[str, float]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
-# ------------------------------------------------------------------------------- ncu's own exports
-def read_details_csv(path) -> dict[str, tuple[str, str]]:
-    """`ncu --import R --page details --csv --print-units base`: label -> (printed value, unit), first
-    kernel, first occurrence of each label."""
-    out = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(_skip_preamble(fh)):
-            label = row.get("Metric Name")
-            if label and label not in out:
-                out[label] = (row.get("Metric Value", ""), row.get("Metric Unit", ""))
-    return out
-
-
-def raw_values(raw: dict[str, tuple[str, str]], names: dict[str, str]) -> tuple[dict, dict]:
-    """From a raw page (read_raw_csv): ({key: value in base units or None} for names {key: metric},
-    {stall reason: cycles per issued instruction}, largest first)."""
-    def value(name):
-        text, unit = raw.get(name, ("", ""))
-        x = parse_number(text)
-        return None if x is None else x * unit_scale(unit)
-    found = {k: value(m) for k, m in names.items()}
-    stall = {m.group(1): value(n) for n in raw if (m := STALL.match(n))}
-    return found, dict(sorted(((k, v) for k, v in stall.items() if v), key=lambda kv: -kv[1]))
-
-
-def read_raw_csv(path) -> dict[str, tuple[str, str]]:
-    """`ncu --import R --page raw --csv --print-units base`: metric -> (printed value, unit), first kernel.
-    The file has a header row of metric names, a row of units, then one row per kernel."""
-    return read_raw_rows(path)[0]
-
-
-def read_raw_rows(path) -> list[dict[str, tuple[str, str]]]:
-    """Every kernel of a raw page (see read_raw_csv), in the report's order."""
-    with open(path, newline="") as fh:
-        rows = [r for r in csv.reader(_skip_preamble(fh)) if r]
-    names, units = rows[0], rows[1]
-    return [{n: (v, u) for n, u, v in zip(names, units, values)} for values in rows[2:] if len(values) == len(names)]
-
-
-def _skip_preamble(fh):
-    """ncu may print '==PROF==' or warning lines before the CSV; start at the first quoted line."""
-    lines = fh.read().splitlines()
-    first = next((i for i, l in enumerate(lines) if l.startswith('"')), 0)
-    return lines[first:]
-
-
-# ------------------------------------------------------------------ the source page, per SASS instruction
-# `ncu --import R --page source --csv --print-source sass` of a report with the SourceCounters section: per
-# kernel a line `"Kernel Name","<name>"`, then a CSV table with one row per SASS instruction (Address,
-# Source, warp stall samples in all and per reason: stall_long_sb, stall_wait, ...).
-SOURCE_COLUMNS = ("Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb", "stall_short_sb",
-                  "stall_wait", "stall_math", "stall_mio", "stall_barrier", "stall_lg")
-
-
-def split_source_page(text: str) -> dict[str, list[dict[str, str]]]:
-    """The source page of several kernels -> {kernel name: its rows, as dicts keyed by column}."""
-    pages, name, block = {}, None, []
-
-    def close():
-        if name is not None and block:
-            rows = list(csv.reader(block))
-            pages[name] = [dict(zip(rows[0], r)) for r in rows[1:] if len(r) == len(rows[0])]
-
-    for line in text.splitlines():
-        if line.startswith('"Kernel Name"'):
-            close()
-            name, block = next(csv.reader([line]))[1], []
-        elif name is not None and line.strip():
-            block.append(line)
-    close()
-    return pages
-
-
-def write_source_rows(pages: dict[str, list[dict]], path, labels=None, columns=SOURCE_COLUMNS) -> None:
-    """The columns of `columns` of every kernel's rows, one CSV with the kernel first: its label from
-    `labels` (in the page's order) or its full name (the whole page is megabytes; these are what the book
-    reads)."""
-    names = list(labels) if labels is not None else list(pages)
-    if len(names) != len(pages):
-        raise ValueError(f"{len(names)} labels for {len(pages)} kernels")
-    with open(path, "w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(("Kernel Name", *columns))
-        for name, rows in zip(names, pages.values()):
-            out.writerows((name, *(r.get(c, "") for c in columns)) for r in rows)
-
-
-def read_source_rows(path) -> dict[str, list[dict[str, str]]]:
-    """write_source_rows' file back: {kernel name: rows}, in the file's order."""
-    pages: dict[str, list[dict[str, str]]] = {}
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            pages.setdefault(r.pop("Kernel Name"), []).append(r)
-    return pages
-
-
-_REG = re.compile(r"\bR(\d+)(\.64)?\b")
-_MEMORY_OPS = ("LDG", "STG", "RED", "ATOM")   # opcode prefixes: LDGSTS, REDG, ATOMG, ... too
-
-
-def _registers(operands: str) -> set[int]:
-    """Register numbers an operand list names (R12.64 is R12 and R13)."""
-    regs = set()
-    for n, wide in _REG.findall(operands):
-        regs.update((int(n), int(n) + 1) if wide else (int(n),))
-    return regs
-
-
-def _split(sass: str) -> tuple[str, str, str]:
-    """'@P0 IMAD.X R76, RZ, RZ, R66, P0' -> ('IMAD', 'R76', ' RZ, R66, P0'): opcode, first operand, rest."""
-    text = sass.strip()
-    if text.startswith("@"):
-        text = text.split(None, 1)[1] if " " in text else ""
-    op, _, operands = text.partition(" ")
-    first, _, rest = operands.partition(",")
-    return op.split(".")[0], first.strip(), rest
-
-
-def register_waits(rows: list[dict[str, str]], column: str = "stall_long_sb", top: int = 3,
-                   window: int = 64) -> list[dict]:
-    """The `top` instructions with the most samples in `column`, each with the nearest earlier global-memory
-    instruction (LDG, STG, RED, ATOM, LDGSTS) that reads a register this one overwrites, or None. A warp may
-    not overwrite a register that a memory instruction still has to read; the wait for that shows up as
-    long scoreboard on the instruction that overwrites it. "Earlier" looks back `window` instructions in
-    address order and wraps around the end, for an instruction at the top of a loop whose memory
-    instructions sit at its bottom ("wrapped": True)."""
-    def samples(r):
-        return float(r.get(column) or 0)
-
-    found = []
-    for i in sorted(range(len(rows)), key=lambda i: -samples(rows[i]))[:top]:
-        op, dst, _ = _split(rows[i]["Source"])
-        written = _registers(dst) if not op.startswith(_MEMORY_OPS) else set()
-        culprit = None
-        for step in range(1, min(window, len(rows))):
-            j = (i - step) % len(rows)
-            jop, jfirst, jrest = _split(rows[j]["Source"])
-            if jop.startswith(_MEMORY_OPS) and written & _registers(jfirst + "," + jrest):
-                culprit = {"source": rows[j]["Source"].strip(), "distance": step, "wrapped": j > i}
-                break
-        found.append({"source": rows[i]["Source"].strip(), "samples": samples(rows[i]), "waits_for": culprit})
-    return found
-
-
 def compare_with_exports(summary: dict, details: dict | None = None, raw: dict | None = None,
                          action=None) -> list[str]:
     """Mismatches between our parsed values and ncu's printed pages (empty list: all equal)."""
@@ -455,84 +295,6 @@ def compare_with_exports(summary: dict, details: dict | None = None, raw: dict |
                 if not equals_printed(value, text, unit):
                     problems.append(f"{name}: parsed {value!r}, raw page prints {text} {unit}")
     return problems
-
-
-# ---------------------------------------------------------------------------------------- tables
-def _si(x, unit, digits=2):
-    if x is None:
-        return "—"
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"), (1, "")):
-        if abs(x) >= scale or scale == 1:
-            return f"{x / scale:,.{digits}f} {prefix}{unit}"
-
-
-def table_rows(s: dict) -> list[tuple[str, str, str]]:
-    """(metric, value, interpretation) rows of the book's profile tables."""
-    rows = [("Profiled duration", f"{s['duration_s'] * 1e3:,.3f} ms" if s["duration_s"] else "—",
-             "under Nsight Compute; distinct from the benchmark's timing")]
-    rows.append(("FP32 throughput", _si(s["fp32_flops_per_s"], "FLOP/s"),
-                 f"{s['fp32_pct_of_peak']:.1f}% of the FP32 roofline peak ({_si(s['fp32_peak_flops_per_s'], 'FLOP/s')})"
-                 if s["fp32_pct_of_peak"] is not None else "—"))
-    if s["tensor_ops_per_s"]:
-        rows.append(("Tensor-core throughput", _si(s["tensor_ops_per_s"], "OP/s"),
-                     f"{s['tensor_pct_of_peak']:.1f}% of the {s['tensor_path']} peak "
-                     f"({_si(s['tensor_peak_ops_per_s'], 'OP/s')})"))
-    if s["tensor_pipe_pct"] and s["tensor_pipe_pct"] >= 1:   # CUDA-core kernels read ~0.3%: noise
-        rows.append(("Tensor pipe", f"{s['tensor_pipe_pct']:.1f}%", "active cycles of the tensor pipe"))
-    ai, ridge = s["arithmetic_intensity"], s["fp32_ridge"]
-    if ai is not None and ridge:
-        side = ("about at" if abs(math.log(ai / ridge)) < 0.1 else
-                "on the memory-bound side of" if ai < ridge else "on the compute-bound side of")
-        rows.append(("Arithmetic intensity", f"{ai:,.2f} FLOP/byte", f"{side} the FP32 ridge ({ridge:,.1f} FLOP/byte)"))
-    rows.append(("DRAM bandwidth", _si(s["dram_bytes_per_s"], "B/s"),
-                 f"{100 * s['dram_bytes_per_s'] / s['dram_peak_bytes_per_s']:.1f}% of the DRAM peak"
-                 if s["dram_bytes_per_s"] is not None and s["dram_peak_bytes_per_s"] else "—"))
-    achieved, theoretical = s["achieved_occupancy_pct"], s["theoretical_occupancy_pct"]
-    rows.append(("Occupancy", f"{achieved:.2f}% achieved" if achieved is not None else "—",
-                 f"{theoretical:.2f}% theoretical" if theoretical is not None else "—"))
-    lim = s["limited_by"]
-    rows.append(("Theoretical blocks/SM", f"{s['blocks_per_sm']:.0f}" if s["blocks_per_sm"] is not None else "—",
-                 "limited " + ("jointly " if len(lim) > 1 else "") + "by " + " and ".join(lim) if lim else "—"))
-    launch = f"{s['block_size']:.0f} threads/block, {s['grid_size']:.0f} blocks" \
-        if s["block_size"] and s["grid_size"] else "—"
-    rows.append(("Registers", f"{s['registers_per_thread']:.0f}/thread" if s["registers_per_thread"] else "—", launch))
-    if s.get("shared_wavefronts_ld") is not None:
-        rows.append(("Shared-memory bank conflicts",
-                     f"{s['bank_conflicts_ld']:,.0f} load, {s['bank_conflicts_st']:,.0f} store",
-                     f"extra wavefronts, out of {s['shared_wavefronts_ld']:,.0f} load and "
-                     f"{s['shared_wavefronts_st']:,.0f} store wavefronts"))
-    dyn, drv = s["shared_dynamic_bytes"], s["shared_driver_bytes"]
-    total = s["shared_total_bytes"]
-    rows.append(("Shared memory", f"{total / 1e3:.2f} KB/block" if total is not None else "—",
-                 f"{dyn / 1e3:.2f} KB dynamic + {(s['shared_static_bytes'] or 0) / 1e3:.2f} KB static + "
-                 f"{drv / 1e3:.2f} KB driver reservation" if dyn is not None and drv is not None else "—"))
-    return rows
-
-
-def markdown_table(s: dict) -> str:
-    lines = ["| Metric | Value | Interpretation |", "|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in table_rows(s)]
-    return "\n".join(lines)
-
-
-def stall_rows(s: dict, top: int = 6) -> list[tuple[str, float, float, str]]:
-    """(reason, cycles per issued instruction, share of all warp cycles in %, what it waits for) for the
-    `top` largest stall reasons of a summary; [] when the report has none."""
-    total = s.get("warp_cycles_per_issue") or sum(s.get("stalls", {}).values())
-    return [(r, v, 100 * v / total, STALL_MEANING.get(r, "")) for r, v in list(s.get("stalls", {}).items())[:top]]
-
-
-def stall_table(s: dict, top: int = 6) -> str:
-    rows = stall_rows(s, top)
-    if not rows:
-        return "*This report has no warp-state statistics (ncu section WarpStateStats).*"
-    lines = ["| Warp state | Cycles per issued instruction | Share | Waiting for |", "|---|--:|--:|---|"]
-    lines += [f"| {r.replace('_', ' ')} | {v:.2f} | {pct:.0f}% | {why} |" for r, v, pct, why in rows]
-    ipc = (f"; the SM issued {s['issued_ipc']:.2f} instructions per active cycle (at most 4)"
-           if s.get("issued_ipc") else "")
-    lines.append(f"\nA warp took {s['warp_cycles_per_issue']:.2f} cycles per issued instruction{ipc}."
-                 if s.get("warp_cycles_per_issue") else "")
-    return "\n".join(lines).rstrip()
 
 
 def version_of(report_name: str) -> str:

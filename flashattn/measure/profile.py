@@ -33,11 +33,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flashattn.loader import REPO_ROOT
-from flashattn.measure.ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS, raw_values, read_raw_rows
-from flashattn.versions import INFO, VERSIONS
+import torch
 
-KERNEL_DIR = REPO_ROOT / "kernels"
+import flashattn
+from flashattn.loader import KERNELS_DIR, REPO_ROOT
+from flashattn.measure.backward import backward_call
+from flashattn.measure.ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS
+from flashattn.measure.ncu_pages import raw_values, read_raw_rows
+from flashattn.measure.variants import kernel_of
+from flashattn.versions import INFO, VERSIONS
 
 PROFILED = tuple(n for n in VERSIONS if INFO[n].kernel and INFO[n].fused)
 BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "LaunchStats",
@@ -92,7 +96,7 @@ def report_stem(version: str, seq_len: int) -> str:
     return f"flash_{version}_s{seq_len}_profile"
 
 
-def kernel_names(version: str, kernel_dir: Path = KERNEL_DIR) -> list[str]:
+def kernel_names(version: str, kernel_dir: Path = KERNELS_DIR) -> list[str]:
     """The `__global__` function names declared in kernels/<version>.cu."""
     path = kernel_dir / f"{version}.cu"
     return kernel_names_in(path.read_text()) if path.exists() else []
@@ -111,7 +115,7 @@ def kernel_filter(version: str) -> str:
         return "regex:" + BACKWARD[version][1]
     names = kernel_names(version) + (kernel_names(INFO[version].fallback) if INFO[version].fallback else [])
     if not names:
-        raise SystemExit(f"no __global__ kernel found in {KERNEL_DIR / (version + '.cu')}; pass --kernel-regex")
+        raise SystemExit(f"no __global__ kernel found in {KERNELS_DIR / (version + '.cu')}; pass --kernel-regex")
     return "regex:" + "|".join(names)
 
 
@@ -250,18 +254,40 @@ def collect_metrics(ncu: str, target: list[str], kernel_regex: str, count: int, 
     return {"launches": launches}
 
 
+def attach_metrics(doc: dict, key: str, out_dir: Path, shape: tuple, warmup: int = 1) -> None:
+    """`python -m flashattn.measure.sweep KEY --metrics`: every correct variant under Nsight Compute in one
+    process (collect_metrics on the sweep's `--target` mode, `warmup` calls and one more per variant at
+    `shape` = (B, H, M, N)); the counters of each variant's last launch land in its row's "metrics". The raw
+    page of the report (every launch, in order) stays as out_dir/<version>_steps_ncu.raw.csv; the report
+    itself is deleted (tens of MB)."""
+    rows = [r for r in doc["rows"] if r.get("correct")]
+    ncu = find_ncu()
+    if ncu is None or not rows:
+        for r in rows:
+            r["metrics"] = {"error": MISSING_NCU}
+        return
+    version = kernel_of(key)
+    target = [sys.executable, "-m", "flashattn.measure.sweep", key, "--warmup", str(warmup),
+              "--target", *[r["name"] for r in rows]]
+    got = collect_metrics(ncu, target, kernel_filter(version), len(rows) * (warmup + 1),
+                          out_dir / f"{version}_steps_ncu")
+    (out_dir / f"{version}_steps_ncu.ncu-rep").unlink(missing_ok=True)
+    launches = got.get("launches", [])
+    for i, r in enumerate(rows):
+        one = launches[i * (warmup + 1) + warmup] if len(launches) == len(rows) * (warmup + 1) else \
+            {"error": got.get("error") or f"ncu profiled {len(launches)} launches, expected {len(rows) * (warmup + 1)}"}
+        r["metrics"] = {"shape": [*shape, r["D"]], "dtype": doc["meta"]["dtype"], "causal": False, **one}
+        print(f"metrics {r['name']}: {'ok' if 'counters' in one else one['error'][:300]}", flush=True)
+
+
 # ----------------------------------------------------------------------------------------- target
 def run_target(args) -> int:
     """What ncu launches: warm-up calls, then the one call that the filter selects."""
-    import torch
-
-    import flashattn
     dtype = getattr(torch, args.dtype or default_dtype(args.target))
     shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     if args.target in BACKWARD:                    # one dK/dV launch per gradient call
-        from flashattn.measure.backward import backward_call
         do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
         grads = backward_call(owner(args.target), q, k, v, do, args.causal)
         for _ in range(args.warmup + 1):

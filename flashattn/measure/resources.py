@@ -9,7 +9,6 @@ the same nvcc, and checks the properties that matter (no spills, no stack, occup
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import subprocess
@@ -18,7 +17,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from flashattn.loader import KERNELS_DIR, NVCC_FLAGS, _find_cuda_home, version_archs
+from flashattn.loader import KERNELS_DIR, NVCC_FLAGS, find_cuda_home, version_archs
+from flashattn.measure import results
 from flashattn.versions import KERNEL_VERSIONS
 
 ARCHS = ("80", "89", "90")
@@ -47,7 +47,7 @@ def occupancy(regs: int, smem_bytes: int, threads: int, limits: dict = SM90) -> 
 
 
 def nvcc() -> str:
-    home = _find_cuda_home()
+    home = find_cuda_home()
     return str(Path(home) / "bin" / "nvcc") if home else "nvcc"
 
 
@@ -101,10 +101,14 @@ def nvcc_version() -> str | None:
 
 
 def load_record(path: Path) -> tuple[str | None, dict]:
-    """(nvcc version, {version: {"sm_90": [kernel, ...]}}) of a recorded report; records written before
-    the nvcc version was kept are the bare report, with version None."""
-    doc = json.loads(Path(path).read_text())
-    return (doc.get("nvcc"), doc["kernels"]) if "kernels" in doc else (None, doc)
+    """(nvcc version, {version: {"sm_90": [kernel, ...]}}) of a recorded report (a flashattn.measure.results
+    record of kind resources: one row per kernel, with its version and arch)."""
+    doc = results.read(path, "resources")
+    report: dict = {}
+    for row in doc["rows"]:
+        kernel = {k: v for k, v in row.items() if k != "version"}
+        report.setdefault(row["version"], {}).setdefault(row["arch"], []).append(kernel)
+    return doc["meta"].get("nvcc"), report
 
 
 def report_all(names=KERNEL_VERSIONS, archs=ARCHS, jobs: int = 2) -> dict:
@@ -134,9 +138,9 @@ def main(argv=None) -> int:
                       f"smem {k.get('static_smem_bytes', 0):>6} B  stack {k.get('stack_bytes', 0):>4} B  "
                       f"spills {k.get('spill_store_bytes', 0)}/{k.get('spill_load_bytes', 0)} B")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        record = {"nvcc": nvcc_version(), "flags": NVCC_FLAGS, "kernels": report}
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        rows = [{"version": name, **k} for name, per_arch in report.items() for kernels in per_arch.values()
+                for k in kernels]
+        results.write(args.json, "resources", rows, meta={"nvcc": nvcc_version()}, settings={"flags": NVCC_FLAGS})
     return 0
 
 

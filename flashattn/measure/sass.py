@@ -160,12 +160,12 @@ def find_tool(name: str = "nvdisasm") -> str | None:
         places.append(Path(found))
     places.append(Path("/usr/local/cuda/bin") / name)
     try:
-        import triton
+        import triton  # optional, and slow to import: only asked when the toolkit has no copy
         places.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
     except ImportError:
         pass
     try:
-        import nvidia
+        import nvidia  # optional: the nvidia-cuda-* pip packages
         for root in nvidia.__path__:
             places.extend(Path(root).glob(f"*/bin/{name}"))
     except ImportError:

@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from flashattn.loader import REPO_ROOT
+from flashattn.measure import results
 from flashattn.versions import INFO, VERSIONS
 
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
@@ -31,24 +31,9 @@ def label(name: str) -> str:
     return LABELS.get(name, name.upper() if name.startswith("v") else name)
 
 
-OLD_KEYS = {"impl": "version", "ran_as": "runs_as"}   # names of benchmark files recorded before the rename
-
-
-def normalize_run(run: dict) -> dict:
-    """One benchmark run with today's key names: rows recorded earlier say `impl` for the version asked
-    for and `ran_as` for the one that ran, and their settings `impl` for the list of versions."""
-    rows = [{OLD_KEYS.get(k, k): v for k, v in r.items()} for r in run.get("rows", [])]
-    settings = dict(run.get("settings", {}))
-    if "impl" in settings:
-        settings["versions"] = settings.pop("impl")
-    return dict(run, rows=rows, settings=settings)
-
-
 def load(path) -> dict:
-    """A benchmark JSON ({"runs": [...]} or one run), with the key names of `normalize_run`."""
-    doc = json.loads(Path(path).read_text())
-    doc = doc if "runs" in doc else {"runs": [doc]}
-    return dict(doc, runs=[normalize_run(run) for run in doc["runs"]])
+    """A benchmark record (flashattn.measure.results; `results.runs` splits it into its runs)."""
+    return results.read(path, "bench")
 
 
 def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None, causal: bool = False,
@@ -56,7 +41,7 @@ def select_rows(doc: dict, seq_len: int | None = None, dtype: str | None = None,
     """The rows of one shape (default: M=N=2048 if present, else the largest; the first run's dtype)
     and the run (its meta and settings) they came from; forward rows, or the backward rows of
     `python -m flashattn.measure.bench --backward` (they say "direction": "backward")."""
-    rows = [(r, run) for run in doc["runs"] for r in run["rows"]
+    rows = [(r, run) for run in results.runs(doc) for r in run["rows"]
             if bool(r["causal"]) == causal and r.get("direction", "forward") == direction]
     if dtype:
         rows = [(r, m) for r, m in rows if r["dtype"] == dtype]
@@ -156,7 +141,6 @@ def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
     if not xml.exists():
         return (f"No GPU test run is recorded yet: `{xml.as_posix()}` is written by the `tests` step of "
                 f"`scripts/gpu_session.sh` on the H200.")
-    import xml.etree.ElementTree as ET
     root = ET.parse(xml).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
@@ -188,7 +172,7 @@ def comparison_table(doc: dict, version: str, against: list[str], group_shapes: 
              + " | ".join(f"{a} (µs) | {version} vs {a}" for a in against) + " |",
              "|---|---|---|--:|" + ("--:|" if tflops else "") + "--:|--:|" * len(against)]
     body = []
-    for run in doc["runs"]:
+    for run in results.runs(doc):
         by_shape: dict = {}
         for r in run["rows"]:
             key = (r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], r["dtype"], bool(r["causal"]))
@@ -213,44 +197,6 @@ def comparison_table(doc: dict, version: str, against: list[str], group_shapes: 
     return "\n".join(lines + [line for _, line in body])
 
 
-def header_line(r: dict, command: str, flash: dict | None = None) -> str:
-    """One comment line for a kernel's header: the measured median at the row's shape and its speed
-    relative to SDPA (and to SDPA's flash backend, when `flash` is that row) in the same run."""
-    shape = (f"B={r['batch_size']}, H={r['num_heads']}, M={r['seq_len_q']}, N={r['seq_len_kv']}, "
-             f"D={r['head_dim']}, {r['dtype']}{', causal' if r['causal'] else ''}")
-    s = r.get("speedup_vs_sdpa")
-    vs = f", {s:.2f}x SDPA's speed" if s else ""
-    if flash and flash.get("status") == "ok":
-        vs += f", {flash['median_us'] / r['median_us']:.2f}x SDPA-flash's"
-    return f"// Measured on H200 ({shape}): {r['median_us']:,.1f} us median{vs}, same run [{command}]"
-
-
-def update_kernel_headers(rows: list[dict], command: str, kernels_dir=None, append: bool = False,
-                          only=None) -> list[str]:
-    """Replace each kernel file's `// Measured on H200` line(s) with the figures of `rows`
-    (`append=True` adds a line under the existing ones, for a second dtype or shape; `only`: these
-    versions' files, not every version in the rows). Returns the files changed."""
-    kernels_dir = Path(kernels_dir or REPO_ROOT / "kernels")
-    changed = []
-    for r in rows:
-        path = kernels_dir / f"{r['version']}.cu"
-        if r["status"] != "ok" or not path.exists() or (only and r["version"] not in only):
-            continue
-        lines = path.read_text().split("\n")
-        idx = [i for i, line in enumerate(lines) if line.startswith("// Measured on H200")]
-        if not idx:
-            continue
-        flash = next((f for f in rows if f["version"] == "sdpa_flash"), None)
-        new = header_line(r, command, flash)
-        if append:
-            lines.insert(idx[-1] + 1, new)
-        else:
-            lines[idx[0]:idx[-1] + 1] = [new]
-        path.write_text("\n".join(lines))
-        changed.append(str(path))
-    return changed
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashattn.measure.table",
                                 description="README results table from bench JSON")
@@ -260,11 +206,6 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--update-readme", type=Path, metavar="README", help="replace the marked block in README")
-    p.add_argument("--update-headers", metavar="COMMAND",
-                   help="write the rows' medians into kernels/*.cu '// Measured on H200' lines, citing COMMAND")
-    p.add_argument("--append", action="store_true", help="with --update-headers: add a line, keep the old ones")
-    p.add_argument("--only", nargs="+", metavar="VERSION",
-                   help="with --update-headers: only these versions' files (default: every version in the rows)")
     p.add_argument("--compare", nargs="+", metavar="NAME",
                    help="VERSION OTHER...: a table of VERSION against OTHER at every shape in the file")
     p.add_argument("--block", help="with --compare --update-readme: the README block to replace "
@@ -288,7 +229,7 @@ def main(argv=None) -> int:
         p.error("a benchmark JSON is required (or --gpu-tests XML)")
     if not args.json.exists():               # say so in the README rather than fail the whole update
         note = not_recorded(args.json)
-        if args.update_readme and not args.update_headers:
+        if args.update_readme:
             block = (args.block or f"{args.compare[0]}-table") if args.compare else "results-table"
             update_readme(args.update_readme, note, block=block)
         print(note)
@@ -299,11 +240,6 @@ def main(argv=None) -> int:
             update_readme(args.update_readme, table, block=args.block or f"{args.compare[0]}-table")
         else:
             print(table)
-        return 0
-    if args.update_headers:
-        rows, _ = select_rows(load(args.json), **select)
-        for path in update_kernel_headers(rows, args.update_headers, append=args.append, only=args.only):
-            print(f"updated {path}")
         return 0
     table = results_table(args.json, **select)
     if args.update_readme:
