@@ -68,6 +68,7 @@ def test_attention_bytes_ticks_are_plain_numbers():
 
 @pytest.mark.parametrize("versions,highlight", [(["v1", "v4", "v5"], "v5"), (["v4", "v5", "v6"], "v6")])
 def test_roofline_measured_and_datasheet_roofs_differ(versions, highlight):
+    pytest.importorskip("ncu_report")   # the points come from the committed .ncu-rep reports
     fig = figures.roofline(versions, highlight=highlight, show=False)
     (ax,) = fig.axes
     roofs = {ln.get_label(): (ln.get_linestyle(), ln.get_color()) for ln in ax.get_lines()
