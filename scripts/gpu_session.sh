@@ -15,7 +15,7 @@
 #     profile        scripts/record_h200.sh profile -> OUTDIR/work/h200
 #     record-new     scripts/record_h200.sh new -> results/h200: bench_v7, bench_backward, train_demo,
 #                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
-#     record-v8      scripts/record_h200.sh new-v8 -> results/h200: bench_v8 (issue 13's targets), v8_sweep and
+#     record-v8      scripts/record_h200.sh new-v8 -> results/h200: bench_v8 (V8's targets), v8_sweep and
 #                    the v8 profiles at both shapes, written straight into the tree
 #     sweep-VERSION  python -m flashattn.measure.sweep VERSION -> OUTDIR/work/h200
 #     notebooks      execute every notebook of book/ in place

@@ -25,7 +25,7 @@
 #            and not, at B=4,H=12,2048,D=64 and B=2,H=16,8192,D=128 -> OUTDIR/bench_v7.json, bench_v7.txt
 #            (about 40 s on the H200 once built)
 #   v8       v8 against v7, v6, SDPA (cuDNN by default on Hopper), FlashAttention-2 and cuDNN forced, bf16,
-#            causal and not, at the same two shapes -> OUTDIR/bench_v8.json, bench_v8.txt: issue 13's
+#            causal and not, at the same two shapes -> OUTDIR/bench_v8.json, bench_v8.txt: the V8
 #            targets table (about 45 s once built)
 #   sweep-v8 python -m flashattn.measure.sweep v8: the V8 chapter's steps at both shapes beside v7, cuDNN and
 #            FlashAttention-2 -> OUTDIR/v8_sweep.json, v8_sweep.txt (about 60 s once built)

@@ -73,7 +73,7 @@ V5_TILES = (
 )
 
 # kernels/v5.cu's steps: (name, macros set by the step, the one change from the step before). Interleaving
-# comes second: in the issue's order (last) the bank conflicts of compact ownership hid the three steps
+# comes second: in the order first planned (last) the bank conflicts of compact ownership hid the three steps
 # before it (results/h200/v5_steps_issue_order.json).
 V5_STEPS = (
     ("register tiles", {"V5_CP_ASYNC": 0, "V5_EXP2": 0, "V5_BLOCKED_PV": 0, "V5_INTERLEAVE": 0},
@@ -98,9 +98,9 @@ def chain(kernel: str, steps, head_dims=(64, 128)) -> dict[str, Variant]:
 
 
 # ---------------------------------------------------------------------------------------------- V6
-# kernels/v6.cu from the first tensor-core version to the committed one, one macro per step (the issue-12
-# order): every switch starts at its simplest setting and the steps turn them on one by one. Both head dims
-# share each build, so the pipeline depth is set for both.
+# kernels/v6.cu from the first tensor-core version to the committed one, one macro per step (in the order
+# first planned): every switch starts at its simplest setting and the steps turn them on one by one. Both
+# head dims share each build, so the pipeline depth is set for both.
 V6_STEPS = (
     ("P via shared memory", {"V6_P_SMEM": 1, "V6_SMEM_LAYOUT": 0, "V6_LDMATRIX": 0, "V6_BARRIERS": 2,
                              "V6_D64_STAGES": 1, "V6_D128_STAGES": 1},
