@@ -56,8 +56,9 @@
 //   one CUDA device; lse float32 [B, H, M] from v6's forward_lse. D in {64, 128}; any M, N >= 1 (M != N
 //   allowed). causal=True is bottom-right aligned exactly like the forward: query row i sees key j iff
 //   j <= i + (N - M); a row that sees no key (M > N) has O = 0 and gets dQ = 0 and adds nothing to dK, dV.
-//   Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer; the vector reduction
-//   red.global.add.v2.f32 is used on sm_90, two scalar atomics elsewhere.
+//   Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer. dQ is summed in a
+//   float32 accumulator: on sm_90 by one bulk reduction per tile (cp.reduce.async.bulk) by default, else
+//   by red.global.add.v2.f32 there and two scalar atomics on older GPUs.
 //
 // Tiles (bf16/fp16):
 //   bwd_dkdv_split: 8 warps, B_c = 128, B_r = 64. Shared memory: K_j, V_j (2 x 128 x D), Q_i and dO_i

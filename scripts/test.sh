@@ -16,5 +16,8 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 source .venv/bin/activate
 ruff check .
 jupyter-book build . -W -q
-BOOK_BUILT=1 python -m pytest -q tests
-python -m pytest -q --nbval-lax book/
+# two workers (pytest-xdist), a test file each (--dist loadfile: the browser tests share one Chromium):
+# most of the time goes to compilers, and one process per core keeps both busy; a notebook's cells share its kernel
+JOBS=${JOBS:-2}
+BOOK_BUILT=1 python -m pytest -q -n "$JOBS" --dist loadfile tests
+python -m pytest -q -n "$JOBS" --dist loadfile --nbval-lax book/
