@@ -4,7 +4,7 @@
 // float loaded from shared memory per FFMA. v5 treats both products of a tile like an SGEMM: every
 // thread owns a TM x TN register tile of S_ij = Q_i K_j^T and the same TM rows of O_i, and per 4-deep
 // step of the inner dimension it loads TM + TN float4s (16-byte LDS.128, broadcast or conflict-free
-// across the warp) and issues 4*TM*TN FFMAs from them. With the D=64 default 8 x 8 tile that is 256 FFMA
+// across the warp) and runs 4*TM*TN FFMAs on them. With the D=64 default 8 x 8 tile that is 256 FFMA
 // per 16 LDS.128 (a 4 x 8 tile: 128 per 12), so the shared-memory pipe stays well below the FFMA pipes'
 // rate and the loop is bound by FFMA issue, as an SGEMM is.
 //

@@ -1,8 +1,6 @@
 """flashattn.book.mbarrier_ring: the ring arithmetic against the kernels' own expressions, compiled with g++."""
 from __future__ import annotations
 
-import shutil
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -10,10 +8,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn.book import mbarrier_ring  # noqa: E402
+from flashattn.book import host_cpp, mbarrier_ring  # noqa: E402
 from flashattn.loader import KERNELS_DIR  # noqa: E402
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel's expressions")
+needs_gxx = pytest.mark.skipif(host_cpp.COMPILER is None, reason=host_cpp.MISSING)
 
 
 def test_three_stage_ring_by_hand():

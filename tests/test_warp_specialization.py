@@ -1,8 +1,6 @@
 """flashattn.book.warp_specialization: the register split parsed from kernels/v8.cu and the schedule's figure."""
 from __future__ import annotations
 
-import shutil
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -10,10 +8,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn.book import schedule, warp_specialization  # noqa: E402
+from flashattn.book import host_cpp, schedule, warp_specialization  # noqa: E402
 from flashattn.loader import KERNELS_DIR  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to evaluate the kernel's split")
+pytestmark = pytest.mark.skipif(host_cpp.COMPILER is None, reason=host_cpp.MISSING)
 
 
 def test_register_split_obeys_setmaxnreg_and_fits_the_register_file():

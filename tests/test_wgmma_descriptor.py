@@ -1,31 +1,25 @@
 """flashattn.book.wgmma_descriptor against kernels/v7.cu itself: the kernel's make_desc, its descriptor
 arguments and its cp.async tile offset are cut from the source, compiled for the CPU and compared."""
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import matplotlib
 import pytest
 
+from flashattn.book import host_cpp
 from flashattn.book import wgmma_descriptor as wd
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parent.parent
-COMPILER = shutil.which("g++") or shutil.which("nvcc")
 
 
 def run_kernel_host(tmp_path, lines: list[str]) -> list[int]:
     """The answers of the kernel's own code (wd.host_program of kernels/v7.cu) to `lines`."""
-    if COMPILER is None:
-        pytest.skip("no C++ compiler (g++ or nvcc) to build the kernel's make_desc for the CPU")
-    src = tmp_path / "v7_host.cpp"
-    src.write_text(wd.host_program((ROOT / "kernels" / "v7.cu").read_text()))
-    exe = tmp_path / "v7_host"
-    flags = ["-x", "c++"] if COMPILER.endswith("nvcc") else []
-    subprocess.run([COMPILER, *flags, "-O1", "-o", str(exe), str(src)], check=True)
-    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
-    return [int(x) for x in out.stdout.split()]
+    if host_cpp.COMPILER is None:
+        pytest.skip(host_cpp.MISSING)
+    out = host_cpp.run(wd.host_program((ROOT / "kernels" / "v7.cu").read_text()), "\n".join(lines) + "\n",
+                       what="kernels/v7.cu's make_desc and tile offsets")
+    return [int(x) for x in out.split()]
 
 
 def test_encode_matches_make_desc(tmp_path):

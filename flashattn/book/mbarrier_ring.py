@@ -12,20 +12,18 @@ completed: parity (t // S - 1) & 1. The first S loads find their slots empty and
 
 `ring_schedule` is that arithmetic; `kernel_rows` runs the kernels' own expressions instead -- the
 slot and parity expressions cut out of kernels/v7.cu and kernels/v8.cu by the regular expressions in
-`PATTERNS`, compiled by g++ into a small host program -- so tests/test_mbarrier_ring.py can hold one
+`PATTERNS`, compiled into a small host program (flashattn.book.host_cpp) -- so tests/test_mbarrier_ring.py can hold one
 against the other. `fig_ring` draws a modelled timeline of both barriers for a 2- and a 3-stage ring
 (book/_static/concepts/mbarrier_ring.png is FIGURES["mbarrier_ring"]() saved at dpi=110).
 """
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from flashattn.book import host_cpp
 from flashattn.book.figures import show_or_return
 from flashattn.loader import KERNELS_DIR
 
@@ -143,18 +141,12 @@ def _program(version: str, e: dict, loads: int) -> str:
 
 
 def kernel_rows(version: str, loads: int = 24, text: str | None = None) -> dict[int, list[RingLoad]]:
-    """What the kernel's own expressions give for loads 0 .. loads - 1 at 2, 3 and 4 stages, compiled with g++
+    """What the kernel's own expressions give for loads 0 .. loads - 1 at 2, 3 and 4 stages, compiled
     and run on the host: {stages: rows}. Raises if two evaluations of one load disagree (V8's persistent
     offsets) or if the slot a load writes is not the slot its barriers guard. `text`: the file's text instead
     of kernels/<version>.cu."""
     source = _program(version, kernel_expressions(version, text), loads)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "ring.cpp", Path(tmp) / "ring"
-        src.write_text(source)
-        built = subprocess.run(["g++", "-std=c++17", "-O0", "-o", str(exe), str(src)], capture_output=True, text=True)
-        if built.returncode:
-            raise RuntimeError(f"g++ could not build the kernel's expressions:\n{source}\n{built.stderr}")
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    out = host_cpp.run(source, what=f"kernels/{version}.cu's ring expressions")
     seen: dict[tuple, tuple] = {}
     for line in out.split("\n"):
         if line:

@@ -53,7 +53,7 @@ def resources_table(version: str, only: str | None = None):
 
 def smem_traffic_table():
     """Shared-memory wavefronts against FFMA issue for V4's inner loop and V5's register tiles: an H200
-    SM issues 4 warp-wide FFMA per clock but serves 1 shared-memory wavefront (128 bytes) per clock."""
+    SM starts 4 warp-wide FFMA per clock but serves 1 shared-memory wavefront (128 bytes) per clock."""
     # V4 as compiled (book/v4.ipynb, "What limits it"): per step d, one scalar K load, and the 8 Q
     # broadcasts of four steps merged into 8 LDS.128, i.e. 2 per step
     rows = [("V4: lane owns 8 rows × 1 column, one d per step", 3, 8, "1 K float + 2 Q float4 broadcasts")]

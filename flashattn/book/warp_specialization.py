@@ -5,7 +5,7 @@ The register numbers are not typed here. `register_split` cuts out of kernels/v8
 of its `setmaxnreg_dec<...>()` and `setmaxnreg_inc<...>()` calls, the `Registers` struct that computes
 them, the block's thread count (`Layout::THREADS`), the build switches (`#ifndef V8_... #define ...`) and
 the warpgroup count each head dim is launched with (the `launch<T, D, NWG, ...>` calls of `dispatch_d`),
-and compiles them with g++ into a host program that prints the split. tests/test_warp_specialization.py
+and compiles them into a host program (flashattn.book.host_cpp) that prints the split. tests/test_warp_specialization.py
 holds the result to the PTX rules (a multiple of 8 in 24..256, PTX ISA "setmaxnreg",
 https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#miscellaneous-instructions-setmaxnreg)
 and to the SM's 65,536 registers.
@@ -19,12 +19,10 @@ issues K_t before V_{t-1}, each once its slot's empty barrier says both consumer
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from flashattn.book import host_cpp
 from flashattn.book.figures import show_or_return
 from flashattn.book.schedule import simulate
 from flashattn.loader import KERNELS_DIR
@@ -69,13 +67,7 @@ int main() {{
 {chr(10).join(calls)}
 }}
 """
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "split.cpp", Path(tmp) / "split"
-        src.write_text(source)
-        built = subprocess.run(["g++", "-std=c++17", "-o", str(exe), str(src)], capture_output=True, text=True)
-        if built.returncode:
-            raise RuntimeError(f"g++ could not build kernels/v8.cu's register split:\n{source}\n{built.stderr}")
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    out = host_cpp.run(source, what="kernels/v8.cu's register split")
     keys = ("d", "causal", "consumers", "threads", "entry", "producer", "consumer")
     return [dict(zip(keys, map(int, line.split()))) for line in out.split("\n") if line]
 
