@@ -10,7 +10,7 @@ import pytest
 matplotlib.use("Agg")
 
 from flashattn.book import staircase  # noqa: E402
-from flashattn.measure import variants  # noqa: E402
+from flashattn.measure import kernel_source, variants  # noqa: E402
 from flashattn.versions import INFO  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def test_backward_chain_ends_at_the_kernels_defaults():
     assert bwd[0]["speedup"] is None and all(r["same_run"] and r["speedup"] > 0 for r in bwd[1:])
     assert set(bwd[-1]["refs"]) == {"sdpa_flash", "sdpa_cudnn"}
     kernel = variants.backward("v6_layout2").path.read_text()
-    defaults = dict(re.findall(r"#ifndef (V6B_\w+)\n#define \1 (\d+)", kernel))
+    defaults = kernel_source.defaults(kernel)
     for macro, value in variants.backward(bwd[-1]["name"]).macros.items():
         assert int(defaults[macro]) == value, macro
 

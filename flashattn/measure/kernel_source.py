@@ -53,6 +53,12 @@ def switches(text: str) -> list[str]:
     return list(dict.fromkeys(_SWITCH.findall(text)))
 
 
+def defaults(text: str) -> dict[str, str]:
+    """Each build switch's default as written: {NAME: the text of `#define NAME <default>` under `#ifndef NAME`}."""
+    found = re.findall(r"^\s*#\s*ifndef\s+(\w+)\s*\n\s*#\s*define\s+\1\b[ \t]*([^\n]*)", text, re.M)
+    return {name: value.split("//")[0].strip() for name, value in found}
+
+
 def family(text: str) -> tuple[str, ...]:
     """The version's prefixes ("V8_", "V6B_") among the switches: every macro that starts with one is
     resolved. Other switches (FLASHATTN_LSE, which selects the training build) are kept as written."""
