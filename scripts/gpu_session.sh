@@ -15,6 +15,7 @@
 #     profile        scripts/record_h200.sh profile -> OUTDIR/work/h200
 #     record-new     scripts/record_h200.sh new -> results/h200: bench_v7, bench_backward, train_demo,
 #                    v7_sweep and the v7 / v6_backward profiles, written straight into the tree
+#     rec:A,B        scripts/record_h200.sh results/h200 A B (any of its steps), straight into the tree
 #     record-v8      scripts/record_h200.sh new-v8 -> results/h200: bench_v8 (V8's targets), v8_sweep and
 #                    the v8 profiles at both shapes, written straight into the tree
 #     sweep-VERSION  python -m flashattn.measure.sweep VERSION -> OUTDIR/work/h200
@@ -116,6 +117,10 @@ for arg in "$@"; do
     grep -E "^!!" "$W/record_v8.log"
     grep -E "^B=|^  (v8|v7|v6|sdpa|sdpa_flash|sdpa_cudnn) " results/h200/bench_v8.txt
     tail -22 results/h200/v8_sweep.txt; grep -E "wrote|error" results/h200/profile_v8.txt ;;
+  rec:*)  # rec:STEP,STEP: scripts/record_h200.sh with those steps, straight into the tree's results/h200
+    names=${step#rec:}; log="$W/rec_${names//,/_}.log"
+    $T bash scripts/record_h200.sh results/h200 ${names//,/ } > "$log" 2>&1; echo "rec $names rc=$?"
+    grep -E "^!!" "$log"; grep -E "^B=|^  [a-z0-9_]+ +[0-9,.]+ " "$log" | tail -60 ;;
   notebooks)
     notebooks notebooks.log $(cd book && ls *.ipynb | sed 's/\.ipynb$//') ;;
   notebooks-new)

@@ -31,9 +31,16 @@
 #            FlashAttention-2 -> OUTDIR/v8_sweep.json, v8_sweep.txt (about 60 s once built)
 #   profile-v8 Nsight Compute reports of v8 (bf16) at both shapes -> OUTDIR/flash_v8_s2048_profile.*,
 #            flash_v8_s8192_profile.* (about 40 s)
-#   backward the gradient call given dO (python -m flashattn.measure.bench --backward) of v6 (atomic and
-#            deterministic dQ) against SDPA, its FlashAttention-2 and cuDNN backends, bf16, the same four
-#            configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
+#   backward the gradient call given dO (python -m flashattn.measure.bench --backward: torch.autograd.grad on
+#            the output for every column) of v6 (atomic and deterministic dQ) against SDPA, its
+#            FlashAttention-2 and cuDNN backends and FlashAttention-4 (where it imports), bf16, the same
+#            four configurations -> OUTDIR/bench_backward.json, bench_backward.txt (about 60 s)
+#   peers    v8, v7, v6 against SDPA's cuDNN and FlashAttention-2 backends and FlashAttention-4 (where it
+#            imports: ../shared/fa4-wheels.sh), bf16, causal and not, at (B,H,N,D) = (4,12,2048,64),
+#            (2,16,8192,128), (1,32,4096,128), (16,16,1024,128), (1,8,2048,128)
+#            -> OUTDIR/bench_peers.json, bench_peers.txt (about 3 min)
+#   v8-defaults V8's default build against a third stage and B_c = 176, three separate processes of 10
+#            interleaved rounds each -> OUTDIR/v8_defaults.json (one run per process; about 2 min)
 #   backward-dq the dQ step of the backward's key-tile kernel (flashattn.measure.variants, backward-dq: red.global or
 #            one bulk reduction per tile, 2 or 3 stages) beside SDPA's FlashAttention-2 and cuDNN backward,
 #            the same four configurations, then Nsight Compute on the red and bulk builds with per-instruction
@@ -153,7 +160,32 @@ for step in $STEPS; do
         targets bench_v8 v8 v7 v6 sdpa sdpa_flash sdpa_cudnn
         ;;
     backward)
-        targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn
+        targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn fa4
+        ;;
+    peers)
+        # the results chapter's Hopper table: every bf16 forward of ours beside cuDNN, FlashAttention-2 and
+        # FlashAttention-4 (a column where flash_attn.cute imports), one interleaved run per configuration
+        rm -f "$OUT/bench_peers.json" "$OUT/bench_peers.txt"
+        for shape in "4 12 2048 64" "2 16 8192 128" "1 32 4096 128" "16 16 1024 128" "1 8 2048 128"; do
+            set -- $shape
+            for causal in "" "--causal"; do
+                run bench_peers.txt $PY -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn fa4 \
+                    --dtype bfloat16 -B "$1" -H "$2" --seq-lens "$3" -D "$4" $causal --json "$OUT/bench_peers.json" --append
+            done
+        done
+        ;;
+    v8-defaults)
+        # the defaults V8 keeps against the sweep's fastest builds (a third stage; B_c = 176 at D=128), in
+        # separate processes of --rounds 10 each -> v8_defaults.json, one run per process
+        rm -f "$OUT/v8_defaults.json" "$OUT/v8_defaults.txt"
+        for i in 1 2 3; do
+            rm -rf "$OUT/v8_defaults_$i"
+            run v8_defaults.txt $PY -m flashattn.measure.sweep v8 --rounds 10 --out "$OUT/v8_defaults_$i" \
+                --jobs "${JOBS:-16}" --only "d64 persistent (default)" "d64 stages3" "d128 persistent (default)" \
+                "d128 stages3" "d128 bc176"
+            run v8_defaults.txt $PY -c "import sys; from flashattn.measure import results as r; d = r.read(sys.argv[1], 'sweep'); \
+r.append(sys.argv[2], 'sweep', d['rows'], d['meta'], d['settings'])" "$OUT/v8_defaults_$i/v8_sweep.json" "$OUT/v8_defaults.json"
+        done
         ;;
     backward-repeat)
         rm -f "$OUT/bench_backward_repeat.json" "$OUT/bench_backward_repeat.txt"

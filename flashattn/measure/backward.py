@@ -8,12 +8,13 @@ import contextlib
 
 import torch
 
-from flashattn.autograd import TRAINING_VERSIONS, backward_module, forward_module
+from flashattn.autograd import TRAINING_VERSIONS, attention
+from flashattn.measure import peers
 from flashattn.measure.sdpa_backends import SDPA_BACKENDS, sdpa_backend_context
 from flashattn.reference import sdpa
-from flashattn.validate import aligned, check_inputs
+from flashattn.validate import check_inputs
 
-BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient") + peers.PEERS
 
 
 def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
@@ -25,24 +26,25 @@ def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False)
 
 def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: bool = False):
     """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
-    once, here. name: "v6" (its backward kernels; `deterministic` picks the dQ path), "v6_deterministic"
-    (the same with deterministic=True) or "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's
-    backward of that SDPA backend, through torch.autograd.grad with retain_graph=True, so only the
-    backward kernels run per call)."""
+    once, here, and every call is `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its output,
+    the path a user's training step takes, for every name alike. name: "v6" (flashattn.attention, its
+    backward kernels; `deterministic` picks the dQ path), "v6_deterministic" (the same with
+    deterministic=True), "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward of that
+    SDPA backend) or a peer of flashattn.measure.peers ("fa4")."""
     if name not in BACKWARD_NAMES:
         raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES)}; got {name!r}")
     if do.shape != q.shape:
         raise ValueError(f"do must have the shape of q {tuple(q.shape)}; got {tuple(do.shape)}")
+    if name in peers.PEERS:
+        return peers.backward_call(name, q, k, v, do, causal)
     if name.endswith("_deterministic"):
         name, deterministic = name.removesuffix("_deterministic"), True
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     if name in TRAINING_VERSIONS:
         check_inputs(q, k, v, name, causal)
-        q, k, v, do = (aligned(t.detach()) for t in (q, k, v, do))
-        o, lse = forward_module(name).forward_lse(q, k, v, causal)
-        bwd = backward_module(name).backward
-        return lambda: bwd(q, k, v, o, lse, do, causal, deterministic)
-    context = sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    with context():   # the backend is chosen in the forward; autograd then runs that backend's backward
-        o = sdpa(q, k, v, causal=causal)
+        o = attention(q, k, v, causal=causal, version=name, deterministic=deterministic)
+    else:
+        context = sdpa_backend_context(name) if name in SDPA_BACKENDS else contextlib.nullcontext
+        with context():   # the backend is chosen in the forward; autograd then runs that backend's backward
+            o = sdpa(q, k, v, causal=causal)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)

@@ -7,11 +7,14 @@ naive PyTorch baseline and the ratio to SDPA, as in the README's results table. 
 take a shape or dtype gets a row saying why instead of stopping the run. At the smallest shape of the
 run every version's output is also checked against the float64 reference.
 
-`--backward` times the gradient computation instead: given dO, the call that returns (dQ, dK, dV), with
-the forward run once beforehand (flashattn.measure.backward.backward_call), FLOPs 2.5 x the forward's. Its rows
-say "direction": "backward" and are checked against float64 gradients (flashattn.reference.
-attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ kernel), sdpa and the SDPA
-backends.
+`--backward` times the gradient computation instead: given dO, `torch.autograd.grad` on the output of a
+forward run once beforehand (flashattn.measure.backward.backward_call), the same path for every name, FLOPs
+2.5 x the forward's. Its rows say "direction": "backward" and are checked against float64 gradients
+(flashattn.reference.attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ kernel),
+sdpa, the SDPA backends and fa4.
+
+`fa4` is FlashAttention-4 (flashattn.measure.peers), a column wherever `flash_attn.cute` imports; its
+rows say "unsupported" elsewhere.
 
 `--json PATH` writes every figure with the device, driver, torch and CUDA versions, the git commit and
 the shapes, as a record of kind bench (flashattn.measure.results; `--append` adds a run to it);
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 
 from flashattn.autograd import BACKWARD_DTYPES
-from flashattn.measure import results
+from flashattn.measure import peers, results
 from flashattn.measure.backward import BACKWARD_NAMES, backward_call, backward_flops
 from flashattn.measure.sdpa_backends import SDPA_BACKENDS, sdpa_backend_context
 from flashattn.measure.timing import time_interleaved
@@ -36,7 +39,7 @@ from flashattn.validate import plan
 from flashattn.versions import INFO, VERSIONS
 
 PROG = "python -m flashattn.measure.bench"
-BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS)
+BENCH_NAMES = tuple(VERSIONS) + tuple(SDPA_BACKENDS) + peers.PEERS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # what --help lists, read from the versions' own contracts
 HALF_VERSIONS = [v for v in VERSIONS if torch.bfloat16 in INFO[v].dtypes] + ["the SDPA variants"]
@@ -48,7 +51,8 @@ DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 20
 EPILOG = f"""\
 VERSION: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
 {', '.join(SDPA_BACKENDS)} (SDPA with that backend forced by torch.nn.attention.sdpa_kernel; the backend
-context is entered outside the timed region). Several names may be given.
+context is entered outside the timed region), or fa4 (FlashAttention-4, where it imports). Several names
+may be given.
 
 Timing: CUDA events around each call; a buffer of twice the L2 size is zeroed before each call,
 outside the timed region; the median is reported with min and max. After every version's warm-ups,
@@ -87,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true",
                    help=f"causal masking ({', '.join(CAUSAL_VERSIONS)}; default: off)")
     p.add_argument("--backward", action="store_true",
-                   help="time the backward (dQ, dK, dV given dO) of v6, v6_deterministic, sdpa, sdpa_flash, "
-                        "sdpa_cudnn, sdpa_efficient instead of the forward (default: forward)")
+                   help="time the backward (dQ, dK, dV given dO, through torch.autograd.grad for every name) of "
+                        f"{', '.join(BACKWARD_NAMES)} instead of the forward (default: forward)")
     p.add_argument("--json", type=Path, metavar="PATH",
                    help="write all figures and the environment here (default: print only)")
     p.add_argument("--append", action="store_true",
@@ -145,6 +149,8 @@ def make_call(version: str, q, k, v, causal: bool):
     here, by flashattn.plan (ValueError/TypeError when the version cannot take them); `fn` runs the plan."""
     if version in SDPA_BACKENDS:
         return (lambda: sdpa(q, k, v, causal=causal)), sdpa_backend_context(version), "sdpa"
+    if version in peers.PEERS:
+        return peers.forward_call(version, q, k, v, causal), contextlib.nullcontext, version
     p = plan(q, k, v, version, causal)          # compiles or loads the kernel before any timing
     return (lambda: p.run(q, k, v)), contextlib.nullcontext, p.runs_as
 
@@ -262,8 +268,10 @@ def run(args) -> dict:
     settings["direction"] = "backward" if backward else "forward"
     settings["flops_formula"] = ("2.5*4*B*H*M*N*D" if backward else "4*B*H*M*N*D") + \
         (" / 2 (causal)" if args.causal else "")
-    return {"meta": results.environment(getattr(args, "argv", None), prog=PROG), "settings": settings,
-            "rows": add_comparisons(rows)}
+    meta = results.environment(getattr(args, "argv", None), prog=PROG)
+    if any(v in peers.PEERS for v in args.versions):
+        meta["peers"] = peers.versions()
+    return {"meta": meta, "settings": settings, "rows": add_comparisons(rows)}
 
 
 # ----------------------------------------------------------------------------------------- printing

@@ -104,6 +104,7 @@ def v7_tiles(D: int, macros: dict | None = None) -> dict:
     get = lambda name: macros.get(name) or constant("v7", name)
     NWG, B_c, stages = get(f"V7_D{D}_WG"), get(f"V7_D{D}_BC"), get("V7_STAGES")
     B_r, smem = v7_smem(D, NWG, B_c, stages)
+    smem += get("V7_SMEM_PAD")          # the steps' control: asked for at launch, never used
     return dict(D=D, warpgroups=NWG, B_r=B_r, B_c=B_c, stages=stages, threads=128 * NWG, smem=smem)
 
 

@@ -13,7 +13,7 @@ STALL_MEANING = {   # what a warp in each state is waiting for (Kernel Profiling
     "not_selected": "nothing: it was ready, but the scheduler issued another warp's instruction",
     "selected": "nothing: this is the cycle it issues (one per instruction)",
     "dispatch_stall": "chosen, but the dispatch stage could not send the instruction on this cycle",
-    "barrier": "the block's other warps at __syncthreads",
+    "barrier": "the block's other warps at a CTA barrier (bar.sync: __syncthreads or a named barrier)",
     "mio_throttle": "room in the queue to shared memory, shuffles and special functions",
     "lg_throttle": "room in the queue for global- and local-memory instructions",
     "no_instruction": "its next instruction to be fetched (instruction-cache miss, or just after a branch)",

@@ -127,6 +127,11 @@ V6_TILES = (
 V7_TILES = tuple(Variant(name, "v7", int(name[1:name.index(" ")]), macros) for name, macros in (
     ("d64 plain loads, 1 stage", {"V7_TMA": 0, "V7_STAGES": 1}),
     ("d64 plain loads, 2 stages", {"V7_TMA": 0}),
+    # the TMA step's two controls, for the blocks per SM that come with it (1 -> 2 at D=64): plain loads held
+    # to 128 registers (two blocks per SM, but ptxas spills), and TMA held to one block per SM by 40 KB of
+    # shared memory asked for and never used (the same instructions as the default)
+    ("d64 plain loads, 2 stages, 2 blocks/SM", {"V7_TMA": 0, "V7_D64_MINB": 2}),
+    ("d64 TMA, 2 stages, 1 block/SM", {"V7_SMEM_PAD": 40960}),
     ("d64 TMA, 1 stage", {"V7_STAGES": 1}),
     ("d64 TMA, 2 stages (default)", {}),
     ("d64 TMA, 3 stages", {"V7_STAGES": 3}),
@@ -155,9 +160,12 @@ V7_BUILDS = tuple(Variant(name, "v7", None, macros, change) for name, macros, ch
 # ---------------------------------------------------------------------------------------------- V8
 # The V8 chapter's steps, one change each, then the extras: a third stage, FlashAttention-3's B_c = 176 (D=128
 # only), 2 consumers at D=64 (D=64 only), overlap without ping-pong. "spec0" is v7's loop on v8's barriers (no
-# producer); the last step adds persistent blocks. (name, macros, change, the one head dim or None)
+# producer, v7's tiles); "tile" gives it v8's computing warpgroups (B_r = 192 at D=64, 128 at D=128), so that
+# "spec" adds the producer and nothing else; the last step adds persistent blocks.
+# (name, macros, change, the one head dim or None)
 V8_STEPS = (
     ("spec0", {"V8_SPECIALIZE": 0}, "v7's loop on v8's barriers", None),
+    ("tile", {"V8_SPECIALIZE": 0, "V8_D64_WG": 3, "V8_D128_WG": 2}, "V8's tiles, still no producer", None),
     ("spec", {"V8_SETMAXNREG": 0, "V8_PINGPONG": 0, "V8_OVERLAP": 0, "V8_PERSISTENT": 0},
      "+ producer warpgroup", None),
     ("setmaxnreg", {"V8_PINGPONG": 0, "V8_OVERLAP": 0, "V8_PERSISTENT": 0}, "+ register split", None),
