@@ -92,6 +92,22 @@ def source(kernel: str) -> str:
     return path.read_text()
 
 
+def excerpt(kernel: str, first: str, last: str | None = None, text: str | None = None) -> str:
+    """The lines of kernels/<kernel>.cu (or of `text`) from the first that contains `first` to the first after
+    it that contains `last` (only that line when `last` is None): what a chapter quotes of a kernel, cut by
+    text so that it follows the file. ValueError naming the missing line when the file no longer has it."""
+    lines = (source(kernel) if text is None else text).splitlines()
+    start = next((n for n, s in enumerate(lines) if first in s), None)
+    if start is None:
+        raise ValueError(f"kernels/{kernel}.cu has no line containing {first!r}: update the excerpt")
+    if last is None:
+        return lines[start]
+    end = next((n for n in range(start, len(lines)) if last in lines[n]), None)
+    if end is None:
+        raise ValueError(f"kernels/{kernel}.cu has no line containing {last!r} after {first!r}: update the excerpt")
+    return "\n".join(lines[start:end + 1])
+
+
 def _owner(kernel: str):
     """The Version a kernel file belongs to: itself, or the version whose backward it is."""
     if kernel in INFO:
@@ -178,18 +194,32 @@ def load_inline_kwargs(kernel: str, extra_cuda_cflags=None, module_name: str | N
                 extra_ldflags=list(extra_ldflags or []), no_implicit_headers=True)
 
 
-def load_inline_call(kernel: str) -> str:
+def python_signature(src: str, name: str) -> str:
+    """How the module's `name` reads from Python, e.g. "forward(q, k, v, causal=False)" (module_def's defaults)."""
+    params, tail = [], True
+    for param in reversed(binding_params(src, name)):
+        tail = tail and param in ARG_DEFAULTS
+        params.append(f"{param}={ARG_DEFAULTS[param].capitalize()}" if tail else param)
+    return f"{name}({', '.join(reversed(params))})"
+
+
+def load_inline_call(kernel: str, functions=None) -> str:
     """The Python a reader can run without this package to build kernels/<kernel>.cu as `load` does: the
     same load_inline call with the same arguments (from load_inline_kwargs and module_def, so the two
-    cannot drift)."""
+    cannot drift). `functions`: the binding's functions, by default ("backward",) for a version's backward
+    file (flashattn.versions: `backward`) and ("forward",) for every other."""
+    if functions is None:
+        functions = ("backward",) if any(i.backward == kernel for i in INFO.values()) else ("forward",)
+    src = source(kernel)
     kw = load_inline_kwargs(kernel)
     if not kw["extra_ldflags"]:
         del kw["extra_ldflags"]
     args = ",\n    ".join(f"{k}={v!r}" for k, v in kw.items())
+    names = ", ".join(python_signature(src, name) for name in functions)
     return ("from pathlib import Path\nfrom torch.utils.cpp_extension import load_inline\n\n"
             f'src = Path("kernels/{kernel}.cu").read_text()   # nvcc and the host compiler get the same text\n'
-            "# the Python module: forward(q, k, v, causal=False), arguments by name or position\n"
-            f'bindings = """\\\n{module_def(source(kernel))}"""\n'
+            f"# the Python module: {names}, arguments by name or position\n"
+            f'bindings = """\\\n{module_def(src, functions)}"""\n'
             f"module = load_inline(\n    cpp_sources=[src, bindings], cuda_sources=src,\n    {args})\n")
 
 

@@ -64,8 +64,9 @@
 //
 // Why these defaults (the chapter's sweep): specialization alone lost to v7's loop, and setmaxnreg did
 // not win it back; ping-pong and the overlap brought v8 level with v7; persistent blocks were the first
-// step ahead of it. Three stages and B_c = 176 at D=128 are not the default: their runs disagreed, and
-// run-to-run spread at D=128 is as large as their difference (docs/v8_notes.md).
+// step ahead of it. Three stages (and B_c = 176) at D=128 were faster than the default in each of three
+// separate runs (results/h200/v8_defaults.json: scripts/record_h200.sh OUT v8-defaults), by about 2%;
+// the default keeps two stages until the chapter's other records are measured again with three.
 // Instrumentation: V8_TRACE=1 builds forward_trace, whose clock stamps flashattn/book/trace.py reads; all
 // of it is in the trace section below, whose macros expand to nothing otherwise.
 // For the file with every switch at its default and the trace gone:

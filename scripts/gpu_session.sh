@@ -36,7 +36,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT/work"; W=$OUT/work
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-  export PYTHONPATH=/tmp/site JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
   python3 -m ipykernel install --prefix /tmp/site --name python3 >/dev/null 2>&1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

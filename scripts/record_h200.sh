@@ -38,7 +38,8 @@
 #   peers    v8, v7, v6 against SDPA's cuDNN and FlashAttention-2 backends and FlashAttention-4 (where it
 #            imports: ../shared/fa4-wheels.sh), bf16, causal and not, at (B,H,N,D) = (4,12,2048,64),
 #            (2,16,8192,128), (1,32,4096,128), (16,16,1024,128), (1,8,2048,128)
-#            -> OUTDIR/bench_peers.json, bench_peers.txt (about 3 min)
+#            -> OUTDIR/bench_peers.json, bench_peers.txt; then the same columns at B=4,H=12,D=64 over
+#            M=N 512 ... 8192 -> OUTDIR/bench_peers_seq.json (about 4 min)
 #   v8-defaults V8's default build against a third stage and B_c = 176, three separate processes of 10
 #            interleaved rounds each -> OUTDIR/v8_defaults.json (one run per process; about 2 min)
 #   backward-dq the dQ step of the backward's key-tile kernel (flashattn.measure.variants, backward-dq: red.global or
@@ -173,6 +174,9 @@ for step in $STEPS; do
                     --dtype bfloat16 -B "$1" -H "$2" --seq-lens "$3" -D "$4" $causal --json "$OUT/bench_peers.json" --append
             done
         done
+        rm -f "$OUT/bench_peers_seq.json"
+        run bench_peers.txt $PY -m flashattn.measure.bench v8 v7 v6 sdpa sdpa_flash sdpa_cudnn fa4 --dtype bfloat16 \
+            -B 4 -H 12 -D 64 --seq-lens 512 1024 2048 4096 8192 --json "$OUT/bench_peers_seq.json"
         ;;
     v8-defaults)
         # the defaults V8 keeps against the sweep's fastest builds (a third stage; B_c = 176 at D=128), in

@@ -16,5 +16,7 @@ $PY -m flashattn.measure.table --gpu-tests $R/pytest_junit.xml --update-readme R
 # V7, V8 (Hopper) and the backward pass; a file not recorded yet leaves "Not recorded yet" in its block
 $PY -m flashattn.measure.table $R/bench_v7.json --compare v7 v6 sdpa_cudnn sdpa_flash sdpa --tflops --update-readme README.md
 $PY -m flashattn.measure.table $R/bench_v8.json --compare v8 sdpa v7 v6 sdpa_flash --tflops --update-readme README.md
-$PY -m flashattn.measure.table $R/bench_backward.json --compare v6 v6_deterministic sdpa_flash sdpa_cudnn sdpa --tflops \
+$PY -m flashattn.measure.table $R/bench_peers.json --compare v8 fa4 sdpa_cudnn sdpa_flash v7 v6 --tflops \
+    --block peers-table --update-readme README.md
+$PY -m flashattn.measure.table $R/bench_backward.json --compare v6 v6_deterministic sdpa_flash sdpa_cudnn fa4 sdpa --tflops \
     --block backward-table --update-readme README.md

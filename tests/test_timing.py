@@ -1,13 +1,15 @@
 """flashattn.measure.timing on the GPU: interleaved rounds visit every call in turn, count what they promise,
-honour the time cap, and keep timing the other calls when one of them fails."""
+honour the time cap, keep timing the other calls when one of them fails, and with a host slack time device work
+only."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 import torch
 
-from flashattn.measure.timing import time_interleaved
+from flashattn.measure.timing import time_cuda, time_interleaved
 
 pytestmark = pytest.mark.gpu
 NONE = contextlib.nullcontext                  # a factory: every round enters a fresh context
@@ -75,3 +77,18 @@ def test_a_failing_call_does_not_stop_the_others():
     res = time_interleaved(calls, warmup=2, repetitions=10, rounds=5, max_seconds=None)
     assert isinstance(res["bad"], RuntimeError) and "on purpose" in str(res["bad"])
     assert res["ok"].calls == 10
+
+
+def test_host_slack_keeps_a_slow_host_out_of_the_measurement():
+    x = torch.randn(1 << 16, device="cuda")
+
+    def slow_host():                     # 2 ms on the host before a kernel of a few microseconds
+        time.sleep(0.002)
+        return x * 2
+
+    exposed = time_cuda(slow_host, warmup=2, repetitions=10, max_seconds=None).median_ms
+    hidden = time_cuda(slow_host, warmup=2, repetitions=10, max_seconds=None, host_slack_us=5000).median_ms
+    assert exposed > 1.5                 # the events bracket the host's sleep
+    assert hidden < 0.2                  # the GPU was still spinning while the host slept and enqueued
+    host = time_cuda(slow_host, warmup=1, repetitions=3, max_seconds=None).summary()
+    assert 2000 <= host["host_median_us"] <= host["host_max_us"]     # the record says how long the host took

@@ -66,24 +66,28 @@ def sass_functions(sass: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
-def ptxas_entries(report: str) -> list[tuple[str, int]]:
+def ptxas_entries(report: str, spills_allowed: bool = False) -> list[tuple[str, int]]:
     """(kernel, registers) of each of the 8 entry functions (2 dtypes x 2 head dims x causal or not) in
     ptxas's verbose report, checking that none has a stack frame or spills and that ptxas warned of
-    nothing (C7508: setmaxnreg ignored, C7510: wgmma serialised, ...). test_v8 uses it too."""
+    nothing (C7508: setmaxnreg ignored, C7510: wgmma serialised, ...); `spills_allowed` for a control build
+    that spills on purpose. test_v8 uses it too."""
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
     assert len(entries) == 8, f"expected 2 dtypes x 2 head dims x causal/not kernels, got {entries}"
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries)
-    assert all(f == ("0", "0", "0") for f in frames), f"stack frame or spills: {frames}"
+    assert spills_allowed or all(f == ("0", "0", "0") for f in frames), f"stack frame or spills: {frames}"
     for line in report.splitlines():
         assert "warning" not in line.lower(), line
     return [(name, int(regs)) for name, regs in entries]
 
 
+SPILLING = {"tma0_minb2"}
+
+
 @pytest.mark.parametrize("variant", list(BUILDS))
 def test_compiles_for_sm90a_without_spills(variant, tmp_path):
     report, sass = compile_v7(tmp_path, BUILDS[variant])
-    entries = ptxas_entries(report)
+    entries = ptxas_entries(report, spills_allowed=variant in SPILLING)
     assert max(regs for _, regs in entries) <= 255
 
     funcs = {name: text for name, text in sass_functions(sass).items() if "flash_fwd_wgmma" in name}
@@ -97,7 +101,13 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
             assert "LDGSTS" in text and "UTMALDG" not in text, f"{name}: expected cp.async, not TMA"
         else:
             assert "UTMALDG" in text, f"{name}: no TMA load"
-        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        if variant in SPILLING:
+            # the TMA step's control asks __launch_bounds__ for two blocks per SM at D=64: ptxas fits it in 128
+            # registers by spilling, which the chapter reports; the D=128 instances keep their registers
+            spills = bool(re.search(r"\b(LDL|STL)\b", text))
+            assert spills == ("Li64E" in name or ", 64," in name), f"{name}: spills {spills}"
+        else:
+            assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} still has mma.sync"
 
 

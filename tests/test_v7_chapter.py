@@ -1,43 +1,33 @@
 """The V7 chapter reads its steps from the sweep record by variant name: each row of its step table
-(the STEPS list in book/v7.ipynb) names two variants of flashattn.measure.variants.SETS["v7"] that differ in one
+(flashattn.book.v7_notes.STEPS) names two variants of flashattn.measure.variants.SETS["v7"] that differ in one
 choice. These tests keep the chapter and the sweep in step without a GPU: every name exists at the right
 head dim, every variant of the sweep appears in some step, and the two variants of a step differ in
 exactly one macro of kernels/v7.cu (a B_c step also raises __launch_bounds__' blocks per SM, V7_D*_MINB,
-which is what lets its smaller tile run two blocks per SM)."""
+which is what lets its smaller tile run two blocks per SM; a TMA step at fixed occupancy also moves the
+controls that hold the blocks per SM, V7_D*_MINB and V7_SMEM_PAD, and the record must show the same blocks per
+SM on both sides)."""
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
 import pytest
 
+from flashattn.book.v7_notes import STEPS
 from flashattn.measure import geometry
 from flashattn.measure.variants import SETS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def chapter_steps() -> list[tuple[int, str, str, str]]:
-    book = json.loads((ROOT / "book" / "v7.ipynb").read_text())
-    for cell in book["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and "STEPS = [" in src:
-            for node in ast.parse(src).body:
-                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "STEPS":
-                    return ast.literal_eval(node.value)
-    pytest.fail("book/v7.ipynb has no code cell defining STEPS")
-
-
 def macros_of(name: str) -> dict[str, int]:
     """Every tile macro of kernels/v7.cu at the variant's head dim: the file's default unless the variant
     sets it."""
     variant = SETS["v7"][name]
-    names = ["V7_TMA", "V7_STAGES"] + [f"V7_D{variant.D}_{k}" for k in ("WG", "BC", "MINB")]
+    names = ["V7_TMA", "V7_STAGES", "V7_SMEM_PAD"] + [f"V7_D{variant.D}_{k}" for k in ("WG", "BC", "MINB")]
     return {n: variant.macros.get(n, geometry.constant("v7", n)) for n in names}
 
 
-STEPS = chapter_steps()
 
 
 def test_steps_name_sweep_variants_at_their_head_dim():
@@ -60,6 +50,11 @@ def test_each_step_changes_one_choice(step):
     changed = {k for k in a if a[k] != b[k]}
     if f"V7_D{D}_BC" in changed:
         assert changed == {f"V7_D{D}_BC", f"V7_D{D}_MINB"}, f"{before} -> {after} changes {sorted(changed)}"
+    elif "V7_TMA" in changed and len(changed) > 1:
+        assert changed - {"V7_TMA"} <= {f"V7_D{D}_MINB", "V7_SMEM_PAD"}, f"{before} -> {after}: {sorted(changed)}"
+        record = {r["name"]: r for r in json.loads((ROOT / "results/h200/v7_sweep.json").read_text())["rows"]}
+        blocks = {n: record[n]["occupancy"]["blocks_per_sm"] for n in (before, after)}
+        assert blocks[before] == blocks[after], f"{before} -> {after} is no fixed-occupancy control: {blocks}"
     else:
         assert len(changed) == 1, f"{before} -> {after} changes {sorted(changed) or 'nothing'}"
 

@@ -44,16 +44,19 @@ def variant_module(name: str):
 
 
 def time_backward(B: int, H: int, M: int, N: int, D: int, causal: bool, names=("v6", "v6_deterministic",
-                  "sdpa_flash", "sdpa_cudnn"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
-                  rounds: int = 10, max_seconds: float = 1.5) -> list[dict]:
+                  "sdpa_flash", "sdpa_cudnn", "fa4"), dtype=torch.bfloat16, warmup: int = 10, repetitions: int = 50,
+                  rounds: int = 10, max_seconds: float = 1.5, host_slack_us: float = 1000.0) -> list[dict]:
     """Backward times of `names` at one shape on fresh random inputs, by the benchmark's own path
     (`flashattn.measure.bench.bench_shape` with dO: interleaved, L2 flushed, median): one row per name, in the
     benchmark's format with "direction": "backward" and TFLOP/s by `backward_flops`. The command line for
-    the same is `python -m flashattn.measure.bench --backward NAME ...`."""
+    the same is `python -m flashattn.measure.bench --backward NAME ...`; every name goes through
+    torch.autograd.grad, with the same host slack (flashattn.measure.timing). FlashAttention-4's row says
+    "unsupported" where it does not import."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q, do = (torch.randn(B, H, M, D, device="cuda", generator=g).to(dtype) for _ in range(2))
     k, v = (torch.randn(B, H, N, D, device="cuda", generator=g).to(dtype) for _ in range(2))
-    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds)
+    args = SimpleNamespace(warmup=warmup, repetitions=repetitions, rounds=rounds, max_seconds=max_seconds,
+                           host_slack_us=host_slack_us)
     return bench_shape(list(names), q, k, v, causal, args, do=do)
 
 

@@ -114,7 +114,7 @@ def fig_mma_fragment():
     ax.set_yticks(range(16))
     ax.set(xlabel="key column (two n8 accumulator tiles = one k16 slice of P)", ylabel="query row",
            title="S/P accumulator fragment of m16n8k16: lane (top) and its register c0..c3 (bottom)\n"
-                 "lane = 4·(row mod 8) + (column mod 8)/2 : the same placement the A operand of the next mma expects")
+                 "lane = 4·(row mod 8) + ⌊(column mod 8)/2⌋ : the same placement the A operand of the next mma expects")
     ax.title.set_fontsize(9)
     plt.show()
 

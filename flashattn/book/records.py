@@ -339,16 +339,16 @@ def step_table(version: str, D: int | None = None, columns=("bank conflicts ld",
     if not rows:
         return md(f"*No recorded step chain yet (`results/h200/{file}`, from `python -m flashattn.measure.sweep "
                   f"{version}-steps --metrics`).*")
-    lines = ["| D | step | change | correct | median µs | vs. step before | vs. step 1 | "
-             + " | ".join(columns) + " |", "|--:|--:|---|---|--:|--:|--:|" + "--:|" * len(columns)]
+    lines = ["| D | step | change | correct | median µs | vs. step before | vs. step 1 |"
+             + "".join(f" {c} |" for c in columns), "|--:|--:|---|---|--:|--:|--:|" + "--:|" * len(columns)]
 
     def cell(x, fmt):
         return "—" if x is None else fmt.format(x)
     for r in rows:
         correct = {True: "yes", False: "NO", None: "—"}[r["correct"]]
         lines.append(f"| {r['D']} | {r['step']} | {r['change']} | {correct} | {cell(r['us'], '{:,.1f}')} | "
-                     f"{cell(r['vs_previous'], '{:.2f}×')} | {cell(r['vs_first'], '{:.2f}×')} | "
-                     + " | ".join(cell(r.get(c), STEP_COLUMNS.get(c, ((), "{:,}"))[1]) for c in columns) + " |")
+                     f"{cell(r['vs_previous'], '{:.2f}×')} | {cell(r['vs_first'], '{:.2f}×')} |"
+                     + "".join(f" {cell(r.get(c), STEP_COLUMNS.get(c, ((), '{:,}'))[1])} |" for c in columns))
     doc = results.read(RESULTS / file, "sweep")
     shapes = sorted({(r["D"], tuple(v.get("shape") or ())) for v in doc["rows"] for r in rows
                      if v["name"] == r["name"]})

@@ -172,26 +172,29 @@ def sdpa_vs_v4() -> dict:
                      "tf32_over_fp32": sheet["tf32"] / sheet["fp32"]}}
 
 
-def backend_table():
+def backend_table(files=("bench_v6.json", "bench_peers.json")):
     """Which of SDPA's backends its default choice matches on the H200, per recorded shape: the forced
-    backend whose latency is nearest the default's in the same run (results/h200/bench_v6.json)."""
-    rows = [r for r in bench_rows(RESULTS / "bench_v6.json") if r["status"] == "ok"]
-    shapes = sorted({(r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], bool(r["causal"]))
-                     for r in rows})
-    lines = ["| dtype | B, H, M = N, D | causal | SDPA default µs | flash | cuDNN | efficient | "
-             "default matches | V6 µs |", "|---|---|---|--:|--:|--:|--:|---|--:|"]
-    for dtype, B, H, L, D, causal in shapes:
-        got = {r["version"]: r["median_us"] for r in rows if (r["dtype"], r["batch_size"], r["num_heads"],
-               r["seq_len_q"], r["head_dim"], bool(r["causal"])) == (dtype, B, H, L, D, causal)}
-        if "sdpa" not in got:
-            continue
-        forced = {k: got[k] for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient") if k in got}
-        match = min(forced, key=lambda k: abs(forced[k] - got["sdpa"])) if forced else None
-        cells = [f"{got[k]:,.1f}" if k in got else "—" for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "v6")]
-        lines.append(f"| {dtype} | {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | {got['sdpa']:,.1f} | "
-                     f"{' | '.join(cells[:3])} | {label(match) if match else '—'} | {cells[3]} |")
-    return md("\n".join(lines) + "\n\nOne recorded run (`results/h200/bench_v6.json`); a backend that does not "
-              "take a dtype (FlashAttention-2 and cuDNN take no float32) has no entry.")
+    backend whose latency is nearest the default's in the same run, with our versions timed in that run."""
+    lines = ["| record | dtype | B, H, M = N, D | causal | SDPA default µs | flash | cuDNN | efficient | "
+             "default matches | V6 µs | V7 µs | V8 µs |", "|---|---|---|---|--:|--:|--:|--:|---|--:|--:|--:|"]
+    for file in files:
+        rows = [r for r in bench_rows(RESULTS / file) if r["status"] == "ok"]
+        shapes = dict.fromkeys((r["dtype"], r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"],
+                                bool(r["causal"])) for r in rows)
+        for dtype, B, H, L, D, causal in shapes:
+            got = {r["version"]: r["median_us"] for r in rows if (r["dtype"], r["batch_size"], r["num_heads"],
+                   r["seq_len_q"], r["head_dim"], bool(r["causal"])) == (dtype, B, H, L, D, causal)}
+            if "sdpa" not in got:
+                continue
+            forced = {k: got[k] for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient") if k in got}
+            match = min(forced, key=lambda k: abs(forced[k] - got["sdpa"])) if forced else None
+            cells = [f"{got[k]:,.1f}" if k in got else "—"
+                     for k in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "v6", "v7", "v8")]
+            lines.append(f"| `{file}` | {dtype} | {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | "
+                         f"{got['sdpa']:,.1f} | {' | '.join(cells[:3])} | {label(match) if match else '—'} | "
+                         f"{' | '.join(cells[3:])} |")
+    return md("\n".join(lines) + "\n\nEach row one recorded run (`results/h200/<record>`); a backend that does "
+              "not take a dtype (FlashAttention-2 and cuDNN take no float32) or was not timed has no entry.")
 
 
 # ------------------------------------------------------------------------------- the staircase by phase
@@ -204,6 +207,7 @@ SWEEP_CHAINS = {
            ("d64 TMA, 1 stage", "tiles copied by TMA (V7_TMA=1)"),
            ("d64 TMA, 2 stages (default)", "two K/V stages (V7_STAGES=2)")),
     "v8": (("d64 spec0", "V7's loop on V8's barriers (V8_SPECIALIZE=0)"),
+           ("d64 tile", "V8's tiles: three computing warpgroups, B_r = 192 (V8_D64_WG=3)"),
            ("d64 spec", "a producer warpgroup issues the copies (V8_SPECIALIZE=1)"),
            ("d64 setmaxnreg", "registers moved from producer to consumers (V8_SETMAXNREG=1)"),
            ("d64 pingpong", "consumer warpgroups take turns on the tensor cores (V8_PINGPONG=1)"),

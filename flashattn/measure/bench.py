@@ -46,7 +46,7 @@ HALF_VERSIONS = [v for v in VERSIONS if torch.bfloat16 in INFO[v].dtypes] + ["th
 CAUSAL_VERSIONS = [v for v in VERSIONS if INFO[v].causal] + ["the SDPA variants"]
 
 DEFAULTS = dict(batch_size=4, num_heads=12, head_dim=64, seq_lens=[512, 1024, 2048],
-                warmup=25, repetitions=100, rounds=10, max_seconds=3.0, dtype="float32")
+                warmup=25, repetitions=100, rounds=10, max_seconds=3.0, dtype="float32", host_slack_us=1000.0)
 
 EPILOG = f"""\
 VERSION: all (= {', '.join(VERSIONS)}), any one of those, or the bench-only SDPA variants
@@ -55,7 +55,10 @@ context is entered outside the timed region), or fa4 (FlashAttention-4, where it
 may be given.
 
 Timing: CUDA events around each call; a buffer of twice the L2 size is zeroed before each call,
-outside the timed region; the median is reported with min and max. After every version's warm-ups,
+outside the timed region, then the GPU spins for --host-slack-us (default {DEFAULTS['host_slack_us']:g} µs) so that
+the host enqueues the whole call before the start event fires (the autograd engine of a backward, or a
+Python dispatcher, would otherwise leave the GPU idle inside the measurement); the median is reported
+with min and max. After every version's warm-ups,
 the timed calls are spread over --rounds R interleaved rounds (default {DEFAULTS['rounds']}): each round
 times about 1/R of every version's calls in turn, starting one version later each round, so drift
 during the run (and the H200's power cap at large shapes) hits all versions alike.
@@ -85,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved rounds the timed calls are spread over (default: %(default)s)")
     p.add_argument("--max-seconds", type=float, default=DEFAULTS["max_seconds"], metavar="S",
                    help="stop timing a row after S seconds (at least 5 calls); 0: no cap (default: %(default)s)")
+    p.add_argument("--host-slack-us", type=float, default=DEFAULTS["host_slack_us"], metavar="US",
+                   help="spin the GPU this long after each flush, before the start event, so that a call whose "
+                        "host side outlasts the flush (autograd, a Python dispatcher) is timed on device work "
+                        "only; the same for every column; 0: off (default: %(default)s)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                    help=f"input dtype; bfloat16/float16 for {', '.join(HALF_VERSIONS)} (default: float32; "
                         "bfloat16 with --backward)")
@@ -129,6 +136,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{opt.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if args.host_slack_us < 0:
+        parser.error("--host-slack-us must be >= 0")
     if any(L < 1 for L in args.seq_lens):
         parser.error("--seq-lens must all be >= 1")
     args.seq_lens = sorted(dict.fromkeys(args.seq_lens))
@@ -208,7 +217,8 @@ def bench_shape(versions, q, k, v, causal: bool, args, ref=None, on_row=None, do
         except RuntimeError as err:                # launch failures, refused backends, out of memory
             row.update(status="failed", message=str(err).strip().splitlines()[0][:300])
     timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions,
-                               rounds=args.rounds, max_seconds=args.max_seconds)
+                               rounds=args.rounds, max_seconds=args.max_seconds,
+                               host_slack_us=getattr(args, "host_slack_us", 0.0))
     for version, timing in timings.items():
         row = rows[version]
         if isinstance(timing, Exception):
@@ -262,7 +272,8 @@ def run(args) -> dict:
     finally:
         bar.close()
     settings = {k: getattr(args, k) for k in ("versions", "batch_size", "num_heads", "head_dim", "seq_lens",
-                                              "warmup", "repetitions", "rounds", "max_seconds", "dtype",
+                                              "warmup", "repetitions", "rounds", "max_seconds", "host_slack_us",
+                                              "dtype",
                                               "causal", "seed")}
     settings["l2_flush"] = True
     settings["direction"] = "backward" if backward else "forward"

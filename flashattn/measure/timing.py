@@ -9,6 +9,11 @@ How a call is timed (the book explains the why once; this is the how):
   not the kernel);
 * the flush is queued before the start event, so the GPU is still busy zeroing while the host enqueues
   the call: the launch latency hides behind the flush rather than landing inside the measurement;
+* a call whose host side outlasts the flush (the autograd engine walking a graph, a Python-side
+  dispatcher such as FlashAttention-4's) would still leave the GPU idle inside the measurement, so
+  `host_slack_us` queues a spin kernel of that many microseconds after the flush: the host enqueues
+  the whole call while the GPU spins, and the events bracket device work only. Every column of a
+  comparison gets the same slack (the benchmark's --host-slack-us);
 * warm-ups run first (module load, lazy initialisation, cuBLAS/cuDNN handle creation stay out), and the
   summary is the median with the minimum and maximum;
 * several versions compared in one run are timed in interleaved rounds (`time_interleaved`): each round
@@ -50,6 +55,7 @@ def l2_flush_buffer(device=None) -> torch.Tensor:
 class Timing:
     """Per-call device times in milliseconds and how many calls were made."""
     times_ms: list = field(default_factory=list)
+    host_ms: list = field(default_factory=list)   # how long the host took to enqueue each timed call
     warmups: int = 0
     requested_warmups: int = 0
     requested_repetitions: int = 0
@@ -73,9 +79,12 @@ class Timing:
 
     def summary(self) -> dict:
         """Median, min and max in microseconds plus the call counts (what the JSON records)."""
-        d = {k: v for k, v in asdict(self).items() if k != "times_ms"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("times_ms", "host_ms")}
         d.update(calls_timed=self.calls, median_us=self.median_ms * 1e3, min_us=self.min_ms * 1e3,
                  max_us=self.max_ms * 1e3)
+        if self.host_ms:    # the host's enqueue time: a measurement is device work only while this stays
+            d.update(host_median_us=statistics.median(self.host_ms) * 1e3,   # under the flush plus the slack
+                     host_max_us=max(self.host_ms) * 1e3)
         return d
 
 
@@ -96,15 +105,25 @@ def warm_up(fn: Callable[[], object], calls: int, max_seconds: float | None = 3.
     return made
 
 
+def spin(microseconds: float) -> None:
+    """Queue a kernel that keeps the GPU busy for about `microseconds` (at the SM clock), so that the host
+    can run ahead of it; nothing for 0."""
+    if microseconds > 0:
+        khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 2_000_000
+        torch.cuda._sleep(int(microseconds * khz / 1e3))     # PyTorch's own spin kernel (a private helper)
+
+
 def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100,
               max_seconds: float | None = 3.0, min_calls: int = 5, flush_l2: bool = True,
               on_call: Callable[[], None] | None = None,
-              before: Callable[[], object] | None = None) -> Timing:
+              before: Callable[[], object] | None = None, host_slack_us: float = 0.0) -> Timing:
     """Time `fn()` on the current CUDA stream; see the module docstring for the method.
 
     `before()` runs after the flush and before the start event, outside the timed region: the
     measuring chapter passes `torch.cuda.synchronize` (the GPU is idle when the call is enqueued, so
     launch latency lands inside the measurement) or an untimed `fn` (its data is left in L2).
+
+    `host_slack_us` > 0 queues a spin of that length after `before()` (see the module docstring).
 
     `max_seconds` (None or <= 0: no cap) bounds the warm-ups and, separately, the timed calls: timing
     stops once the timed calls have used that much device time and at least `min_calls` were made.
@@ -123,8 +142,11 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
             flush.zero_()
         if before is not None:
             before()
+        spin(host_slack_us)
         start.record(stream)
+        t0 = time.perf_counter()
         fn()
+        result.host_ms.append((time.perf_counter() - t0) * 1e3)
         end.record(stream)
         end.synchronize()
         ms = start.elapsed_time(end)
@@ -139,7 +161,7 @@ def time_cuda(fn: Callable[[], object], warmup: int = 25, repetitions: int = 100
 
 
 def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, rounds: int = 10,
-                     max_seconds: float | None = 3.0, min_calls: int = 5) -> dict:
+                     max_seconds: float | None = 3.0, min_calls: int = 5, host_slack_us: float = 0.0) -> dict:
     """Time several calls side by side: {name: (fn, context)} -> {name: Timing or the exception it raised}.
     `context` is a factory: `context()` gives a fresh context manager each time it is entered.
 
@@ -148,7 +170,7 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
     at the r-th name (a rotation), so that no name always follows the same one. `context()` (e.g.
     an SDPA backend choice) is entered around each name's calls, outside the timed region. The
     per-name caps of `time_cuda` apply to the sum over rounds: `max_seconds` of device time for the
-    timed calls, after at least `min_calls`.
+    timed calls, after at least `min_calls`. `host_slack_us` is time_cuda's, the same for every name.
     """
     rounds = max(1, min(rounds, repetitions))
     cap = _cap(max_seconds)
@@ -176,11 +198,13 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
             try:
                 with context():
                     part = time_cuda(fn, warmup=1, repetitions=share, min_calls=max(0, min_calls - t.calls),
-                                     max_seconds=max(left, 1e-9) if left is not None else None)
+                                     max_seconds=max(left, 1e-9) if left is not None else None,
+                                     host_slack_us=host_slack_us)
             except (RuntimeError, ValueError, TypeError) as err:
                 results[name] = err
                 continue
             t.times_ms += part.times_ms
+            t.host_ms += part.host_ms
             if part.calls < share:
                 t.stopped_early = True
     return results

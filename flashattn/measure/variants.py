@@ -150,6 +150,8 @@ V7_BUILDS = tuple(Variant(name, "v7", None, macros, change) for name, macros, ch
     ("default", {}, "the file as committed"),
     ("tma0", {"V7_TMA": 0, "V7_D128_WG": 2}, "wgmma fed by plain cp.async loads"),
     ("tma0_stages1", {"V7_TMA": 0, "V7_STAGES": 1, "V7_D128_WG": 2}, "plain loads, one stage"),
+    ("tma0_minb2", {"V7_TMA": 0, "V7_D128_WG": 2, "V7_D64_MINB": 2}, "plain loads in 128 registers at D=64"),
+    ("smem_pad", {"V7_SMEM_PAD": 40960}, "40 KB of shared memory asked for and never used"),
     ("stages1", {"V7_STAGES": 1}, "one K/V stage"),
     ("stages3", {"V7_STAGES": 3, "V7_D128_WG": 2}, "3 x 64 KB of K/V at D=128 leaves room for 2 WG"),
     ("wg", {"V7_D64_WG": 3, "V7_D128_WG": 2}, "the other warpgroup count per block"),
