@@ -51,11 +51,13 @@ def _method(path: Path) -> str:
     s, meta = rows[0]["_settings"], rows[0]["_meta"]
     fa4 = (meta.get("peers") or {}).get("fa4")
     slack = s.get("host_slack_us")
-    host = max((r["host_max_us"] for r in rows if r.get("host_max_us") is not None), default=None)
+    medians = [r["host_median_us"] for r in rows if r.get("host_median_us") is not None]
+    slowest = max((r["host_max_us"] for r in rows if r.get("host_max_us") is not None), default=None)
     return (f"Median µs of {s.get('repetitions')} calls in {s.get('rounds')} interleaved rounds per row, L2 flushed "
             f"before each call" + (f", the GPU held {slack:g} µs after each flush so that the host side of every "
                                     "call is hidden alike" if slack else ", no host slack") +
-            (f" (the slowest enqueue of any timed call took {host:,.0f} µs on the host)" if host else "") +
+            (f" (the host's median time to enqueue a call was at most {max(medians):,.0f} µs in any row, the "
+             f"slowest single call {slowest:,.0f} µs)" if medians else "") +
             f"; FlashAttention-4 {fa4 or 'not installed'}; `{path.relative_to(RESULTS.parent.parent)}` (commit "
             f"{(meta.get('git') or {}).get('commit', '?')}).")
 
@@ -66,13 +68,13 @@ def ratio_table(path: Path, ours: str, columns: tuple[str, ...], against: tuple[
     shapes = _shapes(path)
     if not shapes:
         return None
-    head = ["B, H, M, N, D", "causal"] + [NAMES.get(c, c) for c in columns] + \
+    head = ["B, H, M=N, D", "causal"] + [NAMES.get(c, c) for c in columns] + \
            [f"{NAMES[ours]} vs {NAMES.get(a, a)}" for a in against]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "--:|" * (len(head) - 2)]
     for (B, H, M, N, D, causal), got in shapes.items():
         mine = _us(got.get(ours))
         ratios = [_cell(_us(got.get(a)) / mine if mine and _us(got.get(a)) else None, "{:.2f}×") for a in against]
-        lines.append(f"| {B}, {H}, {M}, {N}, {D} | {'yes' if causal else 'no'} | "
+        lines.append(f"| {B}, {H}, {M if M == N else f'{M}/{N}'}, {D} | {'yes' if causal else 'no'} | "
                      + " | ".join(_cell(_us(got.get(c))) for c in columns) + " | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 

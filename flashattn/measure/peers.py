@@ -12,8 +12,10 @@ backward, like every backward column, goes through `torch.autograd.grad` on the 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
+import warnings
 
 import torch
 
@@ -52,6 +54,22 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out       # some versions return (out, lse)
 
 
+@contextlib.contextmanager
+def _quiet():
+    """FlashAttention-4's CuTe DSL warns when it JIT-compiles, about an argument type it passes through:
+    noise kept out of the caller's output (a notebook's, a log's)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Argument aux_data", category=UserWarning)
+        yield
+
+
+def _compiled(call):
+    """`call`, run once untimed so that the JIT compile happens here, quietly."""
+    with _quiet():
+        call()
+    return call
+
+
 def forward_call(name: str, q, k, v, causal: bool):
     """A zero-argument callable running the peer's forward on (B, H, S, D) inputs and returning its output
     as a (B, H, M, D) view. ValueError when the peer cannot take the inputs here."""
@@ -59,7 +77,7 @@ def forward_call(name: str, q, k, v, causal: bool):
         raise ValueError(f"name must be one of {', '.join(PEERS)}; got {name!r}")
     fn = _fa4(q)
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    return lambda: _first(fn(qt, kt, vt, causal=causal)).transpose(1, 2)
+    return _compiled(lambda: _first(fn(qt, kt, vt, causal=causal)).transpose(1, 2))
 
 
 def backward_call(name: str, q, k, v, do, causal: bool):
@@ -70,5 +88,7 @@ def backward_call(name: str, q, k, v, do, causal: bool):
     fn = _fa4(q)
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     dot = do.transpose(1, 2).contiguous()
-    o = _first(fn(qt, kt, vt, causal=causal))
-    return lambda: tuple(g.transpose(1, 2) for g in torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True))
+    with _quiet():
+        o = _first(fn(qt, kt, vt, causal=causal))
+    return _compiled(lambda: tuple(g.transpose(1, 2)
+                                   for g in torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)))
