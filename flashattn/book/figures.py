@@ -57,19 +57,23 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
     """Roofline of the recorded reports of `versions` (default: every one that has a report).
 
     Three kinds of roof, in three line styles: the ceilings measured on the H200 with PyTorch's GEMMs and
-    a copy (solid), the datasheet's numbers (dashed), and the FP32 peak Nsight Compute computes from the
-    kernel's own clock (dotted, the "FP32 roofline peak" of the profile tables). The CUDA-core chapters
+    a copy (solid), the datasheet's numbers (dashed), and the peaks Nsight Compute computes from a kernel's
+    own clock (dotted): the FP32 peak (the "FP32 roofline peak" of the profile tables) of `highlight`'s
+    report (else the first), and with tensor cores the peak of each tensor path the reports used, at the
+    clock of the first report that used it (`op_hmma`: mma.sync; `op_hgmma`: wgmma). The CUDA-core chapters
     show the FP32 roofs only."""
     c, sheet = ceilings(), datasheet_roofs()
     versions = [v for v in (versions or VERSIONS) if report_path(v).exists()]
-    points = []
+    points, summaries = [], {}
     for v in versions:
         s = profile_summary(v)
         if s is not None:
             points.append(plots.point_from_summary(label(v), s))
+            summaries[v] = s
     fig, ax = plt.subplots(figsize=(9, 5.6), constrained_layout=True)
-    report_peak = next((p["fp32_peak"] for p in points if p.get("fp32_peak")), None)
-    report_dram = next((p["dram_peak"] for p in points if p.get("dram_peak")), None)
+    own = highlight if highlight in summaries else next(iter(summaries), None)   # whose clock the dotted roofs use
+    report_peak = summaries[own]["fp32_peak_flops_per_s"] if own else None
+    report_dram = summaries[own]["dram_peak_bytes_per_s"] if own else None
     if points:   # markers and labels only: the roofs are drawn below, in one legend
         bare = [{**p, "fp32_peak": None, "dram_peak": None, "tensor_peak": None} for p in points]
         plots.roofline(bare, title=title or "Roofline from the recorded Nsight Compute reports", ax=ax)
@@ -86,8 +90,20 @@ def roofline(versions=None, highlight: str | None = None, title: str | None = No
         ax.plot(x, np.minimum(sheet[key], sheet["dram"] * x), ROOF_STYLES["datasheet"], color=col, lw=1.2,
                 label=f"datasheet {ROOF_NAMES[key]}: {sheet[key] / 1e12:,.0f} TFLOP/s, {sheet['dram'] / 1e12:.1f} TB/s")
     if report_peak and report_dram:
+        mhz = summaries[own]["sm_frequency_hz"] / 1e6
         ax.plot(x, np.minimum(report_peak, report_dram * x), ROOF_STYLES["report"], color="0.2", lw=1.4,
-                label=f"Nsight Compute FP32 peak at the kernel's clock: {report_peak / 1e12:,.1f} TFLOP/s")
+                label=f"Nsight Compute FP32 peak at {label(own)}'s clock ({mhz:,.0f} MHz): "
+                      f"{report_peak / 1e12:,.1f} TFLOP/s")
+    paths = {}                     # tensor path -> the first version whose report used it
+    for v, s in summaries.items():
+        if tensor and s.get("tensor_path") and s.get("tensor_peak_ops_per_s"):
+            paths.setdefault(s["tensor_path"], v)
+    for k, (path, v) in enumerate(paths.items()):
+        s, instr = summaries[v], "wgmma" if "hgmma" in path else "mma.sync" if "hmma" in path else path
+        ax.plot(x, np.minimum(s["tensor_peak_ops_per_s"], s["dram_peak_bytes_per_s"] * x), ROOF_STYLES["report"],
+                color=ROOF_COLORS["bf16"], lw=1.4 + 0.6 * k, alpha=0.55 + 0.45 * k,
+                label=f"Nsight Compute peak of {instr} (`{path.split('_src')[0]}`) at {label(v)}'s clock "
+                      f"({s['sm_frequency_hz'] / 1e6:,.0f} MHz): {s['tensor_peak_ops_per_s'] / 1e12:,.0f} TOP/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [FLOP / DRAM byte]",
            ylabel="performance [FLOP/s]")
     if not points:
