@@ -59,18 +59,21 @@ def test_each_step_changes_one_choice(step):
         assert len(changed) == 1, f"{before} -> {after} changes {sorted(changed) or 'nothing'}"
 
 
-def _code_cells() -> list[str]:
-    book = json.loads((ROOT / "book" / "v7.ipynb").read_text())
+def _code_cells(name: str = "v7") -> list[str]:
+    book = json.loads((ROOT / "book" / f"{name}.ipynb").read_text())
     return ["".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code"]
 
 
 def test_chapter_builds_and_disassembles_through_the_package():
     """The build cell is the shared one (live.build, then the printed load_inline call), and the machine
-    code comes from flashattn.measure.sass: no load_inline call, cuobjdump lookup or SASS regex of its own."""
+    code of the lab notes comes from flashattn.measure.sass through flashattn.book.v7_notes: no load_inline
+    call, cuobjdump lookup or SASS regex of the chapter's own, on either page."""
     code = _code_cells()
     build = next(i for i, s in enumerate(code) if 'live.build("v7")' in s)
     assert 'loader.load_inline_call("v7")' in code[build + 1]
-    joined = "\n".join(code)
+    joined = "\n".join(code + _code_cells("v7_lab"))
     for own in ("load_inline(", "cuobjdump", "CUOBJDUMP", "--dump-sass", "Function : "):
-        assert own not in joined, f"book/v7.ipynb still has its own {own!r}"
-    assert "sass.disassemble(\"v7\")" in joined and "hot_loop()" in joined
+        assert own not in joined, f"book/v7.ipynb or v7_lab.ipynb still has its own {own!r}"
+    assert "v7_notes.sass_table(" in joined and "v7_notes.s_product_listing(" in joined
+    notes = (ROOT / "flashattn" / "book" / "v7_notes.py").read_text()
+    assert 'sass.disassemble("v7")' in notes and "hot_loop()" in notes
