@@ -189,7 +189,9 @@ def fig_staircase(show: bool = False):
                 for k, us in bwd[-1]["refs"].items()}
         _bars(ax, bwd, [_wrap(f"{r['name'].removeprefix('v6_')}: {r['change']}") for r in bwd],
               [ROOF_COLORS["bf16"]] * len(bwd), refs, log=False)
-        ax.set_xlabel("backward latency [µs], bf16; the lines are SDPA's backward kernels in the last step's run")
+        ax.set_xlabel("backward latency [µs], bf16, our kernels called directly; the lines: SDPA's backward in the "
+                      "last step's run,\nthrough autograd with no host slack (its host time included: the "
+                      "results chapter's backward table compares like with like)")
         ax.set_title("The backward (kernels/v6_backward.cu), step by step; each × is against the step before, "
                      "re-timed in the same run", fontsize=11.5, loc="left")
     sources = sorted({f"{r['file']}" for r in fwd + bwd})

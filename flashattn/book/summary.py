@@ -8,7 +8,6 @@ without a GPU.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt  # flashattn.book.figures, imported below, loads it anyway
-from matplotlib.patches import Patch
 
 from flashattn.book.figures import ROOF_COLORS, datasheet_roofs, show_or_return
 from flashattn.book.notebook import PRIMARY, md
@@ -58,50 +57,6 @@ def steps(include_hopper: bool = True) -> list[dict]:
     for s in out:
         s["error"], s["error_at"] = _recorded_error(s["file"], s["dtype"], s["version"])
     return out
-
-
-def fig_staircase(show: bool = True):
-    """Latency of every step at the primary shape on one log axis, each step labelled with its speedup
-    over the one before; PyTorch's SDPA in the same dtype as a dashed reference over its part."""
-    s = steps()
-    if not s:
-        print("No recorded benchmark yet (results/h200/bench.json).")
-        return None
-    fig, ax = plt.subplots(figsize=(11, 5.2), constrained_layout=True)
-    x = list(range(len(s)))
-    us = [r["median_us"] for r in s]
-    colors = [ROOF_COLORS[r["roof"][0]] for r in s]
-    ax.bar(x, us, color=colors, width=0.62, alpha=0.85)
-    ax.step(x, us, where="mid", color="0.3", lw=1)
-    for i, r in enumerate(s):
-        ax.text(i, us[i] * 1.15, f"{us[i]:,.0f} µs", ha="center", fontsize=9,
-                bbox=dict(fc="white", ec="none", pad=0.5, alpha=0.85))
-        if i and s[i - 1]["dtype"] == r["dtype"]:
-            ax.text(i, us[i] / 1.9, f"{us[i - 1] / us[i]:.2f}×", ha="center", fontsize=9, color="white",
-                    fontweight="bold")
-    for dtype, file in (("float32", "bench.json"), ("bfloat16", "bench_v6.json")):
-        idx = [i for i, r in enumerate(s) if r["dtype"] == dtype]
-        ref = _primary(file, dtype).get("sdpa")
-        if idx and ref:
-            ax.hlines(ref["median_us"], idx[0] - 0.4, idx[-1] + 0.4, colors="black", linestyles="--", lw=1.2)
-            ax.text(idx[-1] + 0.42, ref["median_us"], f"SDPA {dtype}\n{ref['median_us']:,.0f} µs", va="center",
-                    fontsize=8)
-    split = next((i for i, r in enumerate(s) if r["dtype"] != "float32"), None)
-    if split is not None:
-        ax.axvline(split - 0.5, color="0.5", lw=1)
-        ax.text(split - 0.45, max(us) * 2, "bf16 inputs →", fontsize=9, color="0.3", va="center")
-    ax.set_xticks(x, [r["step"] for r in s])
-    ax.set_yscale("log")
-    ax.set_ylim(min(us) / 3, max(us) * 3)
-    ax.set_xlim(-0.6, len(s) - 0.1 + (0.9 if split is not None else 0.6))
-    ax.set(ylabel="latency [µs], log scale",
-           title="Every step at B=4, H=12, M=N=2048, D=64 (white: speedup over the step before)")
-    ax.legend(handles=[Patch(color=ROOF_COLORS[k], label=ROOF_OF[key][1]) for key in ROOF_OF
-                       for k in [ROOF_OF[key][0]] if any(r["roof"][0] == k for r in s)],
-              loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize=9, title="arithmetic on",
-              title_fontsize=9)
-    ax.grid(True, axis="y", which="both", alpha=0.25)
-    return show_or_return(fig, show)
 
 
 def roof_table():
