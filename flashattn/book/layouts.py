@@ -54,22 +54,34 @@ def swizzle_128b(row: int, chunk: int) -> int:
 
 
 def fig_warpgroup_accumulator(n: int = 16):
-    """Which warp and lane of a warpgroup hold each element of a wgmma accumulator (first n columns)."""
+    """Which warp and lane of a warpgroup hold each element of a wgmma accumulator (first n columns): the
+    whole 64-row tile by warp (left), and warp 0's 16 rows with each element's lane and register (right),
+    the other warps repeating it 16 rows further down."""
     warp, lane, reg = wgmma_accumulator_owner(n)
-    fig, ax = plt.subplots(figsize=(9, 9.5), constrained_layout=True)
-    ax.imshow(warp + 0.25 * (lane % 4) / 3, cmap="Pastel2", aspect="auto", vmin=0, vmax=4.5)
-    for r in range(64):
-        for c in range(n):
-            ax.text(c, r, f"{lane[r, c]}·{reg[r, c]}", ha="center", va="center", fontsize=5.5)
+    fig, (whole, zoom) = plt.subplots(1, 2, figsize=(11, 6.2), constrained_layout=True,
+                                      gridspec_kw={"width_ratios": [1, 2.6]})
+    shade = warp + 0.25 * (lane % 4) / 3
+    whole.imshow(shade, cmap="Pastel2", aspect="auto", vmin=0, vmax=4.5)
     for w in range(1, WARPGROUP_WARPS):
-        ax.axhline(16 * w - 0.5, color="k", lw=1.5)
-    ax.axvline(7.5, color="0.3", lw=1, ls="--")
-    ax.set_yticks([8 + 16 * w for w in range(4)], [f"warp {w}\nrows {16 * w}-{16 * w + 15}" for w in range(4)])
-    ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
-    ax.set(xlabel="accumulator column (key j for S, head-dim d for O)",
-           title=f"wgmma m64n{n}: lane·register of each fp32 accumulator element.\n"
-                 "Each warp owns 16 rows; inside them the m16n8 layout of mma.sync repeats every 8 columns.")
-    ax.title.set_fontsize(9)
+        whole.axhline(16 * w - 0.5, color="k", lw=1.5)
+    whole.add_patch(plt.Rectangle((-0.5, -0.5), n, 16, fill=False, ec="crimson", lw=2))
+    whole.set_yticks([8 + 16 * w for w in range(4)], [f"warp {w}\nrows {16 * w}-{16 * w + 15}" for w in range(4)])
+    whole.set_xticks(range(0, n, 4))
+    whole.set(xlabel="column", title="the 64 rows of the tile:\none warp per 16 rows")
+    zoom.imshow(shade[:16], cmap="Pastel2", aspect="auto", vmin=0, vmax=4.5)
+    for r in range(16):
+        for c in range(n):
+            zoom.text(c, r, f"{lane[r, c]}·{reg[r, c]}", ha="center", va="center", fontsize=8)
+    zoom.axvline(7.5, color="0.3", lw=1, ls="--")
+    zoom.axhline(7.5, color="0.3", lw=1, ls=":")
+    zoom.set_yticks(range(16))
+    zoom.set_xticks(range(n))
+    zoom.set(xlabel="accumulator column (key j for S, head-dim d for O)", ylabel="row",
+             title="warp 0 (red box): lane·register of each fp32 element; warps 1-3 repeat it on rows 16-63")
+    for ax in (whole, zoom):
+        ax.title.set_fontsize(10)
+    fig.suptitle(f"wgmma m64n{n}: the m16n8 layout of mma.sync, repeated every 8 columns and once per warp",
+                 fontsize=11)
     plt.show()
 
 
