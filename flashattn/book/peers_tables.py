@@ -11,6 +11,8 @@ from pathlib import Path
 
 from flashattn.book.notebook import md
 from flashattn.book.records import RESULTS, bench_rows
+from flashattn.measure import results
+from flashattn.measure.table import comparison_table
 
 PEERS = RESULTS / "bench_peers.json"
 PEERS_SEQ = RESULTS / "bench_peers_seq.json"
@@ -35,15 +37,6 @@ def _us(row: dict | None) -> float | None:
     return row.get("median_us") if row and row.get("status") == "ok" else None
 
 
-def _cell(x: float | None, fmt: str = "{:,.1f}") -> str:
-    return "—" if x is None else fmt.format(x)
-
-
-def _settings(path: Path) -> dict:
-    rows = bench_rows(path)
-    return rows[0]["_settings"] if rows else {}
-
-
 def _method(path: Path) -> str:
     rows = bench_rows(path)
     if not rows:
@@ -62,27 +55,23 @@ def _method(path: Path) -> str:
             f"{(meta.get('git') or {}).get('commit', '?')}).")
 
 
-def ratio_table(path: Path, ours: str, columns: tuple[str, ...], against: tuple[str, ...]) -> str | None:
-    """Markdown: one row per recorded shape with every column's µs, then `ours` over each of `against`
-    (their time over ours: above 1, ours is faster). None when the record is absent."""
-    shapes = _shapes(path)
-    if not shapes:
+def ratio_table(path: Path, ours: str, against: tuple[str, ...]) -> str | None:
+    """flashattn.measure.table.comparison_table of the record (one row per shape: `ours`' µs and TFLOP/s, then
+    each of `against` in µs and `ours` over it, above 1 when ours is faster), with the short names of this
+    chapter in its header. None when the record is absent."""
+    doc = results.read_if_exists(path, "bench")
+    if doc is None:
         return None
-    head = ["B, H, M=N, D", "causal"] + [NAMES.get(c, c) for c in columns] + \
-           [f"{NAMES[ours]} vs {NAMES.get(a, a)}" for a in against]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "--:|" * (len(head) - 2)]
-    for (B, H, M, N, D, causal), got in shapes.items():
-        mine = _us(got.get(ours))
-        ratios = [_cell(_us(got.get(a)) / mine if mine and _us(got.get(a)) else None, "{:.2f}×") for a in against]
-        lines.append(f"| {B}, {H}, {M if M == N else f'{M}/{N}'}, {D} | {'yes' if causal else 'no'} | "
-                     + " | ".join(_cell(_us(got.get(c))) for c in columns) + " | " + " | ".join(ratios) + " |")
-    return "\n".join(lines)
+    head, *rest = comparison_table(doc, ours, list(against), tflops=True).splitlines()
+    for name in (ours, *against):
+        head = head.replace(f" {name} (µs)", f" {NAMES[name]} µs").replace(f" vs {name} ", f" vs {NAMES[name]} ")
+    head = head.replace(f"| {ours} vs ", f"| {NAMES[ours]} vs ")
+    return "\n".join([head, *rest])
 
 
 def forward_table(path: Path = PEERS):
     """V8, V7, V6 against cuDNN, FlashAttention-2 and FlashAttention-4 at every recorded forward shape."""
-    table = ratio_table(path, "v8", ("v8", "v7", "v6", "sdpa_cudnn", "sdpa_flash", "fa4"),
-                        ("fa4", "sdpa_cudnn", "sdpa_flash"))
+    table = ratio_table(path, "v8", ("fa4", "sdpa_cudnn", "sdpa_flash", "v7", "v6"))
     if table is None:
         return md("*Not recorded yet: `results/h200/bench_peers.json` (`scripts/record_h200.sh OUT peers`).*")
     return md(table + "\n\nbfloat16. " + _method(path))
@@ -90,8 +79,7 @@ def forward_table(path: Path = PEERS):
 
 def sequence_table(path: Path = PEERS_SEQ):
     """The same columns at one B, H, D over sequence lengths (non-causal)."""
-    table = ratio_table(path, "v8", ("v8", "v7", "v6", "sdpa_cudnn", "sdpa_flash", "fa4"),
-                        ("fa4", "sdpa_cudnn"))
+    table = ratio_table(path, "v8", ("fa4", "sdpa_cudnn", "v7"))
     if table is None:
         return md("*Not recorded yet: `results/h200/bench_peers_seq.json` (`scripts/record_h200.sh OUT peers`).*")
     return md(table + "\n\nbfloat16. " + _method(path))
@@ -100,8 +88,7 @@ def sequence_table(path: Path = PEERS_SEQ):
 def backward_table(path: Path = BACKWARD):
     """The backward (dQ, dK, dV given dO, through torch.autograd.grad for every column) of V6 (which V7 and V8
     train on) against cuDNN, FlashAttention-2 and FlashAttention-4."""
-    table = ratio_table(path, "v6", ("v6", "v6_deterministic", "sdpa_cudnn", "sdpa_flash", "fa4"),
-                        ("fa4", "sdpa_cudnn", "sdpa_flash"))
+    table = ratio_table(path, "v6", ("fa4", "sdpa_cudnn", "sdpa_flash", "v6_deterministic"))
     if table is None:
         return md("*Not recorded yet: `results/h200/bench_backward.json` (`scripts/record_h200.sh OUT backward`).*")
     return md(table + "\n\nbfloat16, FLOPs 2.5 × the forward's. " + _method(path))
