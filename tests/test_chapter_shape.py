@@ -53,5 +53,6 @@ def test_the_counter_sees_prose_dropdowns_and_outputs():
     assert (shown, collapsed) == (3 + 2 + 1, 2 + 2)
     assert words.output_words({"output_type": "display_data",
                                "data": {"text/html": "<table><tr><td>a b</td></tr></table>"}}) == 2
-    assert words.over_budget("v6", words.Count(prose=words.PROSE_BUDGET + 1)) != []
-    assert words.over_budget("intro", words.Count(prose=10 ** 6)) == []
+    assert words.over_budget("v6", words.Count(markdown=words.PROSE_BUDGET + 1)) != []
+    assert words.over_budget("v6", words.Count(prose=10, markdown=words.PROSE_BUDGET)) == []
+    assert words.over_budget("intro", words.Count(markdown=10 ** 6)) == []
