@@ -4,6 +4,7 @@
     out = flashattn.forward(q, k, v, version="v4")   # q [B, H, M, D], k and v [B, H, N, D], CUDA tensors
 
     o = flashattn.attention(q, k, v, causal=True)      # differentiable (v6): o.sum().backward() trains
+    o = flashattn.attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths)  # decoding
 
 `flashattn.VERSIONS` lists every implementation in chapter order and `flashattn.INFO` what each accepts;
 `flashattn.plan(q, k, v, version)` checks a call once and says which version runs it (a Plan you can call
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 from flashattn import reference
 from flashattn.autograd import TRAINING_VERSIONS, attention, forward
+from flashattn.decode import attention_with_kvcache
 from flashattn.loader import load
 from flashattn.validate import Plan, check_inputs, plan
 from flashattn.versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
 
 __all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "TRAINING_VERSIONS", "INFO", "forward", "attention",
-           "plan", "Plan", "load", "reference", "check_inputs"]
+           "attention_with_kvcache", "plan", "Plan", "load", "reference", "check_inputs"]

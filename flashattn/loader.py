@@ -23,6 +23,8 @@ KERNELS_DIR = REPO_ROOT / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 # Defaults of the bindings' trailing flags, so `forward(q, k, v)` reads as the seed wrote it (causal=False).
 ARG_DEFAULTS = {"causal": "false", "deterministic": "false"}
+# Kernel files whose bindings are not `forward` (nor a version's `backward`): the functions they export.
+KERNEL_FUNCTIONS = {"decode": ("decode", "tile_keys")}
 
 
 class _NoRuntimeNotice(logging.Filter):
@@ -177,7 +179,8 @@ def module_def(src: str, functions=("forward",)) -> str:
         for param in reversed(binding_params(src, name)):
             tail_defaults = tail_defaults and param in ARG_DEFAULTS
             args.append(f'py::arg("{param}")' + (f" = {ARG_DEFAULTS[param]}" if tail_defaults else ""))
-        lines.append(f'  m.def("{name}", torch::wrap_pybind_function({name}), {", ".join(reversed(args))});')
+        named = "".join(f", {a}" for a in reversed(args))
+        lines.append(f'  m.def("{name}", torch::wrap_pybind_function({name}){named});')
     return "\n".join(lines + ["}"]) + "\n"
 
 
@@ -207,9 +210,11 @@ def load_inline_call(kernel: str, functions=None) -> str:
     """The Python a reader can run without this package to build kernels/<kernel>.cu as `load` does: the
     same load_inline call with the same arguments (from load_inline_kwargs and module_def, so the two
     cannot drift). `functions`: the binding's functions, by default ("backward",) for a version's backward
-    file (flashattn.versions: `backward`) and ("forward",) for every other."""
+    file (flashattn.versions: `backward`), KERNEL_FUNCTIONS's for the files it names and ("forward",) for
+    every other."""
     if functions is None:
-        functions = ("backward",) if any(i.backward == kernel for i in INFO.values()) else ("forward",)
+        functions = KERNEL_FUNCTIONS.get(kernel) or (
+            ("backward",) if any(i.backward == kernel for i in INFO.values()) else ("forward",))
     src = source(kernel)
     kw = load_inline_kwargs(kernel)
     if not kw["extra_ldflags"]:

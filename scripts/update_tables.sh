@@ -20,3 +20,4 @@ $PY -m flashattn.measure.table $R/bench_peers.json --compare v8 fa4 sdpa_cudnn s
     --block peers-table --update-readme README.md
 $PY -m flashattn.measure.table $R/bench_backward.json --compare v6 v6_deterministic sdpa_flash sdpa_cudnn fa4 sdpa --tflops \
     --block backward-table --update-readme README.md
+$PY -m flashattn.measure.decode_bench --out $R --update-readme README.md

@@ -20,6 +20,7 @@ from matplotlib.testing.compare import compare_images
 from flashattn.book import (
     async_proxy,
     backward_dataflow,
+    decoding_figures,
     mbarrier_ring,
     staircase,
     swizzle_modes,
@@ -32,7 +33,8 @@ FOLDER = REPO_ROOT / "book" / "_static" / "concepts"
 DPI = 110
 TOLERANCE = 2.0   # RMS difference of pixel values (0-255) that compare_images still accepts: font hinting
 FIGURES = {**wgmma_descriptor.FIGURES, **swizzle_modes.FIGURES, **mbarrier_ring.FIGURES, **async_proxy.FIGURES,
-           **warp_specialization.FIGURES, **backward_dataflow.FIGURES, **staircase.FIGURES}
+           **warp_specialization.FIGURES, **backward_dataflow.FIGURES, **staircase.FIGURES,
+           **decoding_figures.FIGURES}
 
 
 def save(name: str, folder: Path = FOLDER) -> Path:

@@ -55,7 +55,7 @@ def _first(out):
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """FlashAttention-4's CuTe DSL warns when it JIT-compiles, about an argument type it passes through:
     noise kept out of the caller's output (a notebook's, a log's)."""
     with warnings.catch_warnings():
@@ -65,7 +65,7 @@ def _quiet():
 
 def _compiled(call):
     """`call`, run once untimed so that the JIT compile happens here, quietly."""
-    with _quiet():
+    with quiet():
         call()
     return call
 
@@ -88,7 +88,7 @@ def backward_call(name: str, q, k, v, do, causal: bool):
     fn = _fa4(q)
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     dot = do.transpose(1, 2).contiguous()
-    with _quiet():
+    with quiet():
         o = _first(fn(qt, kt, vt, causal=causal))
     return _compiled(lambda: tuple(g.transpose(1, 2)
                                    for g in torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)))

@@ -43,6 +43,8 @@ What a row is, per kind:
     ceilings        one measured ceiling; meta: pytorch_attention, the device (ceilings.json)
     reference       one version's latency on the RTX 4080; meta: the rest of the transcription (rtx4080.json)
     resources       one kernel for one architecture (flashattn.measure.resources; resources.json)
+    decode          one timed call of the Decoding chapter; `part` says which table (flashattn.measure.decode_bench)
+    generation      one attention's generation run (flashattn.book.generation; generation.json)
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ from flashattn.loader import REPO_ROOT
 
 FORMAT = 2
 KINDS = ("bench", "backward_steps", "sweep", "kernel_times", "trace", "training", "accuracy", "ncu", "candidates",
-         "explore", "ceilings", "reference", "resources")
+         "explore", "ceilings", "reference", "resources", "decode", "generation")
 KEYS = ("schema", "meta", "settings", "rows")
 H200 = REPO_ROOT / "results" / "h200"          # what was recorded on the H200
 

@@ -1,0 +1,360 @@
+"""The Decoding chapter's measurements: `python -m flashattn.measure.decode_bench --out results/h200`.
+
+Six tables, each one interleaved run (flashattn.measure.timing.time_interleaved: L2 flushed before every
+call, then a 1 ms GPU spin queued so that no column's host time, Python checks included, is timed; the
+median; the host time recorded beside it as host_median_us), written as one record of kind "decode"
+(results/h200/decode.json), a row per timed call with its `part`:
+
+* `peers`: attention_with_kvcache against FlashAttention-4 (`flash_attn.cute.flash_attn_varlen_func` on the
+  same cache, its own split heuristic, num_splits=0), cuDNN and FlashAttention-2 (SDPA with that backend
+  forced, on [B, H, N, D] views of the same cache; grouped heads through enable_gqa) at the issue's shapes;
+* `ceiling`: torch.sum and torch.amax over as many bytes as the first shape's cache (a plain read);
+* `variants`: the chapter's builds of the kernel (VARIANTS), each at a fixed split count;
+* `splits`: ours with every fixed split count and with the rule (flashattn.decode.choose_num_splits);
+* `paged`: the contiguous cache against pages of 64 and 256 rows in shuffled order;
+* `lengths`: a batch whose lengths range from 1 to 32k, against the same total spread evenly and against
+  the batch padded to its longest sequence.
+
+Paged and uneven calls are timed as a serving loop would make them: split count planned once by the rule,
+validate=False (the check of lengths and pages copies them to the host, which waits for the GPU: a timed
+call would then measure the host). Every other call of ours is the default call, checks included.
+
+Each row has the bytes the call must read (K and V of the valid keys, q, o), the achieved TB/s and the
+floor: those bytes at the H200's 4.8 TB/s datasheet bandwidth. Every call is non-causal (with one new row
+causal changes nothing; with 16 rows SDPA's causal mask would be top-left aligned, not a decode mask).
+`--profile` also records Nsight Compute reports of our kernel at the first two shapes
+(decode_<name>_profile.ncu-rep) for the chapter's roofline.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashattn import decode
+from flashattn.measure import peers, results
+from flashattn.measure.sdpa_backends import sdpa_backend_context
+from flashattn.measure.table import update_readme
+from flashattn.measure.timing import time_interleaved
+
+DATASHEET_BYTES_PER_S = 4.8e12
+# (name, B, H_q, H_kv, M, N, D): the issue's targets and two neighbours
+SHAPES = [("batch8_16k", 8, 32, 32, 1, 16384, 128), ("rows16_32k", 1, 32, 32, 16, 32768, 128),
+          ("gqa64_8k", 64, 32, 8, 1, 8192, 128), ("one_32k", 1, 32, 32, 1, 32768, 128),
+          ("gqa1_128k", 1, 32, 8, 1, 131072, 128)]
+SPLITS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+# The chapter's steps: builds of kernels/decode.cu, each timed at the first four shapes with a fixed split
+# count (so that they compare how each block streams its keys, not the split rule).
+VARIANTS = {
+    "16-byte copies, 3 stages": ("-DDECODE_STAGES=3",),
+    "16-byte copies, 2 stages": ("-DDECODE_STAGES=2",),
+    "2 stages, L2 prefetch 128 B": ("-DDECODE_STAGES=2", "-DDECODE_L2_PREFETCH=128"),
+    "2 stages, L2 prefetch 256 B": ("-DDECODE_STAGES=2", "-DDECODE_L2_PREFETCH=256"),
+    "2 stages, 3 blocks/SM": ("-DDECODE_STAGES=2", "-DDECODE_MIN_BLOCKS=3"),
+    "2 stages, 3 blocks/SM, L2 prefetch 256 B": ("-DDECODE_STAGES=2", "-DDECODE_MIN_BLOCKS=3",
+                                                 "-DDECODE_L2_PREFETCH=256"),
+    "3 stages, L2 prefetch 256 B": ("-DDECODE_STAGES=3", "-DDECODE_L2_PREFETCH=256"),
+    "bulk rows, 3 stages": ("-DDECODE_BULK=1", "-DDECODE_STAGES=3"),
+}
+VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
+LENGTHS = (1, 300, 1000, 2048, 4096, 8192, 16384, 32768)     # the issue's "1 to 32k" batch
+
+
+def nbytes(B, H_q, H_kv, M, lengths, D, element=2) -> int:
+    """Bytes a call must move: K and V of every valid key once, q read and o written."""
+    return element * D * (2 * H_kv * sum(lengths) + 2 * B * M * H_q)
+
+
+def row(part, name, column, timing, nb, **extra) -> dict:
+    r = dict(part=part, shape=name, column=column, bytes=nb, floor_us=nb / DATASHEET_BYTES_PER_S * 1e6, **extra)
+    if isinstance(timing, Exception):
+        r.update(status="unsupported", message=str(timing).splitlines()[0][:300])
+    else:
+        r.update(status="ok", **timing.summary())
+        r["tb_per_s"] = nb / (r["median_us"] * 1e-6) / 1e12
+    return r
+
+
+def inputs(B, H_q, H_kv, M, N, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, M, H_q, D, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(B, N, H_kv, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+def ours(q, k, v, flags=None, **kw):
+    """Our call, non-causal; `flags`: a build variant of kernels/decode.cu (VARIANTS) instead of the default."""
+    fn = decode.attention_with_kvcache if flags is None else decode.variant(flags)
+    return lambda: fn(q, k, v, causal=False, **kw)
+
+
+def fa4_call(q, k, v, seqused_k=None, page_table=None):
+    fn = peers.fa4_function()
+    if fn is None:
+        raise ValueError("fa4: flash_attn.cute (FlashAttention-4) does not import here")
+    varlen = __import__("flash_attn.cute", fromlist=["flash_attn_varlen_func"]).flash_attn_varlen_func
+    call = lambda: varlen(q, k, v, seqused_k=seqused_k, page_table=page_table, causal=False, num_splits=0)  # noqa: E731
+    with peers.quiet():
+        call()
+    return call
+
+
+def sdpa_call(q, k, v):
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)     # views: [B, H, L, D]
+    gqa = q.shape[2] != k.shape[2]
+    return lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+
+
+def guarded(make, *args):
+    """make(*args) now; its exception later, as the timing of a column that could not run."""
+    try:
+        return make(*args)
+    except Exception as err:          # noqa: BLE001 -- a peer that cannot take the shape is a recorded result
+        def fail(err=err):
+            raise ValueError(str(err))
+        return fail
+
+
+def timed(calls, args):
+    table = {name: (fn, ctx or contextlib.nullcontext) for name, (fn, ctx) in calls.items()}
+    return time_interleaved(table, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                            max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+
+
+def peers_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in SHAPES:
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        calls = {"ours": (ours(q, k, v), None),
+                 "fa4": (guarded(fa4_call, q, k, v), None),
+                 "cudnn": (guarded(sdpa_call, q, k, v), sdpa_backend_context("sdpa_cudnn")),
+                 "fa2": (guarded(sdpa_call, q, k, v), sdpa_backend_context("sdpa_flash"))}
+        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+        for column, t in timed(calls, args).items():
+            rows.append(row("peers", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D]))
+        print_rows(rows[-len(calls):])
+    return rows
+
+
+def splits_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in SHAPES[:3]:
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        calls = {"rule": (ours(q, k, v), None)}
+        calls.update({f"splits={s}": (ours(q, k, v, num_splits=s), None) for s in SPLITS})
+        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+        rule = planned(q, k, v, N)["num_splits"]          # what the default call chooses
+        for column, t in timed(calls, args).items():
+            s = rule if column == "rule" else int(column.split("=")[1])
+            rows.append(row("splits", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D], num_splits=s))
+        print_rows(rows[-len(calls):])
+    return rows
+
+
+def variants_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in SHAPES[:4]:
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        splits = VARIANT_SPLITS[name]
+        calls = {label: (ours(q, k, v, flags, num_splits=splits), None) for label, flags in VARIANTS.items()}
+        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+        for column, t in timed(calls, args).items():
+            rows.append(row("variants", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D], num_splits=splits,
+                            flags=list(VARIANTS[column])))
+        print_rows(rows[-len(calls):])
+    return rows
+
+
+def ceiling_part(args) -> list[dict]:
+    """What a plain read of the same number of bytes costs: torch.sum over one bf16 tensor of the size of
+    K and V at the first shape (a reduction reads every byte once and writes almost nothing)."""
+    name, B, H_q, H_kv, M, N, D = SHAPES[0]
+    x = torch.randn(2 * B * N * H_kv * D, device="cuda", dtype=torch.bfloat16)
+    nb = x.numel() * 2
+    rows = [row("ceiling", name, column, t, nb) for column, t in
+            timed({"torch.sum": (lambda: x.sum(), None), "torch.amax": (lambda: x.amax(), None)}, args).items()]
+    print_rows(rows)
+    return rows
+
+
+def build_variants() -> None:
+    """Every variant of VARIANTS built, each in its own process (nvcc runs in parallel)."""
+    procs = [subprocess.Popen([sys.executable, "-c", f"from flashattn import decode; decode.module({flags!r})"])
+             for flags in VARIANTS.values()]
+    if any(p.wait() for p in procs):
+        raise SystemExit("a variant of kernels/decode.cu did not build")
+
+
+def paged(k, v, page_size, seed=1):
+    """The caches cut into pages of `page_size` rows stored in a shuffled order, and their block table."""
+    B, N = k.shape[:2]
+    per_seq = math.ceil(N / page_size)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    table = torch.randperm(B * per_seq, device="cuda", generator=g).to(torch.int32).view(B, per_seq)
+    out = []
+    for cache in (k, v):
+        pages = torch.empty(B * per_seq, page_size, *cache.shape[2:], dtype=cache.dtype, device="cuda")
+        full = torch.zeros(B, per_seq * page_size, *cache.shape[2:], dtype=cache.dtype, device="cuda")
+        full[:, :N] = cache
+        pages[table.flatten().long()] = full.view(B * per_seq, page_size, *cache.shape[2:])
+        out.append(pages)
+    return out[0], out[1], table
+
+
+def planned(q, k, v, lengths, block_table=None) -> dict:
+    """The split count the rule picks for these lengths (a list, or one int for all), so that the timed call
+    can skip the host's check of lengths and pages (validate=False): that check copies them to the host,
+    which waits for the GPU's queue, and the timing would then hold the host's time, not the kernel's."""
+    B, M, H_q, _ = q.shape
+    H_kv, tile = k.shape[2], decode.module().tile_keys()
+    blocks = H_kv * math.ceil(M * (H_q // H_kv) / 16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if isinstance(lengths, int):
+        splits = decode.choose_num_splits(-(-lengths // tile), B * blocks, sms)
+    else:
+        splits = decode.choose_num_splits([-(-n // tile) for n in lengths], blocks, sms)
+    return dict(num_splits=splits, validate=False, block_table=block_table)
+
+
+def paged_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in (SHAPES[0], SHAPES[2]):
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        lengths = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        calls = {"contiguous": (ours(q, k, v), None)}
+        for size in (64, 256):
+            kp, vp, table = paged(k, v, size)
+            calls[f"paged {size}"] = (ours(q, kp, vp, cache_seqlens=N, **planned(q, k, v, N, table)), None)
+            calls[f"fa4 paged {size}"] = (guarded(fa4_call, q, kp, vp, lengths, table), None)
+        calls["fa4 contiguous"] = (guarded(fa4_call, q, k, v), None)
+        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+        for column, t in timed(calls, args).items():
+            rows.append(row("paged", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D]))
+        print_rows(rows[-len(calls):])
+    return rows
+
+
+def lengths_part(args) -> list[dict]:
+    B, H_q, H_kv, M, D = len(LENGTHS), 32, 8, 1, 128
+    N = max(LENGTHS)
+    q, k, v = inputs(B, H_q, H_kv, M, N, D)
+    even_length = sum(LENGTHS) // B
+    cases = {"spread 1..32k": list(LENGTHS), "even, same total": [even_length] * B, "padded to 32k": [N] * B}
+    calls, sizes = {}, {}
+    for label, valid in cases.items():
+        lens = torch.tensor(valid, dtype=torch.int32, device="cuda")
+        calls[label] = (ours(q, k, v, cache_seqlens=lens, **planned(q, k, v, valid)), None)
+        calls[f"fa4 {label}"] = (guarded(fa4_call, q, k, v, lens), None)
+        sizes[label] = sizes[f"fa4 {label}"] = nbytes(B, H_q, H_kv, M, valid, D)
+    rows = [row("lengths", "gqa8_spread", column, t, sizes[column], dims=[B, H_q, H_kv, M, N, D])
+            for column, t in timed(calls, args).items()]
+    print_rows(rows)
+    return rows
+
+
+def print_rows(rows):
+    for r in rows:
+        if r["status"] == "ok":
+            print(f"{r['part']:8} {r['shape']:12} {r['column']:22} {r['median_us']:9.1f} us  {r['tb_per_s']:5.2f} TB/s "
+                  f"(floor {r['floor_us']:.1f} us; host {r.get('host_median_us', 0):.0f} us)", flush=True)
+        else:
+            print(f"{r['part']:8} {r['shape']:12} {r['column']:22} {r['status']}: {r['message']}", flush=True)
+
+
+COLUMNS = ("ours", "fa4", "cudnn", "fa2")
+
+
+def peers_markdown(doc: dict) -> str:
+    """The README's decode table: every peers shape, µs and % of the bandwidth floor per column."""
+    rows = [r for r in doc["rows"] if r["part"] == "peers"]
+    head = ("| B, H_q/H_kv, M, N, D | floor (µs) | " + " | ".join(f"{c} (µs, % of floor)" for c in COLUMNS)
+            + " |\n|---|--:|" + "--:|" * len(COLUMNS))
+    lines = [head]
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        cells = {r["column"]: r for r in rows if r["shape"] == shape}
+        any_row = next(iter(cells.values()))
+        B, H_q, H_kv, M, N, D = any_row["dims"]
+        out = [f"{B}, {H_q}/{H_kv}, {M}, {N:,}, {D}", f"{any_row['floor_us']:,.1f}"]
+        for c in COLUMNS:
+            r = cells.get(c)
+            ok = r is not None and r["status"] == "ok"
+            out.append(f"{r['median_us']:,.1f} ({100 * r['floor_us'] / r['median_us']:.0f}%)" if ok else "–")
+        lines.append("| " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def profile(out: Path, ncu: str) -> list[Path]:
+    """Nsight Compute reports of our split kernel at the first two shapes (after two warm-up calls)."""
+    sections = ["SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+                "SpeedOfLight_HierarchicalTensorRooflineChart"]
+    reports = []
+    for name, *dims in SHAPES[:2]:
+        base = out / f"decode_{name}_profile"
+        cmd = [ncu, "--clock-control", "none", "-k", "regex:split_kernel", "--launch-skip", "2", "--launch-count", "1",
+               *[a for s in sections for a in ("--section", s)], "-f", "-o", str(base),
+               sys.executable, "-m", "flashattn.measure.decode_bench", "--target", ",".join(map(str, dims))]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        print(res.stdout[-2000:], res.stderr[-2000:])
+        reports.append(base.with_suffix(".ncu-rep"))
+    return reports
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.decode_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--parts", default="ceiling,variants,peers,splits,paged,lengths")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repetitions", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--max-seconds", type=float, default=2.0)
+    p.add_argument("--host-slack-us", type=float, default=1000.0,
+                   help="GPU spin queued before each timed call, so that no column's Python time is timed "
+                        "(flashattn.measure.timing; default: %(default)s)")
+    p.add_argument("--profile", action="store_true", help="also record Nsight Compute reports (needs ncu)")
+    p.add_argument("--ncu", default="ncu")
+    p.add_argument("--target", help=argparse.SUPPRESS)      # internal: the program ncu profiles
+    p.add_argument("--update-readme", type=Path, metavar="README",
+                   help="write the peers table of OUT/decode.json into README's decode-table block and stop")
+    args = p.parse_args(argv)
+    if args.update_readme:
+        update_readme(args.update_readme, peers_markdown(results.read(args.out / "decode.json", "decode")),
+                      block="decode-table")
+        return 0
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashattn.measure.decode_bench needs a CUDA GPU")
+    if args.target:
+        B, H_q, H_kv, M, N, D = map(int, args.target.split(","))
+        call = ours(*inputs(B, H_q, H_kv, M, N, D))
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        return 0
+    parts = {"peers": peers_part, "splits": splits_part, "paged": paged_part, "lengths": lengths_part,
+             "variants": variants_part, "ceiling": ceiling_part}
+    if "variants" in args.parts:
+        build_variants()
+    rows = []
+    for part in args.parts.split(","):
+        rows += parts[part](args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {**results.environment(argv), "peers": peers.versions(),
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "tile_keys": decode.module().tile_keys()}
+    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
+                    host_slack_us=args.host_slack_us,
+                    dtype="bfloat16", causal=False, datasheet_bytes_per_s=DATASHEET_BYTES_PER_S)
+    path = results.write(args.out / "decode.json", "decode", rows, meta, settings) and args.out / "decode.json"
+    print(f"wrote {path}")
+    if args.profile:
+        profile(args.out, args.ncu)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,737 @@
+// decode: attention against a KV cache for generation -- split-KV ("flash-decoding") on mma.sync, with the
+// log-sum-exp merge, grouped-query heads packed into one tile, and a paged cache.
+//
+// The problem. Generating a token runs attention for one (or a few) new query rows against every key
+// and value already in the cache. The arithmetic is two matrix-vector products per head; the cost is
+// reading K and V once. Per key and head at D = 128 the kernel reads 512 bytes and does 512 FLOPs, one
+// FLOP per byte, far below the H200's ~150 FLOP/byte ridge, so the only number that matters is how close
+// the kernel runs to the memory system's bandwidth. Two things stand in the way:
+//   * parallelism: a forward kernel gives each block a tile of 128 query rows; with one row there is one
+//     block per (sequence, head), often fewer blocks than the GPU has SMs (1 sequence x 32 heads = 32
+//     blocks for 132 SMs);
+//   * bytes in flight: an SM must keep tens of kilobytes of loads outstanding to cover the latency of
+//     HBM at full bandwidth.
+//
+// The design (Tri Dao, Daniel Haziza, Francisco Massa, Grigory Sizov, "Flash-Decoding for long-context
+// inference", 2023; FlashAttention-2's split-KV kernel):
+//   * split the keys: block (sequence b, kv head h, split s) handles a contiguous range of key tiles and
+//     writes its partial output O_s (normalized by its own row sums, float32) and its log-sum-exp lse_s;
+//     a second kernel merges the splits exactly: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s.
+//     With one split the first kernel writes the output itself and no merge runs;
+//   * grouped-query heads: the G = H_q / H_kv query heads that share a kv head are packed as extra rows of
+//     one tile (row p = m * G + g for new token m and query head h * G + g), so K and V are read once per
+//     group, not G times;
+//   * the four warps of a block split each K/V tile between them (16 of its 64 keys each) and keep their
+//     own running max m_i, sum l_i and accumulator O_i; they are merged once, through shared memory, at
+//     the end. The 16 rows of the mma tile are mostly padding when M * G < 16 (one row in sixteen at
+//     M = 1, G = 1): the tensor cores waste 15/16 of their work, which costs nothing here, since they
+//     are idle waiting for memory either way;
+//   * K_j and V_j stream through a two-stage cp.async ring (16-byte copies, zero-filled past the last
+//     key, XOR-swizzled rows as in v6): while a block computes on one 64-key tile (32 KB at D = 128) the
+//     next is in flight, and two blocks share an SM. Deeper rings, bulk row copies (cp.async.bulk),
+//     an L2 prefetch hint and a third block per SM were all measured and all slower (DECODE_* below;
+//     the chapter's variants table): with every SM's copies outstanding the memory system is saturated,
+//     and more bytes in flight only lengthen its queues;
+//   * paged cache: key j of sequence b lives in page block_table[b][j / page_size], row j % page_size;
+//     with pages of whole tiles (a multiple of 64 rows) one lookup serves a tile, otherwise each thread
+//     looks its rows' pages up when it issues their copies.
+//
+// Contract. q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or, paged, [num_pages, page_size,
+//   H_kv, D]; any strides with the last dimension contiguous and 16-byte aligned rows. bf16 or fp16,
+//   fp32 accumulation; D in {64, 128}; H_q a multiple of H_kv. seqlens_k [B] int32 (empty: every sequence
+//   has max_seqlen_k keys). Sequence b attends to keys [0, L_b). causal=True is bottom-right aligned: new row
+//   m sees key j iff j <= L_b - M + m; a row that sees no key gets output 0. The Python entry point
+//   (flashattn.attention_with_kvcache) checks every argument, appends new keys and values and picks
+//   num_splits; this file trusts it.
+//
+// Records: results/h200/bench_decode.json (against FlashAttention-4, cuDNN and FlashAttention-2),
+// results/h200/decode_splits.json (the split sweep); the chapter is book/decoding.ipynb.
+//
+// Compile-time settings (-D at build time, for the chapter's sweep):
+//   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)
+//   DECODE_STAGES  depth of the ring (>= 2)
+//   DECODE_BULK    0: every thread copies 16-byte chunks (cp.async, sm_80+); 1: each thread copies whole
+//                  rows with one bulk copy (cp.async.bulk, sm_90+) that completes on a per-stage mbarrier,
+//                  into rows padded by 16 bytes instead of swizzled (a bulk copy writes its bytes in order)
+//   DECODE_MIN_BLOCKS  blocks per SM the register allocation must allow (__launch_bounds__)
+//   DECODE_L2_PREFETCH 0, 128 or 256: the .L2::NB qualifier of the 16-byte copies, which lets L2 fetch that
+//                  many bytes around each request from memory at once
+#include <cstdint>
+
+namespace splitkv {
+// One call's arguments, shared by both halves of the file (the binding fills it, the kernels read it).
+struct Params {
+  const void* q;                        // [B, M, H_q, D]
+  const void* k;                        // [B, max_len, H_kv, D] or [num_pages, page_size, H_kv, D]
+  const void* v;
+  void* o;                              // [B, M, H_q, D], contiguous
+  float* o_part;                        // [splits, B, M, H_q, D] (splits > 1)
+  float* lse_part;                      // [splits, B, M, H_q]    (splits > 1)
+  const int* seqlens_k;                 // [B] or nullptr: every sequence has max_len keys
+                                        // (the binding sets max_len to max_seqlen_k then)
+  const int* block_table;               // [B, pages_per_seq] or nullptr: contiguous cache
+  int64_t q_stride[3];                  // batch, token, head (elements)
+  int64_t k_stride[3];                  // batch (page when paged), row, head
+  int64_t v_stride[3];
+  int block_table_stride;
+  int page_size;
+  int num_pages;                        // pages in the pool: a page number outside it is clamped
+  int B, M, H_q, H_kv, G, max_len;
+  int row_blocks;                       // ceil(M * G / kRows)
+  int tiles_per_split, splits;
+  float scale_log2;                     // softmax scale * log2(e): scores go straight to exp2
+};
+}  // namespace splitkv
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#ifndef DECODE_BC
+#define DECODE_BC 64
+#endif
+#ifndef DECODE_STAGES
+#define DECODE_STAGES 2
+#endif
+#ifndef DECODE_BULK
+#define DECODE_BULK 0
+#endif
+#ifndef DECODE_MIN_BLOCKS
+#define DECODE_MIN_BLOCKS 2
+#endif
+#ifndef DECODE_L2_PREFETCH
+#define DECODE_L2_PREFETCH 0
+#endif
+
+namespace splitkv {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = 16;               // rows of the mma tile: packed (new token, query head of the group)
+constexpr int kBarrierBytes = 128;      // the stages' mbarriers, then Q at a 128-byte boundary
+
+
+// ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte global->shared copy around L1; src_bytes = 0 writes zeros (rows past the last key).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+#if DECODE_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#elif DECODE_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// sm_90 bulk copies: an mbarrier counts arrivals and the bytes still expected; its phase flips when both
+// reach zero, and waiters poll for the parity of the phase they expect.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// ---------------------------------------------------------------- the split kernel ---------------------
+//
+// Shared memory: Q (16 rows) and STAGES x (K_j, V_j) of BC rows, every row D 16-bit elements cut into
+// 16-byte chunks, chunk c of row r stored at chunk c ^ (r % 8) (conflict-free ldmatrix, as in v6). After
+// the last tile the K/V ring is reused to merge the four warps' partial results.
+
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * (D * 2) + ((chunk ^ (row & 7)) << 4);    // byte offset
+}
+// K_j and V_j rows: swizzled (16-byte copies), or padded by one chunk (bulk copies write rows in order;
+// the pad shifts each row by 4 banks, which keeps ldmatrix free of conflicts too).
+template <int D, bool BULK>
+__device__ __forceinline__ int kv_offset(int row, int chunk) {
+  if constexpr (BULK) return row * (D * 2 + 16) + (chunk << 4);
+  return swizzled<D>(row, chunk);
+}
+template <int D, bool BULK>
+__host__ __device__ constexpr int kv_row_bytes() { return BULK ? D * 2 + 16 : D * 2; }
+
+template <typename T, int D, int BC, int STAGES, bool PAGED, bool CAUSAL, bool BULK>
+__global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(const Params p) {
+  constexpr int kChunks = D / 8;                         // 16-byte chunks per row
+  constexpr int kTileBytes = BC * kv_row_bytes<D, BULK>();
+  constexpr int kKeysPerWarp = BC / kWarps;              // 16 or more, a multiple of 16
+  constexpr int kNT = kKeysPerWarp / 8;                  // n8 tiles of S per warp
+  constexpr int kRowStep = kThreads / kChunks;           // rows one pass of the block's copies covers
+  static_assert(kKeysPerWarp % 16 == 0, "each warp takes a multiple of 16 keys of a tile");
+  static_assert(BC % kRowStep == 0, "a tile is a whole number of copy passes");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);   // BULK: stage s's copies have landed
+  unsigned char* sQ = smem + kBarrierBytes;
+  unsigned char* sKV = sQ + kRows * D * 2;               // stage s: K at s * 2 * kTileBytes, V after it
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int rb = blockIdx.x % p.row_blocks;
+  const int bh = blockIdx.x / p.row_blocks;
+  const int b = bh / p.H_kv, h = bh % p.H_kv;
+  const int split = blockIdx.y;
+  const int rows = p.M * p.G;
+  const int row0 = rb * kRows;                           // first packed row of this block
+  // clamped to the cache: with validate=False nothing else stops a bad length from reading past it
+  const int L = p.seqlens_k ? min(max(p.seqlens_k[b], 0), p.max_len) : p.max_len;
+
+  // Keys this block can see at all (the causal limit of its last row) and from where a row may not see
+  // every key of a tile (the limit of its first row): tiles before that need no mask.
+  const int m_first = row0 / p.G, m_last = (min(row0 + kRows, rows) - 1) / p.G;   // new tokens, first and last
+  const int key_end = CAUSAL ? max(0, min(L, L - p.M + m_last + 1)) : L;
+  const int mask_from = CAUSAL ? max(0, min(L, L - p.M + m_first + 1)) : L;
+  const int n_tiles = (key_end + BC - 1) / BC;
+  const int t_begin = split * p.tiles_per_split;
+  const int t_end = min(t_begin + p.tiles_per_split, n_tiles);
+
+  // Where packed row r of this block reads q and writes its output: new token m, query head h * G + g.
+  auto row_offset = [&](int r) -> int64_t {             // element offset of the row in [B, M, H_q, D]
+    const int pr = row0 + r, m = pr / p.G, g = pr % p.G;
+    return (static_cast<int64_t>(b) * p.M + m) * p.H_q + h * p.G + g;
+  };
+
+  if (t_begin >= t_end) {            // no key for this split: an empty partial (lse = -inf) or zeros
+    if (p.splits > 1) {
+      const int64_t part = split * static_cast<int64_t>(p.B) * p.M * p.H_q;
+      for (int r = tid; r < kRows && row0 + r < rows; r += kThreads) p.lse_part[part + row_offset(r)] = -CUDART_INF_F;
+    } else {
+      T* o = static_cast<T*>(p.o);
+      for (int i = tid; i < kRows * D; i += kThreads)
+        if (row0 + i / D < rows) o[row_offset(i / D) * D + i % D] = from_float<T>(0.f);
+    }
+    return;
+  }
+
+  // ---- Q: 16 packed rows (zeros past the last one), issued with the first K/V tile's copies
+  const T* q = static_cast<const T*>(p.q);
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks, pr = row0 + r;
+    const bool valid = pr < rows;
+    const T* src = q;
+    if (valid) {
+      const int m = pr / p.G, g = pr % p.G;
+      src = q + b * p.q_stride[0] + m * p.q_stride[1] + (h * p.G + g) * p.q_stride[2] + c * 8;
+    }
+    cp_async_16(smem_addr(sQ + swizzled<D>(r, c)), src, valid);
+  }
+
+  // ---- the K/V ring. Thread tid copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep.
+  const T* kbase = static_cast<const T*>(p.k);
+  const T* vbase = static_cast<const T*>(p.v);
+  const int my_chunk = tid % kChunks, my_row = tid / kChunks;
+  const uint32_t sKV_addr = smem_addr(sKV);
+  // Key j of (b, h). Paged: when pages hold whole tiles (page_size a multiple of BC) a tile lies in one
+  // page, looked up once per tile (`tile_page`); otherwise every row looks its page up.
+  const bool whole_tiles = PAGED && p.page_size % BC == 0;
+  auto page = [&](int n) -> int64_t {   // the pool's page holding page n of sequence b (clamped, as L is)
+    return min(max(p.block_table[static_cast<int64_t>(b) * p.block_table_stride + n], 0), p.num_pages - 1);
+  };
+  auto row_of = [&](const T* base, const int64_t (&stride)[3], int j, int64_t tile_page) -> const T* {
+    int64_t slot = b, pos = j;
+    if constexpr (PAGED) {
+      slot = whole_tiles ? tile_page : page(j / p.page_size);
+      pos = j % p.page_size;
+    }
+    return base + slot * stride[0] + pos * stride[1] + h * stride[2];
+  };
+  auto page_of_tile = [&](int t) -> int64_t {
+    if constexpr (PAGED) {
+      if (whole_tiles) return page(t * BC / p.page_size);
+    }
+    return 0;
+  };
+  auto load_tile = [&](int t, int stage) {
+    const uint32_t sK = sKV_addr + stage * 2 * kTileBytes, sV = sK + kTileBytes;
+    const int64_t tile_page = page_of_tile(t);
+    if constexpr (BULK) {
+      // rows i = tid, tid + 128, ... of the 2 * BC rows of K_j then V_j, one bulk copy each; rows past the
+      // last key are zeroed by hand. Every thread arrives once per tile, announcing its bytes first.
+      uint32_t bytes = 0;
+      for (int i = tid; i < 2 * BC; i += kThreads) bytes += t * BC + i % BC < key_end ? D * 2 : 0;
+      const uint32_t bar = smem_addr(full + stage);
+      for (int i = tid; i < 2 * BC; i += kThreads) {
+        const int r = i % BC, j = t * BC + r;
+        const uint32_t dst = (i < BC ? sK : sV) + r * kv_row_bytes<D, BULK>();
+        if (j >= key_end) {
+          for (int c = 0; c < kChunks; ++c)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + 16 * c), "r"(0) : "memory");
+        }
+      }
+      mbar_arrive_expect_tx(bar, bytes);
+      for (int i = tid; i < 2 * BC; i += kThreads) {
+        const int r = i % BC, j = t * BC + r;
+        if (j < key_end)
+          bulk_copy((i < BC ? sK : sV) + r * kv_row_bytes<D, BULK>(),
+                    i < BC ? row_of(kbase, p.k_stride, j, tile_page) : row_of(vbase, p.v_stride, j, tile_page), D * 2,
+                    bar);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < BC / kRowStep; ++i) {
+        const int r = my_row + i * kRowStep, j = t * BC + r;
+        const bool valid = j < key_end;
+        const int off = swizzled<D>(r, my_chunk);
+        cp_async_16(sK + off, valid ? row_of(kbase, p.k_stride, j, tile_page) + my_chunk * 8 : kbase, valid);
+        cp_async_16(sV + off, valid ? row_of(vbase, p.v_stride, j, tile_page) + my_chunk * 8 : vbase, valid);
+      }
+    }
+  };
+
+  if constexpr (BULK) {
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(full + s), kThreads);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the copy engine
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {                 // prologue: Q rides with the first group
+    if (t_begin + s < t_end) load_tile(t_begin + s, s);
+    cp_async_commit();
+  }
+
+  // ---- per-warp state: rows g = lane / 4 and g + 8 of the tile (mma accumulator layout)
+  const int g = lane / 4, qd = lane % 4;
+  float m_i[2] = {-CUDART_INF_F, -CUDART_INF_F};         // running max, in log2 units of the scaled scores
+  float l_i[2] = {0.f, 0.f};                             // this lane's part of the running sum
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+  uint32_t q_frag[D / 16][4];
+  // Causal limits of this lane's two rows (exclusive), and the key offset of this warp within a tile.
+  int row_end[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = row0 + g + 8 * i;
+    row_end[i] = CAUSAL ? L - p.M + min(pr, rows - 1) / p.G + 1 : L;
+  }
+  const int warp_key0 = warp * kKeysPerWarp;
+  // Lane-constant parts of the ldmatrix addresses: an A operand (and V .trans) reads rows lane % 16,
+  // chunk + lane / 16; a K operand reads keys (lane / 16) * 8 + lane % 8, chunk + (lane / 8) % 2.
+  const int a_row = lane % 16, a_chunk = lane / 16;
+  const int b_row = (lane / 16) * 8 + lane % 8, b_chunk = (lane / 8) % 2;
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int i = t - t_begin;
+    if constexpr (BULK) {
+      if (t == t_begin) cp_async_wait<0>();              // Q
+      mbar_wait(smem_addr(full + i % STAGES), (i / STAGES) & 1);
+    } else {
+      cp_async_wait<STAGES - 2>();
+    }
+    __syncthreads();                   // tile t is in; every warp is done with the stage refilled below
+    if (t + STAGES - 1 < t_end) load_tile(t + STAGES - 1, (i + STAGES - 1) % STAGES);
+    cp_async_commit();
+    if (t == t_begin) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        ldmatrix_x4(q_frag[ks], smem_addr(sQ + swizzled<D>(a_row, 2 * ks + a_chunk)));
+    }
+    const unsigned char* sK = sKV + (i % STAGES) * 2 * kTileBytes;
+    const unsigned char* sV = sK + kTileBytes;
+
+    // S = Q_i K_j^T for this warp's keys, in registers
+    float s[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, smem_addr(sK + kv_offset<D, BULK>(warp_key0 + np * 16 + b_row, 2 * ks + b_chunk)));
+        mma<T>(s[2 * np], q_frag[ks], kf[0], kf[1]);
+        mma<T>(s[2 * np + 1], q_frag[ks], kf[2], kf[3]);
+      }
+    }
+
+    // mask (only on tiles that reach past some row's last key), then the online softmax
+    const bool needs_mask = (t + 1) * BC > mask_from;
+    float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, key = t * BC + warp_key0 + n * 8 + 2 * qd + e % 2;
+        float x = s[n][e] * p.scale_log2;
+        if (needs_mask && key >= min(row_end[r], key_end)) x = -CUDART_INF_F;
+        s[n][e] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_i[r], tile_max[r]);
+      // A row that has seen only masked keys keeps m = -inf; subtract 0 then, so exp2 gives 0, not NaN.
+      const float base = m_new == -CUDART_INF_F ? 0.f : m_new;
+      alpha[r] = ex2(m_i[r] - base);
+      m_i[r] = m_new;
+      l_i[r] *= alpha[r];
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        s[n][2 * r] = ex2(s[n][2 * r] - base);
+        s[n][2 * r + 1] = ex2(s[n][2 * r + 1] - base);
+        l_i[r] += s[n][2 * r] + s[n][2 * r + 1];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o_acc[n][0] *= alpha[0];
+      o_acc[n][1] *= alpha[0];
+      o_acc[n][2] *= alpha[1];
+      o_acc[n][3] *= alpha[1];
+    }
+
+    // O_i += P V_j: two neighbouring n8 tiles of S are the A fragment of one k16 slice of P
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp / 16; ++kk) {
+      const uint32_t pf[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, smem_addr(sV + kv_offset<D, BULK>(warp_key0 + kk * 16 + a_row, 2 * dp + a_chunk)));
+        mma<T>(o_acc[2 * dp], pf, vf[0], vf[1]);
+        mma<T>(o_acc[2 * dp + 1], pf, vf[2], vf[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();                     // the ring is free: reuse it to merge the warps
+
+  // ---- merge the four warps: each writes m, l and its unnormalized O; then 8 threads per row combine
+  constexpr int kOStride = D + 4;                        // floats per row; the pad spreads the banks
+  float* sO = reinterpret_cast<float*>(sKV);             // [warp][16][kOStride]
+  float* sM = sO + kWarps * kRows * kOStride;            // [warp][16]
+  float* sL = sM + kWarps * kRows;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 1);
+    l_i[r] += __shfl_xor_sync(0xffffffffu, l_i[r], 2);
+    if (qd == 0) {
+      sM[warp * kRows + g + 8 * r] = m_i[r];
+      sL[warp * kRows + g + 8 * r] = l_i[r];
+    }
+  }
+  float* my_o = sO + warp * kRows * kOStride;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<float2*>(my_o + g * kOStride + n * 8 + 2 * qd) = make_float2(o_acc[n][0], o_acc[n][1]);
+    *reinterpret_cast<float2*>(my_o + (g + 8) * kOStride + n * 8 + 2 * qd) = make_float2(o_acc[n][2], o_acc[n][3]);
+  }
+  __syncthreads();
+
+  constexpr int kPerThread = kRows * D / kThreads;       // 8 (D = 64) or 16 (D = 128) columns of one row
+  const int r = tid / (D / kPerThread), c0 = (tid % (D / kPerThread)) * kPerThread;
+  if (row0 + r >= rows) return;
+  float m_max = -CUDART_INF_F;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, sM[w * kRows + r]);
+  float weight[kWarps], l_sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = m_max == -CUDART_INF_F ? 0.f : ex2(sM[w * kRows + r] - m_max);
+    l_sum += weight[w] * sL[w * kRows + r];
+  }
+  const float inv_l = l_sum > 0.f ? 1.f / l_sum : 0.f;   // a row that saw no key: output 0
+  float out[kPerThread];
+#pragma unroll
+  for (int c = 0; c < kPerThread; ++c) {
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += weight[w] * sO[(w * kRows + r) * kOStride + c0 + c];
+    out[c] = acc * inv_l;
+  }
+  const int64_t row = row_offset(r);
+  if (p.splits == 1) {
+    T* o = static_cast<T*>(p.o) + row * D + c0;
+#pragma unroll
+    for (int c = 0; c < kPerThread; c += 2)
+      *reinterpret_cast<uint32_t*>(o + c) = pack2<T>(out[c], out[c + 1]);
+  } else {
+    const int64_t part = split * static_cast<int64_t>(p.B) * p.M * p.H_q + row;
+    float4* o = reinterpret_cast<float4*>(p.o_part + part * D + c0);
+#pragma unroll
+    for (int c = 0; c < kPerThread; c += 4) o[c / 4] = make_float4(out[c], out[c + 1], out[c + 2], out[c + 3]);
+    // natural log of the row's sum of exp(scaled score): (m + log2 l) / log2(e)
+    if (c0 == 0) p.lse_part[part] = l_sum > 0.f ? (m_max + __log2f(l_sum)) * 0.6931471805599453f : -CUDART_INF_F;
+  }
+}
+
+// ---------------------------------------------------------------- the merge kernel ---------------------
+//
+// One warp per output row: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. A split that saw
+// no key has lse_s = -inf and weight 0; its O_s is never read (it was never written).
+template <typename T, int D>
+__global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_part,
+                                                    const float* __restrict__ lse_part, T* __restrict__ o,
+                                                    int64_t rows, int splits) {
+  constexpr int kPerLane = D / 32;                       // 2 or 4 columns
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float lse_max = -CUDART_INF_F;
+  for (int s = lane; s < splits; s += 32) lse_max = fmaxf(lse_max, lse_part[s * rows + row]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
+  float acc[kPerLane] = {};
+  float total = 0.f;
+  if (lse_max != -CUDART_INF_F) {
+    for (int s = 0; s < splits; ++s) {
+      const float lse = lse_part[s * rows + row];
+      if (lse == -CUDART_INF_F) continue;
+      const float w = __expf(lse - lse_max);
+      total += w;
+      const float* src = o_part + (s * rows + row) * D + lane * kPerLane;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) acc[c] += w * src[c];
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  T* dst = o + row * D + lane * kPerLane;
+#pragma unroll
+  for (int c = 0; c < kPerLane; c += 2)
+    *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+}
+
+// ---------------------------------------------------------------- launch -------------------------------
+
+template <typename T, int D, bool PAGED, bool CAUSAL>
+const char* launch(const Params& p, cudaStream_t stream) {
+  constexpr int BC = DECODE_BC, STAGES = DECODE_STAGES;
+  constexpr bool BULK = DECODE_BULK != 0;
+  static_assert(STAGES >= 2, "the ring needs at least two stages");
+  constexpr size_t kRing = size_t(STAGES) * 2 * BC * kv_row_bytes<D, BULK>();
+  constexpr size_t kMerge = size_t(kWarps) * kRows * (D + 4) * 4 + 2 * kWarps * kRows * 4;
+  static_assert(8 * STAGES <= kBarrierBytes, "room for one mbarrier per stage");
+  constexpr size_t kSmem = kBarrierBytes + kRows * D * 2 + (kRing > kMerge ? kRing : kMerge);
+  auto kernel = split_kernel<T, D, BC, STAGES, PAGED, CAUSAL, BULK>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const dim3 grid(static_cast<unsigned>(p.B) * p.H_kv * p.row_blocks, p.splits);
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (p.splits > 1) {
+    const int64_t rows = static_cast<int64_t>(p.B) * p.M * p.H_q;
+    merge_kernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
+        p.o_part, p.lse_part, static_cast<T*>(p.o), rows, p.splits);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  return nullptr;
+}
+
+template <typename T>
+const char* dispatch(const Params& p, int D, bool causal, cudaStream_t stream) {
+  const bool paged = p.block_table != nullptr;
+#define DECODE_CASE(DIM)                                                                              \
+  if (D == DIM) {                                                                                     \
+    if (paged) return causal ? launch<T, DIM, true, true>(p, stream) : launch<T, DIM, true, false>(p, stream); \
+    return causal ? launch<T, DIM, false, true>(p, stream) : launch<T, DIM, false, false>(p, stream);   \
+  }
+  DECODE_CASE(64)
+  DECODE_CASE(128)
+#undef DECODE_CASE
+  return "decode supports head_dim 64 and 128 only";
+}
+
+}  // namespace splitkv
+
+size_t decode_tile_keys() { return DECODE_BC; }
+
+// dtype: 0 = bfloat16, 1 = float16. Returns nullptr or a message.
+const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream) {
+  int dev = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major < 8) return "decode needs a GPU of compute capability 8.0 or newer (mma.sync bf16, ldmatrix, cp.async)";
+  switch (dtype) {
+    case 0: return splitkv::dispatch<__nv_bfloat16>(p, D, causal, stream);
+    case 1: return splitkv::dispatch<__half>(p, D, causal, stream);
+    default: return "decode: dtype must be bfloat16 or float16";
+  }
+}
+
+#else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+
+
+size_t decode_tile_keys();
+const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream);
+
+// Keys per tile of this build: flashattn.decode sizes the splits in whole tiles.
+int64_t tile_keys() { return static_cast<int64_t>(decode_tile_keys()); }
+
+// q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or paged [pages, page_size, H_kv, D] with
+// block_table [B, pages_per_seq] int32 (an empty tensor: not paged); seqlens_k [B] int32 (empty: every
+// sequence has max_seqlen_k keys); max_seqlen_k: the largest length (sizes the splits); num_splits >= 1.
+// flashattn.attention_with_kvcache checks all of it first, with messages that name values; these checks
+// only keep a direct call from reading out of bounds.
+at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor seqlens_k, at::Tensor block_table,
+                  int64_t max_seqlen_k, double scale, bool causal, int64_t num_splits) {
+  TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda(), "q, k_cache and v_cache must be CUDA tensors");
+  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "q, k_cache and v_cache must have rank 4");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16");
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
+              "k_cache and v_cache must have q's dtype");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "v_cache must have the shape of k_cache");
+  const int64_t D = q.size(3);
+  TORCH_CHECK(D == 64 || D == 128, "q: decode supports head_dim 64 and 128 only");
+  TORCH_CHECK(k_cache.size(3) == D, "k_cache must have q's head_dim");
+  for (const at::Tensor* t : {&q, &k_cache, &v_cache})
+    TORCH_CHECK(t->stride(3) == 1 && t->stride(2) % 8 == 0 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "q, k_cache and v_cache need a contiguous last dimension and 16-byte aligned rows");
+  const bool paged = block_table.numel() > 0;
+  TORCH_CHECK(!paged || (block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
+                         block_table.size(0) == q.size(0) && block_table.stride(1) == 1 && block_table.is_cuda()),
+              "block_table must be int32 [B, pages_per_seq] on the GPU");
+  TORCH_CHECK(paged || k_cache.size(0) == q.size(0), "k_cache must have q's batch size");
+  const bool lengths = seqlens_k.numel() > 0;
+  TORCH_CHECK(!lengths || (seqlens_k.scalar_type() == at::kInt && seqlens_k.numel() == q.size(0) &&
+                           seqlens_k.is_contiguous() && seqlens_k.is_cuda()),
+              "seqlens_k must be int32 [B] on the GPU");
+  TORCH_CHECK(q.size(2) % k_cache.size(2) == 0, "q's heads must be a multiple of k_cache's");
+  TORCH_CHECK(max_seqlen_k >= 0, "max_seqlen_k must be >= 0");
+  TORCH_CHECK(num_splits >= 1 && num_splits <= 65535, "num_splits must be in 1..65535");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int B = q.size(0), M = q.size(1), H_q = q.size(2), H_kv = k_cache.size(2);
+  const int G = H_q / H_kv;
+  const int64_t tile = tile_keys();
+  const int64_t capacity = paged ? block_table.size(1) * k_cache.size(1) : k_cache.size(1);
+  const int64_t n_tiles = (std::max<int64_t>(max_seqlen_k, 1) + tile - 1) / tile;
+  const int64_t per_split = (n_tiles + num_splits - 1) / num_splits;
+  const int64_t splits = (n_tiles + per_split - 1) / per_split;   // no split is empty for the longest sequence
+
+  auto o = at::empty({B, M, H_q, D}, q.options());
+  at::Tensor o_part, lse_part;
+  if (splits > 1) {
+    o_part = at::empty({splits, B, M, H_q, D}, q.options().dtype(at::kFloat));
+    lse_part = at::empty({splits, B, M, H_q}, q.options().dtype(at::kFloat));
+  }
+  splitkv::Params p{};
+  p.q = q.data_ptr();
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.o = o.data_ptr();
+  p.o_part = splits > 1 ? o_part.data_ptr<float>() : nullptr;
+  p.lse_part = splits > 1 ? lse_part.data_ptr<float>() : nullptr;
+  p.seqlens_k = lengths ? seqlens_k.data_ptr<int>() : nullptr;
+  p.block_table = paged ? block_table.data_ptr<int>() : nullptr;
+  for (int d = 0; d < 3; ++d) {
+    p.q_stride[d] = q.stride(d);
+    p.k_stride[d] = k_cache.stride(d);
+    p.v_stride[d] = v_cache.stride(d);
+  }
+  p.block_table_stride = paged ? block_table.stride(0) : 0;
+  p.page_size = paged ? k_cache.size(1) : 0;
+  p.num_pages = paged ? k_cache.size(0) : 0;
+  p.B = B, p.M = M, p.H_q = H_q, p.H_kv = H_kv, p.G = G;
+  // without per-sequence lengths every sequence has max_seqlen_k keys (an int cache_seqlens, or a full cache)
+  p.max_len = static_cast<int>(lengths ? capacity : std::min<int64_t>(max_seqlen_k, capacity));
+  p.row_blocks = (M * G + 15) / 16;
+  p.tiles_per_split = static_cast<int>(per_split);
+  p.splits = static_cast<int>(splits);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const char* err = decode_forward(p, dtype == at::kBFloat16 ? 0 : 1, static_cast<int>(D), causal,
+                                   c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return o;
+}
+#endif
