@@ -33,8 +33,8 @@
 //     the chapter's variants table): with every SM's copies outstanding the memory system is saturated,
 //     and more bytes in flight only lengthen its queues;
 //   * paged cache: key j of sequence b lives in page block_table[b][j / page_size], row j % page_size;
-//     with pages of whole tiles (a multiple of 64 rows) one lookup serves a tile, otherwise each thread
-//     looks its rows' pages up when it issues their copies.
+//     with pages of whole tiles (a multiple of 64 rows) one lookup serves a tile and is made a tile
+//     ahead, otherwise each thread looks its rows' pages up when it issues their copies.
 //
 // Contract. q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or, paged, [num_pages, page_size,
 //   H_kv, D]; any strides with the last dimension contiguous and 16-byte aligned rows. bf16 or fp16,
@@ -300,17 +300,20 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const T* vbase = static_cast<const T*>(p.v);
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
   const uint32_t sKV_addr = smem_addr(sKV);
-  // Key j of (b, h). Paged: when pages hold whole tiles (page_size a multiple of BC) a tile lies in one
-  // page, looked up once per tile (`tile_page`); otherwise every row looks its page up.
+  // Key j (row r of its tile) of (b, h). Paged: when pages hold whole tiles (page_size a multiple of BC)
+  // a tile lies in one page, `tile_page`, from row `tile_pos` on; otherwise every row looks its page up.
+  // The page of a tile is read one iteration before its copies are issued (`page_ahead` below): a page
+  // number read just in time would put a dependent load in front of every tile's copies.
   const bool whole_tiles = PAGED && p.page_size % BC == 0;
   auto page = [&](int n) -> int64_t {   // the pool's page holding page n of sequence b (clamped, as L is)
     return min(max(p.block_table[static_cast<int64_t>(b) * p.block_table_stride + n], 0), p.num_pages - 1);
   };
-  auto row_of = [&](const T* base, const int64_t (&stride)[3], int j, int64_t tile_page) -> const T* {
+  auto row_of = [&](const T* base, const int64_t (&stride)[3], int j, int r, int64_t tile_page,
+                    int tile_pos) -> const T* {
     int64_t slot = b, pos = j;
     if constexpr (PAGED) {
       slot = whole_tiles ? tile_page : page(j / p.page_size);
-      pos = j % p.page_size;
+      pos = whole_tiles ? tile_pos + r : j % p.page_size;
     }
     return base + slot * stride[0] + pos * stride[1] + h * stride[2];
   };
@@ -320,9 +323,9 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     }
     return 0;
   };
-  auto load_tile = [&](int t, int stage) {
+  auto load_tile = [&](int t, int stage, int64_t tile_page) {
     const uint32_t sK = sKV_addr + stage * 2 * kTileBytes, sV = sK + kTileBytes;
-    const int64_t tile_page = page_of_tile(t);
+    const int tile_pos = whole_tiles ? t * BC % p.page_size : 0;
     if constexpr (BULK) {
       // rows i = tid, tid + 128, ... of the 2 * BC rows of K_j then V_j, one bulk copy each; rows past the
       // last key are zeroed by hand. Every thread arrives once per tile, announcing its bytes first.
@@ -342,8 +345,9 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
         const int r = i % BC, j = t * BC + r;
         if (j < key_end)
           bulk_copy((i < BC ? sK : sV) + r * kv_row_bytes<D, BULK>(),
-                    i < BC ? row_of(kbase, p.k_stride, j, tile_page) : row_of(vbase, p.v_stride, j, tile_page), D * 2,
-                    bar);
+                    i < BC ? row_of(kbase, p.k_stride, j, r, tile_page, tile_pos)
+                           : row_of(vbase, p.v_stride, j, r, tile_page, tile_pos),
+                    D * 2, bar);
       }
     } else {
 #pragma unroll
@@ -351,8 +355,10 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
         const int r = my_row + i * kRowStep, j = t * BC + r;
         const bool valid = j < key_end;
         const int off = swizzled<D>(r, my_chunk);
-        cp_async_16(sK + off, valid ? row_of(kbase, p.k_stride, j, tile_page) + my_chunk * 8 : kbase, valid);
-        cp_async_16(sV + off, valid ? row_of(vbase, p.v_stride, j, tile_page) + my_chunk * 8 : vbase, valid);
+        cp_async_16(sK + off, valid ? row_of(kbase, p.k_stride, j, r, tile_page, tile_pos) + my_chunk * 8 : kbase,
+                    valid);
+        cp_async_16(sV + off, valid ? row_of(vbase, p.v_stride, j, r, tile_page, tile_pos) + my_chunk * 8 : vbase,
+                    valid);
       }
     }
   };
@@ -367,9 +373,10 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {                 // prologue: Q rides with the first group
-    if (t_begin + s < t_end) load_tile(t_begin + s, s);
+    if (t_begin + s < t_end) load_tile(t_begin + s, s, page_of_tile(t_begin + s));
     cp_async_commit();
   }
+  int64_t page_ahead = t_begin + STAGES - 1 < t_end ? page_of_tile(t_begin + STAGES - 1) : 0;
 
   // ---- per-warp state: rows g = lane / 4 and g + 8 of the tile (mma accumulator layout)
   const int g = lane / 4, qd = lane % 4;
@@ -401,8 +408,9 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       cp_async_wait<STAGES - 2>();
     }
     __syncthreads();                   // tile t is in; every warp is done with the stage refilled below
-    if (t + STAGES - 1 < t_end) load_tile(t + STAGES - 1, (i + STAGES - 1) % STAGES);
+    if (t + STAGES - 1 < t_end) load_tile(t + STAGES - 1, (i + STAGES - 1) % STAGES, page_ahead);
     cp_async_commit();
+    if (t + STAGES < t_end) page_ahead = page_of_tile(t + STAGES);     // its latency hides behind this tile
     if (t == t_begin) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
