@@ -14,7 +14,9 @@ The conventions are FlashAttention's `flash_attn_with_kvcache`:
   sequence b attends to its first cache_seqlens[b] + M_new keys (all max_len keys when it is None);
 * H_q a multiple of H_kv (grouped-query attention); causal=True aligns the mask bottom-right (new row m sees
   key j iff j <= L_b - M + m); scale defaults to 1/sqrt(D);
-* num_splits: how many blocks share one sequence's keys (split-KV); 0 lets `choose_num_splits` decide.
+* num_splits: how many blocks share one sequence's keys (split-KV); 0 lets `choose_num_splits` decide. The
+  splits are cut from the longest sequence, or from the cache's capacity when `validate=False` leaves a
+  lengths tensor unread.
 
 Every argument is checked before anything runs (ValueError or TypeError naming it). Checking lengths and
 page numbers held in GPU tensors needs their values: one device-to-host copy per call, which waits for the

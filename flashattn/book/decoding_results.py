@@ -224,8 +224,8 @@ def generation_table(path: Path = GENERATION):
         return md(f"*Not recorded yet: `results/h200/{Path(path).name}` (`python -m flashattn.book.generation`).*")
     done = [r for r in doc["rows"] if r.get("status") == "ok"]
     sdpa = {r["batch"]: r for r in done if r["attention"] == "sdpa"}
-    lines = ["| batch | attention | tokens/s | vs. SDPA | max rel. Δlogit | agreeing to the end |",
-             "|--:|---|--:|--:|--:|--:|"]
+    lines = ["| batch | attention | tokens/s | vs. SDPA | max rel. Δlogit | agreeing to the end | "
+             "first divergence at a near-tie |", "|--:|---|--:|--:|--:|--:|--:|"]
     for r in sorted(done, key=lambda r: (r["batch"], list(LABELS).index(r["attention"]) if r["attention"] in LABELS
                                        else 9)):
         ref = sdpa.get(r["batch"])
@@ -233,13 +233,16 @@ def generation_table(path: Path = GENERATION):
         ratio = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}×" if ref and r is not ref else "—"
         agree = f"{vs['sequences_agreeing']} of {r['batch']}" if vs else "—"
         diff = f"{vs['max_rel_logit_diff']:.1e}" if vs else "—"
+        firsts = vs.get("first_divergences") or []
+        ties = f"{sum(bool(d.get('near_tie')) for d in firsts)} of {len(firsts)}" if vs else "—"
         lines.append(f"| {r['batch']} | {LABELS.get(r['attention'], r['attention'])} | {r['tokens_per_s']:,.0f} | "
-                     f"{ratio} | {diff} | {agree} |")
+                     f"{ratio} | {diff} | {agree} | {ties} |")
     st, model = doc["settings"], doc["meta"].get("model", {})
     note = (f"{model.get('n_layer', '?')} layers of {model.get('n_head', '?')} heads, "
             f"D = {model.get('head_dim', '?')}; a {st.get('prompt_len', '?')}-token prompt, then "
             f"{st.get('new_tokens', '?')} greedy steps. Δlogit: "
-            "teacher-forced on SDPA's tokens; agreeing: sequences whose greedy tokens match SDPA's throughout.")
+            "teacher-forced on SDPA's tokens; agreeing: sequences whose greedy tokens match SDPA's throughout; "
+            "near-tie: the two best logits differ by at most twice the logit difference there.")
     note += "".join(f" {LABELS.get(r['attention'], r['attention'])} not run: {r.get('reason', '')}."
                     for r in doc["rows"] if r.get("status") == "skipped")
     return md("\n".join(lines) + "\n\n" + note)

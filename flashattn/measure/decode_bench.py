@@ -208,9 +208,11 @@ def paged(k, v, page_size, seed=1):
 
 
 def planned(q, k, v, lengths, block_table=None) -> dict:
-    """The split count the rule picks for these lengths (a list, or one int for all), so that the timed call
-    can skip the host's check of lengths and pages (validate=False): that check copies them to the host,
-    which waits for the GPU's queue, and the timing would then hold the host's time, not the kernel's."""
+    """The split the rule picks for these lengths (a list, or one int for all), so that the timed call can
+    skip the host's check of lengths and pages (validate=False): that check copies them to the host, which
+    waits for the GPU's queue, and the timing would then hold the host's time, not the kernel's. Without
+    the lengths the kernel sizes splits for the cache's capacity, so a list's split is expressed as a
+    count of splits of the capacity."""
     B, M, H_q, _ = q.shape
     H_kv, tile = k.shape[2], decode.module().tile_keys()
     blocks = H_kv * math.ceil(M * (H_q // H_kv) / 16)
@@ -218,7 +220,10 @@ def planned(q, k, v, lengths, block_table=None) -> dict:
     if isinstance(lengths, int):
         splits = decode.choose_num_splits(-(-lengths // tile), B * blocks, sms)
     else:
-        splits = decode.choose_num_splits([-(-n // tile) for n in lengths], blocks, sms)
+        tiles = [-(-n // tile) for n in lengths]
+        per_split = -(-max(tiles) // decode.choose_num_splits(tiles, blocks, sms))
+        capacity = k.shape[1] if block_table is None else block_table.shape[1] * k.shape[1]
+        splits = min(decode.MAX_SPLITS, math.ceil(math.ceil(capacity / tile) / per_split))
     return dict(num_splits=splits, validate=False, block_table=block_table)
 
 
