@@ -4,8 +4,9 @@
 // The problem. Generating a token runs attention for one (or a few) new query rows against every key
 // and value already in the cache. The arithmetic is two matrix-vector products per head; the cost is
 // reading K and V once. Per key and head at D = 128 the kernel reads 512 bytes and does 512 FLOPs, one
-// FLOP per byte, far below the H200's ~150 FLOP/byte ridge, so the only number that matters is how close
-// the kernel runs to the memory system's bandwidth. Two things stand in the way:
+// FLOP per byte, two orders of magnitude below the H200's ridge (bf16 tensor-core FLOP/s over DRAM
+// bytes/s; the chapter computes it from results/h200/ceilings.json), so the only number that matters is
+// how close the kernel runs to the memory system's bandwidth. Two things stand in the way:
 //   * parallelism: a forward kernel gives each block a tile of 128 query rows; with one row there is one
 //     block per (sequence, head), often fewer blocks than the GPU has SMs (1 sequence x 32 heads = 32
 //     blocks for 132 SMs);
@@ -42,10 +43,14 @@
 //   has max_seqlen_k keys). Sequence b attends to keys [0, L_b). causal=True is bottom-right aligned: new row
 //   m sees key j iff j <= L_b - M + m; a row that sees no key gets output 0. The Python entry point
 //   (flashattn.attention_with_kvcache) checks every argument, appends new keys and values and picks
-//   num_splits; this file trusts it.
+//   num_splits; the binding here checks only what keeps a direct call inside its tensors, and the kernel
+//   clamps lengths to the cache and page numbers to the pool (what validate=False relies on).
 //
-// Records: results/h200/bench_decode.json (against FlashAttention-4, cuDNN and FlashAttention-2),
-// results/h200/decode_splits.json (the split sweep); the chapter is book/decoding.ipynb.
+// Records: results/h200/decode.json (one record, a `part` per table: the variants below, the split sweep,
+// FlashAttention-4, cuDNN and FlashAttention-2 at the same shapes, paged caches, uneven lengths),
+// results/h200/decode_*_profile.ncu-rep (Nsight Compute), results/h200/generation.json (the generation
+// demo); the chapter is book/decoding.ipynb. Measured there and missed: paged caches run well behind the
+// contiguous cache, and shapes that fill the GPU in one wave stay further from the floor than the others.
 //
 // Compile-time settings (-D at build time, for the chapter's sweep):
 //   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)

@@ -127,6 +127,17 @@ def timed(calls, args):
                             max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
 
 
+def at_shape(part: str, name: str, dims, calls: dict, args, **per_column) -> list[dict]:
+    """Time `calls` side by side at one shape (B, H_q, H_kv, M, N, D: every key of every sequence valid) and
+    return their rows, printed; `per_column[key](column)` adds a field to each row."""
+    B, H_q, H_kv, M, N, D = dims
+    nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+    rows = [row(part, name, column, t, nb, dims=list(dims), **{k: f(column) for k, f in per_column.items()})
+            for column, t in timed(calls, args).items()]
+    print_rows(rows)
+    return rows
+
+
 def peers_part(args) -> list[dict]:
     rows = []
     for name, B, H_q, H_kv, M, N, D in SHAPES:
@@ -135,10 +146,7 @@ def peers_part(args) -> list[dict]:
                  "fa4": (guarded(fa4_call, q, k, v), None),
                  "cudnn": (guarded(sdpa_call, q, k, v), sdpa_backend_context("sdpa_cudnn")),
                  "fa2": (guarded(sdpa_call, q, k, v), sdpa_backend_context("sdpa_flash"))}
-        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
-        for column, t in timed(calls, args).items():
-            rows.append(row("peers", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D]))
-        print_rows(rows[-len(calls):])
+        rows += at_shape("peers", name, (B, H_q, H_kv, M, N, D), calls, args)
     return rows
 
 
@@ -148,12 +156,9 @@ def splits_part(args) -> list[dict]:
         q, k, v = inputs(B, H_q, H_kv, M, N, D)
         calls = {"rule": (ours(q, k, v), None)}
         calls.update({f"splits={s}": (ours(q, k, v, num_splits=s), None) for s in SPLITS})
-        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
         rule = planned(q, k, v, N)["num_splits"]          # what the default call chooses
-        for column, t in timed(calls, args).items():
-            s = rule if column == "rule" else int(column.split("=")[1])
-            rows.append(row("splits", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D], num_splits=s))
-        print_rows(rows[-len(calls):])
+        rows += at_shape("splits", name, (B, H_q, H_kv, M, N, D), calls, args,
+                         num_splits=lambda column, rule=rule: rule if column == "rule" else int(column.split("=")[1]))
     return rows
 
 
@@ -163,11 +168,8 @@ def variants_part(args) -> list[dict]:
         q, k, v = inputs(B, H_q, H_kv, M, N, D)
         splits = VARIANT_SPLITS[name]
         calls = {label: (ours(q, k, v, flags, num_splits=splits), None) for label, flags in VARIANTS.items()}
-        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
-        for column, t in timed(calls, args).items():
-            rows.append(row("variants", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D], num_splits=splits,
-                            flags=list(VARIANTS[column])))
-        print_rows(rows[-len(calls):])
+        rows += at_shape("variants", name, (B, H_q, H_kv, M, N, D), calls, args,
+                         num_splits=lambda column, splits=splits: splits, flags=lambda column: list(VARIANTS[column]))
     return rows
 
 
@@ -238,10 +240,7 @@ def paged_part(args) -> list[dict]:
             calls[f"paged {size}"] = (ours(q, kp, vp, cache_seqlens=N, **planned(q, k, v, N, table)), None)
             calls[f"fa4 paged {size}"] = (guarded(fa4_call, q, kp, vp, lengths, table), None)
         calls["fa4 contiguous"] = (guarded(fa4_call, q, k, v), None)
-        nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
-        for column, t in timed(calls, args).items():
-            rows.append(row("paged", name, column, t, nb, dims=[B, H_q, H_kv, M, N, D]))
-        print_rows(rows[-len(calls):])
+        rows += at_shape("paged", name, (B, H_q, H_kv, M, N, D), calls, args)
     return rows
 
 
