@@ -32,11 +32,13 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from flashattn.loader import KERNEL_FUNCTIONS, build
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
+ROWS_PER_BLOCK = 16            # packed rows (new token x query head of a group) of one block's mma tile
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 4        # each split streams at least this many tiles (see choose_num_splits)
 BLOCKS_PER_SM = 2              # split blocks resident per SM (kernels/decode.cu: 2 by registers and smem)
@@ -60,6 +62,20 @@ def _sm_count(device) -> int:
 def _no_tensor(device) -> torch.Tensor:
     """The empty int32 tensor that tells the binding "no per-sequence lengths" or "not paged"."""
     return torch.empty(0, dtype=torch.int32, device=device)
+
+
+def blocks_per_sequence(M: int, H_q: int, H_kv: int) -> int:
+    """Blocks of the split kernel one sequence needs per split: one per kv head and 16 packed rows."""
+    return H_kv * math.ceil(M * (H_q // H_kv) / ROWS_PER_BLOCK)
+
+
+def splits_for(B: int, M: int, H_q: int, H_kv: int, lengths, tile: int, sms: int) -> int:
+    """`choose_num_splits` for a call: `lengths` every sequence's keys (a list) or the one length they share
+    (an int), `tile` the kernel's keys per tile."""
+    blocks = blocks_per_sequence(M, H_q, H_kv)
+    if isinstance(lengths, int):
+        return choose_num_splits(-(-lengths // tile), B * blocks, sms)
+    return choose_num_splits([-(-n // tile) for n in lengths], blocks, sms)
 
 
 def choose_num_splits(seq_tiles, blocks_per_seq: int, sms: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
@@ -279,15 +295,45 @@ def _attention(mod, q, k_cache, v_cache, k, v, cache_seqlens, block_table, causa
     if not isinstance(seqlens, torch.Tensor):
         seqlens = _no_tensor(q.device)
     if num_splits == 0:
-        H_kv, tile = k_cache.shape[2], mod.tile_keys()
-        row_blocks = math.ceil(M * (H_q // H_kv) / 16)
-        if isinstance(after, list):
-            num_splits = choose_num_splits([-(-n // tile) for n in after], H_kv * row_blocks, _sm_count(q.device))
-        else:
-            num_splits = choose_num_splits(-(-after // tile), B * H_kv * row_blocks, _sm_count(q.device))
+        num_splits = splits_for(B, M, H_q, k_cache.shape[2], after, mod.tile_keys(), _sm_count(q.device))
     return mod.decode(q, k_cache, v_cache, seqlens.contiguous(),
                       _no_tensor(q.device) if block_table is None else block_table, longest,
                       1.0 / math.sqrt(D) if scale is None else float(scale), causal, num_splits)
+
+
+def paged_copy(k_cache, v_cache, page_size: int, generator=None):
+    """(k_pages, v_pages, block_table): the caches [B, N, H_kv, D] cut into pages of `page_size` rows (the last
+    one of each sequence zero-padded) and stored in a shuffled order, as a serving system's page pool would
+    hold them; `generator` draws the order. For benchmarks and the book."""
+    B, N = k_cache.shape[:2]
+    per_seq = math.ceil(N / page_size)
+    order = torch.randperm(B * per_seq, device=k_cache.device, generator=generator).to(torch.int32)
+    pages = []
+    for cache in (k_cache, v_cache):
+        padded = torch.zeros(B, per_seq * page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        padded[:, :N] = cache
+        pool = torch.empty(B * per_seq, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        pool[order.long()] = padded.view(B * per_seq, page_size, *cache.shape[2:])
+        pages.append(pool)
+    return pages[0], pages[1], order.view(B, per_seq)
+
+
+def _sequences(q, k_cache, v_cache, cache_seqlens, block_table, causal: bool):
+    """Per sequence b with at least one key: (b, its valid keys, values [L, H_kv, D], the causal mask [M, L]
+    or None), read through the block table when there is one."""
+    M = q.shape[1]
+    for b in range(q.shape[0]):
+        if block_table is None:
+            keys, values = k_cache[b], v_cache[b]
+        else:
+            keys, values = (c[block_table[b].long()].flatten(0, 1) for c in (k_cache, v_cache))
+        L = keys.shape[0] if cache_seqlens is None else int(cache_seqlens[b])
+        if L == 0:
+            continue
+        visible = None
+        if causal:
+            visible = torch.arange(L, device=q.device)[None, :] <= (L - M + torch.arange(M, device=q.device))[:, None]
+        yield b, keys[:L], values[:L], visible
 
 
 def reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bool = True,
@@ -298,20 +344,26 @@ def reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal:
     H_kv = k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     out = torch.zeros(B, M, H_q, D, dtype=torch.float64, device=q.device)
-    for b in range(B):
-        if block_table is None:
-            keys, values = k_cache[b], v_cache[b]
-        else:
-            keys, values = k_cache[block_table[b].long()].flatten(0, 1), v_cache[block_table[b].long()].flatten(0, 1)
-        L = keys.shape[0] if cache_seqlens is None else int(cache_seqlens[b])
-        if L == 0:
-            continue
-        kk = keys[:L].double().repeat_interleave(H_q // H_kv, dim=1).transpose(0, 1)    # [H_q, L, D]
-        vv = values[:L].double().repeat_interleave(H_q // H_kv, dim=1).transpose(0, 1)
+    for b, keys, values, visible in _sequences(q, k_cache, v_cache, cache_seqlens, block_table, causal):
+        kk = keys.double().repeat_interleave(H_q // H_kv, dim=1).transpose(0, 1)       # [H_q, L, D]
+        vv = values.double().repeat_interleave(H_q // H_kv, dim=1).transpose(0, 1)
         s = (q[b].double().transpose(0, 1) @ kk.transpose(1, 2)) * scale                  # [H_q, M, L]
-        if causal:
-            visible = torch.arange(L, device=q.device)[None, :] <= (L - M + torch.arange(M, device=q.device))[:, None]
+        if visible is not None:
             s = s.masked_fill(~visible, float("-inf"))
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                       # rows with no key: 0
         out[b] = (p @ vv).transpose(0, 1)
+    return out
+
+
+def sdpa_reference(q, k_cache, v_cache, cache_seqlens=None, block_table=None, causal: bool = True,
+                   scale: float | None = None) -> torch.Tensor:
+    """What PyTorch's SDPA gives in q's dtype on the same valid caches, sequence by sequence (grouped heads
+    through enable_gqa, the bottom-right causal mask explicit): the error a kernel is allowed is measured
+    against this one's."""
+    out = torch.zeros_like(q)
+    for b, keys, values, visible in _sequences(q, k_cache, v_cache, cache_seqlens, block_table, causal):
+        o = F.scaled_dot_product_attention(q[b].transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                           values.transpose(0, 1)[None], attn_mask=visible, scale=scale,
+                                           enable_gqa=q.shape[2] != keys.shape[1])
+        out[b] = o[0].transpose(0, 1).nan_to_num(0.0)
     return out

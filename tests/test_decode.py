@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import poison_allocator, randn, run_sanitized
 
 import flashattn
@@ -16,32 +15,10 @@ from flashattn.reference import relative_error
 gpu = pytest.mark.gpu
 
 
-def sdpa_over_cache(q, k_cache, v_cache, lengths, causal, scale=None, block_table=None):
-    """What PyTorch's SDPA gives in q's dtype on the same valid caches (the error yardstick)."""
-    B, M, H_q, D = q.shape
-    out = torch.zeros_like(q)
-    for b in range(B):
-        if block_table is None:
-            keys, values = k_cache[b], v_cache[b]
-        else:
-            keys, values = (c[block_table[b].long()].flatten(0, 1) for c in (k_cache, v_cache))
-        L = int(lengths[b])
-        if L == 0:
-            continue
-        qq = q[b].transpose(0, 1)[None]                                   # [1, H_q, M, D]
-        kk, vv = (t[:L].transpose(0, 1)[None] for t in (keys, values))   # [1, H_kv, L, D]
-        mask = None
-        if causal:
-            mask = torch.arange(L, device=q.device)[None, :] <= (L - M + torch.arange(M, device=q.device))[:, None]
-        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[b] = o[0].transpose(0, 1).nan_to_num(0.0)
-    return out
-
-
 def check(q, k_cache, v_cache, lengths, causal, out, scale=None, block_table=None):
     """ours within twice SDPA's own error against float64; rows that see no key are exactly 0."""
     ref = decode.reference(q, k_cache, v_cache, lengths, block_table, causal, scale)
-    theirs = relative_error(sdpa_over_cache(q, k_cache, v_cache, lengths, causal, scale, block_table), ref)
+    theirs = relative_error(decode.sdpa_reference(q, k_cache, v_cache, lengths, block_table, causal, scale), ref)
     ours = relative_error(out, ref)
     assert math.isfinite(ours) and ours <= 2 * theirs + 1e-6, (ours, theirs)
     empty = ref.abs().amax(dim=-1) == 0
@@ -333,3 +310,28 @@ def test_sanitizer_clean():
     for tool in ("memcheck", "racecheck", "synccheck"):
         _, ran = run_sanitized(tool, "decode_sanitizer_target.py")
         assert len(ran) >= 8, ran
+
+
+def test_split_count_of_a_call():
+    """splits_for: blocks per sequence are kv heads x 16-row blocks of packed rows, and a list of lengths
+    schedules by tiles that hold keys."""
+    assert decode.blocks_per_sequence(M=1, H_q=32, H_kv=8) == 8 and decode.blocks_per_sequence(4, 64, 8) == 16
+    assert decode.splits_for(1, 16, 32, 32, 32768, 64, sms=132) == decode.choose_num_splits(512, 32, 132) == 8
+    spread = [1, 300, 1000, 2048, 4096, 8192, 16384, 32768]
+    assert decode.splits_for(8, 1, 32, 8, spread, 64, sms=132) == decode.choose_num_splits(
+        [-(-n // 64) for n in spread], 8, 132)
+
+
+def test_references_read_pages_like_the_cache():
+    """On the CPU: the float64 reference and SDPA's give the same output through a shuffled page pool as
+    through the contiguous cache, rows with no key are 0, and SDPA's bf16 stays near float64."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 2, 4, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(3, 70, 2, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    lengths = [70, 0, 33]
+    kp, vp, table = decode.paged_copy(k, v, 16, generator=g)
+    assert table.shape == (3, 5) and sorted(table.flatten().tolist()) == list(range(15))
+    for fn in (decode.reference, decode.sdpa_reference):
+        flat, paged = fn(q, k, v, lengths), fn(q, kp, vp, lengths, table)
+        assert torch.equal(flat, paged) and (flat[1] == 0).all()
+    assert relative_error(decode.sdpa_reference(q, k, v, lengths), decode.reference(q, k, v, lengths)) < 1e-2

@@ -60,7 +60,7 @@ def test_intensity_is_one_flop_per_byte_per_row():
     assert decoding.intensity(1, 4) == 4
     assert decoding.intensity(1, 1, element=1) == 2   # an fp8 cache: the same FLOPs over half the bytes
     # the exercises: a floor, and the rule for two sequences of 64k keys at H_kv = 8, G = 4
-    assert decoding.rule(1024, 16, 132) == 16
+    assert decode.choose_num_splits(1024, 16, 132) == 16
     nb = decoding.bytes_moved(16, 32, 8, 1, [4096] * 16, 128)
     assert nb == 268_697_600 and round(decoding.floor_us(nb), 1) == 56.0
 

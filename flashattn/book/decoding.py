@@ -2,10 +2,10 @@
 computed from kernels/decode.cu or from the record results/h200/decode.json (flashattn.measure.decode_bench), so
 that a cell showing one is a single call and no number in it is typed by hand.
 
-- `bytes_moved`, `floor_us`, `intensity`, `intensity_table`: what one call must read, and why bandwidth is the
-  only measure that matters;
-- `record`, `part_rows`, `ok`, `not_recorded`, `dims_by_shape`, `blocks_per_split`, `slots`, `rule`: reading the
-  record, and the split rule as the package applies it;
+- `intensity`, `intensity_table`: what one call must read (flashattn.measure.decode_bench's `bytes_moved` and
+  `floor_us`, re-exported here), and why bandwidth is the only measure that matters;
+- `record`, `part_rows`, `ok`, `not_recorded`, `dims_by_shape`, `blocks_per_split`, `slots`, `rule_now`: reading
+  the record, and the split rule as the package applies it;
 - `excerpt`: lines of kernels/decode.cu cut between two markers;
 - `build_resources`, `variants_table`, `speedups`, `variant_lines`, `in_flight_table`: the builds of the variants
   part, with what ptxas gives them and Little's law on their bandwidth;
@@ -27,27 +27,17 @@ from flashattn.book.notebook import md
 from flashattn.book.records import RESULTS, ceilings
 from flashattn.loader import excerpt as loader_excerpt
 from flashattn.measure import resources, results
+from flashattn.measure.decode_bench import DATASHEET_BYTES_PER_S, bytes_moved, floor_us  # noqa: F401 (re-exported)
 
 RECORD = RESULTS / "decode.json"
 GENERATION = RESULTS / "generation.json"
 PROFILES = {name: RESULTS / f"decode_{name}_profile.ncu-rep" for name in ("batch8_16k", "rows16_32k")}
-DATASHEET_BYTES_PER_S = 4.8e12      # H200 HBM3e, NVIDIA's datasheet
 COLUMNS = {"ours": "ours", "fa4": "FA4", "cudnn": "cuDNN", "fa2": "FA2"}
 TILE_KEYS = 64                      # keys per K/V tile (DECODE_BC's default; the record's meta says it too)
-ROWS = 16                           # rows of one mma tile (kRows in kernels/decode.cu)
+ROWS = decode.ROWS_PER_BLOCK         # rows of one mma tile (kRows in kernels/decode.cu)
 # The issue's targets: at most cuDNN's time and at least 93% of the datasheet at batch8_16k, at most 125 µs at
 # rows16_32k, at least 90% of the floor's speed at gqa64_8k, a paged cache within 5% of a contiguous one.
 CUDNN_FRACTION, BANDWIDTH_FRACTION, ROWS16_US, GQA_FLOOR_FRACTION, PAGED_SLACK = 1.0, 0.93, 125.0, 0.90, 0.05
-
-
-def bytes_moved(B: int, H_q: int, H_kv: int, M: int, lengths, D: int, element: int = 2) -> int:
-    """Bytes one call must move at least: K and V of every valid key once, q read and o written."""
-    return element * D * (2 * H_kv * sum(lengths) + 2 * B * M * H_q)
-
-
-def floor_us(nbytes: float, bytes_per_s: float = DATASHEET_BYTES_PER_S) -> float:
-    """The time those bytes take at the datasheet bandwidth: no kernel can be faster."""
-    return nbytes / bytes_per_s * 1e6
 
 
 def intensity(M: int, G: int, element: int = 2) -> float:
@@ -94,7 +84,7 @@ def dims_by_shape(rows: list[dict]) -> dict[str, list[int]]:
 def blocks_per_split(dims) -> int:
     """Blocks of the split kernel per split: one per (sequence, kv head, 16 packed rows)."""
     B, H_q, H_kv, M, _, _ = dims
-    return B * H_kv * math.ceil(M * (H_q // H_kv) / ROWS)
+    return B * decode.blocks_per_sequence(M, H_q, H_kv)
 
 
 def slots(doc: dict | None) -> int:
@@ -102,16 +92,10 @@ def slots(doc: dict | None) -> int:
     return sm_count(doc) * decode.BLOCKS_PER_SM
 
 
-def rule(seq_tiles, blocks: int, sms: int) -> int:
-    """flashattn.decode.choose_num_splits as attention_with_kvcache calls it: `seq_tiles` the key tiles of every
-    sequence (a list) with `blocks` per sequence, or one int for a batch of equal lengths with `blocks` for the
-    whole batch."""
-    return decode.choose_num_splits(seq_tiles, blocks, sms)
-
-
 def rule_now(dims, doc: dict | None) -> int:
     """The split count flashattn.decode.choose_num_splits gives for this shape today."""
-    return rule(math.ceil(dims[4] / tile_keys(doc)), blocks_per_split(dims), sm_count(doc))
+    B, H_q, H_kv, M, N, _ = dims
+    return decode.splits_for(B, M, H_q, H_kv, N, tile_keys(doc), sm_count(doc))
 
 
 def intensity_table(doc: dict | None = None):

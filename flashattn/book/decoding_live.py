@@ -6,12 +6,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from flashattn import decode
 from flashattn.book.decoding import (
     COLUMNS,
-    ROWS,
     TILE_KEYS,
     bytes_moved,
     floor_us,
@@ -19,9 +17,9 @@ from flashattn.book.decoding import (
     ok,
     part_rows,
     record,
-    rule,
 )
 from flashattn.book.notebook import LIVE_ONLY, NO_GPU, gpu, md
+from flashattn.measure import decode_bench
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.timing import time_cuda
 from flashattn.reference import relative_error
@@ -48,33 +46,9 @@ def _case_inputs(H_q, H_kv, M, lengths, D, page_size=None, append=False, seed=0)
     k_new, v_new = (randn(B, M, H_kv, D), randn(B, M, H_kv, D)) if append else (None, None)
     table = None
     if page_size:
-        per_seq = cap // page_size
-        table = torch.randperm(B * per_seq, device="cuda", generator=g).to(torch.int32).view(B, per_seq)
-        pools = []
-        for cache in (k_cache, v_cache):
-            pool = torch.empty(B * per_seq, page_size, H_kv, D, dtype=cache.dtype, device="cuda")
-            pool[table.flatten().long()] = cache.view(B * per_seq, page_size, H_kv, D)
-            pools.append(pool)
-        k_cache, v_cache = pools
+        k_cache, v_cache, table = decode.paged_copy(k_cache, v_cache, page_size, generator=g)
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     return q, k_cache, v_cache, lens, k_new, v_new, table
-
-
-def _sdpa_per_sequence(q, k_cache, v_cache, valid, table):
-    """SDPA (PyTorch's own choice of backend) on each sequence's valid keys, bottom-right causal."""
-    out = []
-    M, H_q = q.shape[1], q.shape[2]
-    for b, L in enumerate(valid.tolist()):
-        if table is None:
-            keys, values = k_cache[b, :L], v_cache[b, :L]
-        else:
-            keys, values = (c[table[b].long()].flatten(0, 1)[:L] for c in (k_cache, v_cache))
-        visible = torch.arange(L, device=q.device)[None, :] <= (L - M + torch.arange(M, device=q.device))[:, None]
-        y = F.scaled_dot_product_attention(q[b:b + 1].transpose(1, 2), keys[None].transpose(1, 2),
-                                           values[None].transpose(1, 2), attn_mask=visible,
-                                           enable_gqa=H_q != keys.shape[1])
-        out.append(y.transpose(1, 2))
-    return torch.cat(out)
 
 
 def correctness(cases=CASES):
@@ -94,10 +68,9 @@ def correctness(cases=CASES):
                                                 causal=True)
             valid = lens + (c["M"] if c.get("append") else 0)
             ref = decode.reference(q, kc, vc, cache_seqlens=valid, block_table=table, causal=True)
-            sdpa = _sdpa_per_sequence(q, kc, vc, valid, table)
+            sdpa = decode.sdpa_reference(q, kc, vc, cache_seqlens=valid, block_table=table, causal=True)
             B = len(c["lengths"])
-            splits = rule([math.ceil(n / TILE_KEYS) for n in valid.tolist()],
-                          c["H_kv"] * math.ceil(c["M"] * c["H_q"] // c["H_kv"] / ROWS), sms)
+            splits = decode.splits_for(B, c["M"], c["H_q"], c["H_kv"], valid.tolist(), TILE_KEYS, sms)
             lengths = ", ".join(f"{x:,}" for x in valid.tolist())
             lines.append(f"| {name} | {B}, {c['H_q']} / {c['H_kv']}, {c['M']}, ({lengths}), {c['D']} | {splits} | "
                          f"{relative_error(out, ref):.1e} | {relative_error(sdpa, ref):.1e} |")
@@ -127,14 +100,10 @@ def time_one_shape(shape=PRIMARY_SHAPE, doc: dict | None = None):
                         for c in ("ours", "cudnn") if c in got]
         return md("\n".join(lines) + f"\n\n{name}, bf16, non-causal, from the record.")
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, M, H_q, D, device="cuda", generator=g).to(torch.bfloat16)
-    k, v = (torch.randn(B, N, H_kv, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q, k, v = decode_bench.inputs(B, H_q, H_kv, M, N, D)        # the benchmark's inputs and calls
     with torch.no_grad():
-        ours = time_cuda(lambda: decode.attention_with_kvcache(q, k, v, causal=False), warmup=10, repetitions=50)
+        ours = time_cuda(decode_bench.ours(q, k, v), warmup=10, repetitions=50)
         with sdpa_backend_context("sdpa_cudnn")():
-            cudnn = time_cuda(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=H_q != H_kv), warmup=10,
-                              repetitions=50)
+            cudnn = time_cuda(decode_bench.sdpa_call(q, k, v), warmup=10, repetitions=50)
     lines = head + [_time_row("ours", ours.median_ms * 1e3, nb), _time_row("cuDNN", cudnn.median_ms * 1e3, nb)]
     return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}: {name}, bf16, non-causal.")

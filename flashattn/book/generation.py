@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 
 import flashattn
 from flashattn.book.training_model import GPT, Config, build_model
-from flashattn.measure import results
+from flashattn.measure import peers, results
 
 ATTENTIONS = ("flashattn", "sdpa", "fa4")
 KIND = "generation"                     # the record's kind in flashattn.measure.results
@@ -99,10 +98,7 @@ def _attend_fa4(varlen, q, k, v, cache: KVCache, layer: int):
 
 def fa4_varlen():
     """FlashAttention-4's flash_attn_varlen_func; ValueError saying why when flash_attn.cute does not import."""
-    try:
-        return importlib.import_module("flash_attn.cute").flash_attn_varlen_func
-    except Exception as err:           # ImportError, or a CuTe DSL that cannot load its libraries here
-        raise ValueError(f"fa4: flash_attn.cute does not import here ({type(err).__name__}: {err})") from None
+    return peers.fa4_module().flash_attn_varlen_func
 
 
 def attention_for(name: str):

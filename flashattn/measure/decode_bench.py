@@ -66,13 +66,18 @@ VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
 LENGTHS = (1, 300, 1000, 2048, 4096, 8192, 16384, 32768)     # the issue's "1 to 32k" batch
 
 
-def nbytes(B, H_q, H_kv, M, lengths, D, element=2) -> int:
-    """Bytes a call must move: K and V of every valid key once, q read and o written."""
+def bytes_moved(B, H_q, H_kv, M, lengths, D, element=2) -> int:
+    """Bytes a call must move at least: K and V of every valid key once, q read and o written."""
     return element * D * (2 * H_kv * sum(lengths) + 2 * B * M * H_q)
 
 
+def floor_us(nbytes: float, bytes_per_s: float = DATASHEET_BYTES_PER_S) -> float:
+    """The time those bytes take at the datasheet bandwidth: no kernel can be faster."""
+    return nbytes / bytes_per_s * 1e6
+
+
 def row(part, name, column, timing, nb, **extra) -> dict:
-    r = dict(part=part, shape=name, column=column, bytes=nb, floor_us=nb / DATASHEET_BYTES_PER_S * 1e6, **extra)
+    r = dict(part=part, shape=name, column=column, bytes=nb, floor_us=floor_us(nb), **extra)
     if isinstance(timing, Exception):
         r.update(status="unsupported", message=str(timing).splitlines()[0][:300])
     else:
@@ -95,10 +100,7 @@ def ours(q, k, v, flags=None, **kw):
 
 
 def fa4_call(q, k, v, seqused_k=None, page_table=None):
-    fn = peers.fa4_function()
-    if fn is None:
-        raise ValueError("fa4: flash_attn.cute (FlashAttention-4) does not import here")
-    varlen = __import__("flash_attn.cute", fromlist=["flash_attn_varlen_func"]).flash_attn_varlen_func
+    varlen = peers.fa4_module().flash_attn_varlen_func
     call = lambda: varlen(q, k, v, seqused_k=seqused_k, page_table=page_table, causal=False, num_splits=0)  # noqa: E731
     with peers.quiet():
         call()
@@ -131,7 +133,7 @@ def at_shape(part: str, name: str, dims, calls: dict, args, **per_column) -> lis
     """Time `calls` side by side at one shape (B, H_q, H_kv, M, N, D: every key of every sequence valid) and
     return their rows, printed; `per_column[key](column)` adds a field to each row."""
     B, H_q, H_kv, M, N, D = dims
-    nb = nbytes(B, H_q, H_kv, M, [N] * B, D)
+    nb = bytes_moved(B, H_q, H_kv, M, [N] * B, D)
     rows = [row(part, name, column, t, nb, dims=list(dims), **{k: f(column) for k, f in per_column.items()})
             for column, t in timed(calls, args).items()]
     print_rows(rows)
@@ -195,18 +197,7 @@ def build_variants() -> None:
 
 def paged(k, v, page_size, seed=1):
     """The caches cut into pages of `page_size` rows stored in a shuffled order, and their block table."""
-    B, N = k.shape[:2]
-    per_seq = math.ceil(N / page_size)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    table = torch.randperm(B * per_seq, device="cuda", generator=g).to(torch.int32).view(B, per_seq)
-    out = []
-    for cache in (k, v):
-        pages = torch.empty(B * per_seq, page_size, *cache.shape[2:], dtype=cache.dtype, device="cuda")
-        full = torch.zeros(B, per_seq * page_size, *cache.shape[2:], dtype=cache.dtype, device="cuda")
-        full[:, :N] = cache
-        pages[table.flatten().long()] = full.view(B * per_seq, page_size, *cache.shape[2:])
-        out.append(pages)
-    return out[0], out[1], table
+    return decode.paged_copy(k, v, page_size, generator=torch.Generator(device="cuda").manual_seed(seed))
 
 
 def planned(q, k, v, lengths, block_table=None) -> dict:
@@ -217,13 +208,10 @@ def planned(q, k, v, lengths, block_table=None) -> dict:
     count of splits of the capacity."""
     B, M, H_q, _ = q.shape
     H_kv, tile = k.shape[2], decode.module().tile_keys()
-    blocks = H_kv * math.ceil(M * (H_q // H_kv) / 16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if isinstance(lengths, int):
-        splits = decode.choose_num_splits(-(-lengths // tile), B * blocks, sms)
-    else:
-        tiles = [-(-n // tile) for n in lengths]
-        per_split = -(-max(tiles) // decode.choose_num_splits(tiles, blocks, sms))
+    splits = decode.splits_for(B, M, H_q, H_kv, lengths, tile, sms)
+    if not isinstance(lengths, int):
+        per_split = math.ceil(math.ceil(max(lengths) / tile) / splits)
         capacity = k.shape[1] if block_table is None else block_table.shape[1] * k.shape[1]
         splits = min(decode.MAX_SPLITS, math.ceil(math.ceil(capacity / tile) / per_split))
     return dict(num_splits=splits, validate=False, block_table=block_table)
@@ -255,7 +243,7 @@ def lengths_part(args) -> list[dict]:
         lens = torch.tensor(valid, dtype=torch.int32, device="cuda")
         calls[label] = (ours(q, k, v, cache_seqlens=lens, **planned(q, k, v, valid)), None)
         calls[f"fa4 {label}"] = (guarded(fa4_call, q, k, v, lens), None)
-        sizes[label] = sizes[f"fa4 {label}"] = nbytes(B, H_q, H_kv, M, valid, D)
+        sizes[label] = sizes[f"fa4 {label}"] = bytes_moved(B, H_q, H_kv, M, valid, D)
     rows = [row("lengths", "gqa8_spread", column, t, sizes[column], dims=[B, H_q, H_kv, M, N, D])
             for column, t in timed(calls, args).items()]
     print_rows(rows)

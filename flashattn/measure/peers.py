@@ -22,11 +22,21 @@ import torch
 PEERS = ("fa4",)
 
 
-def fa4_function():
-    """FlashAttention-4's `flash_attn_func`, or None when `flash_attn.cute` does not import."""
+def fa4_module():
+    """`flash_attn.cute`; ValueError saying why when it does not import."""
     try:
-        return importlib.import_module("flash_attn.cute").flash_attn_func
-    except Exception:          # ImportError, or a CuTe DSL that cannot load its libraries on this machine
+        return importlib.import_module("flash_attn.cute")
+    except Exception as err:   # ImportError, or a CuTe DSL that cannot load its libraries on this machine
+        raise ValueError(f"fa4: flash_attn.cute (FlashAttention-4) does not import here "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def fa4_function(name: str = "flash_attn_func"):
+    """FlashAttention-4's function `name` (`flash_attn_func`, or `flash_attn_varlen_func` for caches), or None
+    when `flash_attn.cute` does not import."""
+    try:
+        return getattr(fa4_module(), name)
+    except ValueError:
         return None
 
 
@@ -42,9 +52,7 @@ def versions() -> dict[str, str | None]:
 
 
 def _fa4(q):
-    fn = fa4_function()
-    if fn is None:
-        raise ValueError("fa4: flash_attn.cute (FlashAttention-4) does not import here")
+    fn = fa4_module().flash_attn_func
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"fa4: takes bfloat16 or float16; got {q.dtype}")
     return fn
