@@ -35,7 +35,8 @@
 //     and more bytes in flight only lengthen its queues;
 //   * paged cache: key j of sequence b lives in page block_table[b][j / page_size], row j % page_size;
 //     with pages of whole tiles (a multiple of 64 rows) one lookup serves a tile and is made a tile
-//     ahead, otherwise each thread looks its rows' pages up when it issues their copies.
+//     ahead, otherwise each thread looks its rows' pages up when it issues their copies. The three
+//     layouts (contiguous, whole-tile pages, row pages) are three instances of the kernel.
 //
 // Contract. q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or, paged, [num_pages, page_size,
 //   H_kv, D]; any strides with the last dimension contiguous and 16-byte aligned rows. bf16 or fp16,
@@ -47,10 +48,15 @@
 //   clamps lengths to the cache and page numbers to the pool (what validate=False relies on).
 //
 // Records: results/h200/decode.json (one record, a `part` per table: the variants below, the split sweep,
-// FlashAttention-4, cuDNN and FlashAttention-2 at the same shapes, paged caches, uneven lengths),
-// results/h200/decode_*_profile.ncu-rep (Nsight Compute), results/h200/generation.json (the generation
-// demo); the chapter is book/decoding.ipynb. Measured there and missed: paged caches run well behind the
-// contiguous cache, and shapes that fill the GPU in one wave stay further from the floor than the others.
+// FlashAttention-4, cuDNN and FlashAttention-2 at the same shapes, paged caches, uneven lengths, and the
+// kernels' own times under the profiler), results/h200/decode_*_profile.ncu-rep and
+// decode_paged_profile*.json (Nsight Compute), results/h200/generation.json (the generation demo); the
+// chapter is book/decoding.ipynb. Measured there: pages of 64 and 256 rows within 2% of the contiguous
+// cache, once each copy's address stepped from the last instead of being multiplied out (the paged build
+// had executed 225 M warp instructions where the contiguous one executed 139 M, and ran 30% slower).
+// Missed: one sequence of 32k keys (16 new rows, 32 heads, 8 splits: one wave of blocks, each streaming
+// 2 MB) takes 130 us in the split kernel against a floor of 112 us, 86% of the floor's speed, where
+// batch8_16k's kernel, whose blocks stream four times as much, reaches 93%.
 //
 // Compile-time settings (-D at build time, for the chapter's sweep):
 //   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)
@@ -61,6 +67,8 @@
 //   DECODE_MIN_BLOCKS  blocks per SM the register allocation must allow (__launch_bounds__)
 //   DECODE_L2_PREFETCH 0, 128 or 256: the .L2::NB qualifier of the 16-byte copies, which lets L2 fetch that
 //                  many bytes around each request from memory at once
+//   DECODE_PDL     1 (default): on sm_90, launch the merge kernel as a programmatic dependent of the split
+//                  kernel; 0: an ordinary launch after it
 #include <cstdint>
 
 namespace splitkv {
@@ -109,6 +117,9 @@ struct Params {
 #ifndef DECODE_L2_PREFETCH
 #define DECODE_L2_PREFETCH 0
 #endif
+#ifndef DECODE_PDL
+#define DECODE_PDL 1
+#endif
 
 namespace splitkv {
 
@@ -116,6 +127,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16;               // rows of the mma tile: packed (new token, query head of the group)
 constexpr int kBarrierBytes = 128;      // the stages' mbarriers, then Q at a 128-byte boundary
+// Where a tile's rows live: one cache slot per sequence; pages holding whole tiles (page_size a multiple
+// of the tile), one lookup per tile; or smaller pages, one lookup per row.
+enum Paging { kContiguous = 0, kTilePages = 1, kRowPages = 2 };
 
 
 // ---------------------------------------------------------------- PTX wrappers (sm_80+) ----------------
@@ -195,6 +209,20 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// Programmatic dependent launch (sm_90): the split kernel lets the merge kernel be launched while its own
+// blocks still run, and the merge kernel waits at its top until the split kernel has finished and its
+// writes are visible. What it saves is the gap between the two kernels, not work.
+__device__ __forceinline__ void launch_dependents() {
+#if DECODE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if DECODE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -235,7 +263,7 @@ __device__ __forceinline__ int kv_offset(int row, int chunk) {
 template <int D, bool BULK>
 __host__ __device__ constexpr int kv_row_bytes() { return BULK ? D * 2 + 16 : D * 2; }
 
-template <typename T, int D, int BC, int STAGES, bool PAGED, bool CAUSAL, bool BULK>
+template <typename T, int D, int BC, int STAGES, int PAGING, bool CAUSAL, bool BULK>
 __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(const Params p) {
   constexpr int kChunks = D / 8;                         // 16-byte chunks per row
   constexpr int kTileBytes = BC * kv_row_bytes<D, BULK>();
@@ -305,32 +333,38 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const T* vbase = static_cast<const T*>(p.v);
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
   const uint32_t sKV_addr = smem_addr(sKV);
-  // Key j (row r of its tile) of (b, h). Paged: when pages hold whole tiles (page_size a multiple of BC)
-  // a tile lies in one page, `tile_page`, from row `tile_pos` on; otherwise every row looks its page up.
-  // The page of a tile is read one iteration before its copies are issued (`page_ahead` below): a page
-  // number read just in time would put a dependent load in front of every tile's copies.
-  const bool whole_tiles = PAGED && p.page_size % BC == 0;
+  // Where row 0 of tile t of (b, h) starts, in elements (`origin`). With pages of whole tiles (kTilePages) a tile lies
+  // in one page, `tile_page`, whose number is read one iteration before the tile's copies are issued
+  // (`page_ahead` below): read just in time it would be a dependent load in front of every tile's copies.
+  // With smaller pages (kRowPages) every row looks its own page up when its copy is issued. Each layout is
+  // its own instance of the kernel, so the contiguous and whole-tile loops carry no trace of the others.
   auto page = [&](int n) -> int64_t {   // the pool's page holding page n of sequence b (clamped, as L is)
     return min(max(p.block_table[static_cast<int64_t>(b) * p.block_table_stride + n], 0), p.num_pages - 1);
   };
-  auto row_of = [&](const T* base, const int64_t (&stride)[3], int j, int r, int64_t tile_page,
-                    int tile_pos) -> const T* {
-    int64_t slot = b, pos = j;
-    if constexpr (PAGED) {
-      slot = whole_tiles ? tile_page : page(j / p.page_size);
-      pos = whole_tiles ? tile_pos + r : j % p.page_size;
-    }
-    return base + slot * stride[0] + pos * stride[1] + h * stride[2];
+  auto origin = [&](const int64_t (&stride)[3], int64_t slot, int row) -> int64_t {   // row `row` of a slot
+    return slot * stride[0] + static_cast<int64_t>(row) * stride[1] + h * stride[2];
+  };
+  auto row_of = [&](const T* base, const int64_t (&stride)[3], int64_t origin, int j, int r) -> const T* {
+    if constexpr (PAGING == kRowPages) return base + page(j / p.page_size) * stride[0] + (j % p.page_size) * stride[1] + h * stride[2];
+    return base + origin + r * stride[1];
   };
   auto page_of_tile = [&](int t) -> int64_t {
-    if constexpr (PAGED) {
-      if (whole_tiles) return page(t * BC / p.page_size);
-    }
+    if constexpr (PAGING == kTilePages) return page(t * BC / p.page_size);
     return 0;
   };
+  // A thread's rows of a tile are kRowStep apart: in one slot (a sequence, or a page of whole tiles) its
+  // next row's address is the last one's plus a constant, computed once here. Without it each copy's
+  // address was its row times the row stride, a 64-bit product per row per tile: in the whole-tile paged
+  // instance (whose origin moves by page, not by a multiple of the stride, so the compiler cannot step
+  // it) those products outnumbered every other instruction of the loop (Nsight Compute's source counters).
+  const int64_t k_first = my_row * p.k_stride[1] + my_chunk * 8, v_first = my_row * p.v_stride[1] + my_chunk * 8;
+  const int64_t k_step = kRowStep * p.k_stride[1], v_step = kRowStep * p.v_stride[1];
   auto load_tile = [&](int t, int stage, int64_t tile_page) {
     const uint32_t sK = sKV_addr + stage * 2 * kTileBytes, sV = sK + kTileBytes;
-    const int tile_pos = whole_tiles ? t * BC % p.page_size : 0;
+    // tile t's slot and first row in it: sequence b from row t * BC, or its page from the row it starts at
+    const int64_t slot = PAGING == kTilePages ? tile_page : b;
+    const int row = PAGING == kTilePages ? t * BC % p.page_size : t * BC;
+    const int64_t k0 = origin(p.k_stride, slot, row), v0 = origin(p.v_stride, slot, row);
     if constexpr (BULK) {
       // rows i = tid, tid + 128, ... of the 2 * BC rows of K_j then V_j, one bulk copy each; rows past the
       // last key are zeroed by hand. Every thread arrives once per tile, announcing its bytes first.
@@ -350,20 +384,24 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
         const int r = i % BC, j = t * BC + r;
         if (j < key_end)
           bulk_copy((i < BC ? sK : sV) + r * kv_row_bytes<D, BULK>(),
-                    i < BC ? row_of(kbase, p.k_stride, j, r, tile_page, tile_pos)
-                           : row_of(vbase, p.v_stride, j, r, tile_page, tile_pos),
-                    D * 2, bar);
+                    i < BC ? row_of(kbase, p.k_stride, k0, j, r) : row_of(vbase, p.v_stride, v0, j, r), D * 2, bar);
       }
     } else {
+      const T* k_src = kbase + k0 + k_first;
+      const T* v_src = vbase + v0 + v_first;
 #pragma unroll
       for (int i = 0; i < BC / kRowStep; ++i) {
         const int r = my_row + i * kRowStep, j = t * BC + r;
         const bool valid = j < key_end;
         const int off = swizzled<D>(r, my_chunk);
-        cp_async_16(sK + off, valid ? row_of(kbase, p.k_stride, j, r, tile_page, tile_pos) + my_chunk * 8 : kbase,
-                    valid);
-        cp_async_16(sV + off, valid ? row_of(vbase, p.v_stride, j, r, tile_page, tile_pos) + my_chunk * 8 : vbase,
-                    valid);
+        if constexpr (PAGING == kRowPages) {
+          k_src = row_of(kbase, p.k_stride, 0, j, r) + my_chunk * 8;
+          v_src = row_of(vbase, p.v_stride, 0, j, r) + my_chunk * 8;
+        }
+        cp_async_16(sK + off, valid ? k_src : kbase, valid);
+        cp_async_16(sV + off, valid ? v_src : vbase, valid);
+        k_src += k_step;
+        v_src += v_step;
       }
     }
   };
@@ -382,6 +420,7 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     cp_async_commit();
   }
   int64_t page_ahead = t_begin + STAGES - 1 < t_end ? page_of_tile(t_begin + STAGES - 1) : 0;
+  launch_dependents();                 // the merge kernel may be launched now (DECODE_PDL)
 
   // ---- per-warp state: rows g = lane / 4 and g + 8 of the tile (mma accumulator layout)
   const int g = lane / 4, qd = lane % 4;
@@ -565,6 +604,7 @@ __global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_
                                                     const float* __restrict__ lse_part, T* __restrict__ o,
                                                     int64_t rows, int splits) {
   constexpr int kPerLane = D / 32;                       // 2 or 4 columns
+  wait_for_primary();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -594,8 +634,8 @@ __global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_
 
 // ---------------------------------------------------------------- launch -------------------------------
 
-template <typename T, int D, bool PAGED, bool CAUSAL>
-const char* launch(const Params& p, cudaStream_t stream) {
+template <typename T, int D, int PAGING, bool CAUSAL>
+const char* launch(const Params& p, bool pdl, cudaStream_t stream) {
   constexpr int BC = DECODE_BC, STAGES = DECODE_STAGES;
   constexpr bool BULK = DECODE_BULK != 0;
   static_assert(STAGES >= 2, "the ring needs at least two stages");
@@ -603,7 +643,7 @@ const char* launch(const Params& p, cudaStream_t stream) {
   constexpr size_t kMerge = size_t(kWarps) * kRows * (D + 4) * 4 + 2 * kWarps * kRows * 4;
   static_assert(8 * STAGES <= kBarrierBytes, "room for one mbarrier per stage");
   constexpr size_t kSmem = kBarrierBytes + kRows * D * 2 + (kRing > kMerge ? kRing : kMerge);
-  auto kernel = split_kernel<T, D, BC, STAGES, PAGED, CAUSAL, BULK>;
+  auto kernel = split_kernel<T, D, BC, STAGES, PAGING, CAUSAL, BULK>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
   if (err != cudaSuccess) return cudaGetErrorString(err);
   const dim3 grid(static_cast<unsigned>(p.B) * p.H_kv * p.row_blocks, p.splits);
@@ -612,25 +652,40 @@ const char* launch(const Params& p, cudaStream_t stream) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (p.splits > 1) {
     const int64_t rows = static_cast<int64_t>(p.B) * p.M * p.H_q;
-    merge_kernel<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
-        p.o_part, p.lse_part, static_cast<T*>(p.o), rows, p.splits);
-    err = cudaGetLastError();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+    config.blockDim = dim3(128);
+    config.stream = stream;
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = pdl;
+    config.numAttrs = DECODE_PDL && pdl ? 1 : 0;
+    err = cudaLaunchKernelEx(&config, merge_kernel<T, D>, static_cast<const float*>(p.o_part),
+                             static_cast<const float*>(p.lse_part), static_cast<T*>(p.o), rows, p.splits);
+    if (err == cudaSuccess) err = cudaGetLastError();
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return nullptr;
 }
 
 template <typename T>
-const char* dispatch(const Params& p, int D, bool causal, cudaStream_t stream) {
-  const bool paged = p.block_table != nullptr;
-#define DECODE_CASE(DIM)                                                                              \
-  if (D == DIM) {                                                                                     \
-    if (paged) return causal ? launch<T, DIM, true, true>(p, stream) : launch<T, DIM, true, false>(p, stream); \
-    return causal ? launch<T, DIM, false, true>(p, stream) : launch<T, DIM, false, false>(p, stream);   \
+const char* dispatch(const Params& p, int D, bool causal, bool pdl, cudaStream_t stream) {
+  const Paging paging = p.block_table == nullptr            ? kContiguous
+                        : p.page_size % DECODE_BC == 0 ? kTilePages
+                                                       : kRowPages;
+#define DECODE_CAUSAL(DIM, PAGING) \
+  return causal ? launch<T, DIM, PAGING, true>(p, pdl, stream) : launch<T, DIM, PAGING, false>(p, pdl, stream);
+#define DECODE_CASE(DIM)                                   \
+  if (D == DIM) {                                          \
+    if (paging == kTilePages) DECODE_CAUSAL(DIM, kTilePages) \
+    if (paging == kRowPages) DECODE_CAUSAL(DIM, kRowPages)   \
+    DECODE_CAUSAL(DIM, kContiguous)                        \
   }
   DECODE_CASE(64)
   DECODE_CASE(128)
 #undef DECODE_CASE
+#undef DECODE_CAUSAL
   return "decode supports head_dim 64 and 128 only";
 }
 
@@ -646,8 +701,8 @@ const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cud
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (major < 8) return "decode needs a GPU of compute capability 8.0 or newer (mma.sync bf16, ldmatrix, cp.async)";
   switch (dtype) {
-    case 0: return splitkv::dispatch<__nv_bfloat16>(p, D, causal, stream);
-    case 1: return splitkv::dispatch<__half>(p, D, causal, stream);
+    case 0: return splitkv::dispatch<__nv_bfloat16>(p, D, causal, major >= 9, stream);
+    case 1: return splitkv::dispatch<__half>(p, D, causal, major >= 9, stream);
     default: return "decode: dtype must be bfloat16 or float16";
   }
 }

@@ -146,9 +146,9 @@ def test_littles_law_on_the_record():
     # twice the bytes in flight, about the same bandwidth, about twice the wait
     assert abs(two["tb_per_s"] / three["tb_per_s"] - 1) < 0.05
     assert 1.7 < latency[builds[1]] / latency[builds[0]] < 2.3
-    # the third block per SM finds no block to hold at batch8_16k, and the cap spills nothing
+    # the third block per SM finds no block to hold at batch8_16k, and the cap spills "a few bytes"
     assert resident[builds[2]] == resident[builds[0]]
-    assert decoding.build_resources(tuple(got[builds[2]]["flags"]))["spill_bytes"] == 0
+    assert 0 < decoding.build_resources(tuple(got[builds[2]]["flags"]))["spill_bytes"] <= 128
 
 
 @needs("splits")
@@ -201,21 +201,53 @@ def _peers(ours_batch8, ours_rows16, ours_gqa, cudnn=500.0):
 
 def test_targets_say_missed_for_slow_rows_and_met_for_fast_ones():
     slow = measured.targets(_doc(_peers(600.0, 200.0, 600.0)))
-    assert [t["met"] for t in slow] == [False, False, False, False, None]
+    assert [t["met"] for t in slow] == [False, False, False, False, None, None]
     assert "missed" in measured.target_lines(_doc(_peers(600.0, 200.0, 600.0)))
     fast = measured.targets(_doc(_peers(460.0, 120.0, 470.0) + [
         _row("paged", "batch8_16k", "contiguous", 460.0), _row("paged", "batch8_16k", "paged 64", 470.0),
         _row("paged", "batch8_16k", "paged 256", 500.0)]))
-    assert [t["met"] for t in fast] == [True, True, True, True, True, False]
+    assert [t["met"] for t in fast] == [True, True, True, True, True, False, None]
     lines = measured.target_lines(_doc(_peers(460.0, 120.0, 470.0)))
     assert "met  batch8_16k: at most cuDNN's time: ours 460.0 µs, cuDNN 500.0 µs" in lines
     assert "not recorded  paged" in lines
+    dims = [8, 32, 8, 1, 32768, 128]
+    for spread, met in ((104.0, True), (106.0, False)):
+        ragged = [_row("lengths", "g", "spread 1..32k", spread, dims=dims),
+                  _row("lengths", "g", "even, same total", 100.0, dims=dims)]
+        assert measured.targets(_doc(ragged))[-1]["met"] is met
+
+
+def test_anatomy_table_reads_the_merge_from_the_ordinary_launch():
+    def anatomy(column, span, *kernels):
+        return dict(part="anatomy", shape="s", column=column, status="ok", floor_us=100.0, span_us=span,
+                    kernels=[dict(name=n, median_us=us) for n, us in kernels])
+    rows = [anatomy("ours", 130.0, ("split_kernel", 125.0), ("merge_kernel", 128.0)),
+            anatomy("ours, merge launched after the split", 131.5, ("split_kernel", 125.0), ("merge_kernel", 3.0)),
+            _row("peers", "s", "ours", 133.0)]
+    text = measured.anatomy_table(_doc(rows)).data
+    assert "| s | 100.0 | 133.0 | 130.0 | 125.0 | 3.0 | 131.5 |" in text
+
+
+def test_paged_profile_tables(tmp_path):
+    def build(name, us, inst, lines):
+        return dict(part="instructions", build=name, status="ok", duration_us=us, dram_pct=90.0, inst_executed=inst,
+                    opcodes={}, lines=[dict(line=n, inst_executed=c, text=t) for n, c, t in lines])
+    paths = {"before": tmp_path / "b.json", "after": tmp_path / "a.json"}
+    results.write(paths["before"], "decode", [build("paged64", 600.0, 200e6, [(339, 44e6, "origin * stride")])])
+    results.write(paths["after"], "decode", [build("paged64", 480.0, 100e6, [(396, 7e6, "k_src += k_step")])])
+    text = measured.paged_profile_table(paths).data
+    assert "| before | paged64 | 600.0 | 90.0% | 200 M |" in text and "| after | paged64 | 480.0 |" in text
+    hot = measured.hot_lines("before", paths=paths).data
+    assert "| 339 | 44.0 M | `origin * stride` |" in hot
+    assert "No contiguous profile" in measured.hot_lines("after", build="contiguous", paths=paths).data
+    assert "Not recorded yet" in measured.paged_profile_table({"before": tmp_path / "none.json"}).data
 
 
 def test_missing_parts_and_files_say_so(tmp_path, capsys):
     empty = _doc([])
     for fn in (decoding.variants_table, decoding.waves_table, decoding.rule_table, measured.peers_table,
-               measured.paged_table, measured.lengths_table, decoding.intensity_table, decoding.in_flight_table):
+               measured.paged_table, measured.lengths_table, decoding.intensity_table, decoding.in_flight_table,
+               measured.anatomy_table):
         assert "Not recorded yet" in fn(empty).data
     assert figs.splits_figure(empty, show=False) is None
     assert figs.bandwidth_figure(empty, show=False) is None

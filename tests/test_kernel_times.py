@@ -8,7 +8,7 @@ import torch
 
 from flashattn.book import kernel_times as kt
 from flashattn.book import v0_memory
-from flashattn.measure import results
+from flashattn.measure import kernel_trace, results
 
 FLUSH = "vectorized_elementwise_kernel<FillFunctor<unsigned char>>"
 
@@ -16,18 +16,21 @@ FLUSH = "vectorized_elementwise_kernel<FillFunctor<unsigned char>>"
 def test_calls_are_split_at_the_flush_and_kernels_before_the_first_flush_dropped():
     trace = [("warm_kernel", 0, 1.0), (FLUSH, 1, 5.0), ("a", 2, 2.0), ("b", 3, 3.0), (FLUSH, 4, 5.0),
              ("a", 5, 4.0), ("b", 6, 1.0), (FLUSH, 7, 5.0)]
-    calls = kt.split_calls(trace, {FLUSH})
+    calls = kernel_trace.split_calls(trace, {FLUSH})
     assert calls == [[("a", 2.0), ("b", 3.0)], [("a", 4.0), ("b", 1.0)]]
-    rows = kt.summarize_calls(calls + [[("a", 9.0), ("b", 2.0)]])
+    rows = kernel_trace.summarize_calls(calls + [[("a", 9.0), ("b", 2.0)]])
     assert [(r["name"], r["median_us"], r["min_us"], r["max_us"]) for r in rows] == [("a", 4.0, 2.0, 9.0),
                                                                                      ("b", 2.0, 1.0, 3.0)]
+    # a call's span runs from its first kernel's start to its last kernel's end, gaps included
+    spans = [kernel_trace.span_us(c) for c in kernel_trace.calls_between(trace, {FLUSH})]
+    assert spans == [4.0, 4.0]          # the second: a (5 to 9) outlasts b (6 to 7)
 
 
 def test_calls_with_different_kernels_are_refused():
     with pytest.raises(RuntimeError, match="different kernels"):
-        kt.summarize_calls([[("a", 1.0), ("b", 1.0)], [("a", 1.0), ("c", 1.0)]])
+        kernel_trace.summarize_calls([[("a", 1.0), ("b", 1.0)], [("a", 1.0), ("c", 1.0)]])
     with pytest.raises(RuntimeError, match="no kernel"):
-        kt.summarize_calls([])
+        kernel_trace.summarize_calls([])
 
 
 def test_roles_of_the_baseline_and_v0():
@@ -119,7 +122,7 @@ def test_cli_needs_a_gpu(monkeypatch):
 def test_profile_call_finds_each_kernel_of_each_call():
     a = torch.randn(1 << 20, device="cuda")
     b = torch.randn(1 << 20, device="cuda")
-    rows = kt.profile_call(lambda: (torch.mul(a, b), torch.exp(a)), calls=5)
+    rows = kernel_trace.profile_call(lambda: (torch.mul(a, b), torch.exp(a)), calls=5)
     assert len(rows) == 2
     assert rows[0]["name"] != rows[1]["name"]
     assert all(0 < r["min_us"] <= r["median_us"] <= r["max_us"] for r in rows)

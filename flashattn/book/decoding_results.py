@@ -15,8 +15,10 @@ from flashattn.book.decoding import (
     DATASHEET_BYTES_PER_S,
     GENERATION,
     GQA_FLOOR_FRACTION,
+    PAGED_PROFILES,
     PAGED_SLACK,
     PROFILES,
+    RAGGED_SLACK,
     ROWS16_US,
     not_recorded,
     ok,
@@ -125,7 +127,67 @@ def targets(doc: dict | None = None) -> list[dict]:
         out.append(_target(f"{s}, {c}: {what}", r["median_us"] <= (1 + PAGED_SLACK) * base["median_us"],
                            f"{r['median_us']:,.1f} µs against {base['median_us']:,.1f} µs "
                            f"({100 * (r['median_us'] / base['median_us'] - 1):+.1f}%)"))
+    lengths = {r["column"]: r for r in part_rows(doc, "lengths") if ok(r)}
+    spread, even = lengths.get("spread 1..32k"), lengths.get("even, same total")
+    what = f"lengths 1..32k within {RAGGED_SLACK:.0%} of the same total spread evenly"
+    out.append(_target(what, None, "not recorded") if not (spread and even) else
+               _target(what, spread["median_us"] <= (1 + RAGGED_SLACK) * even["median_us"],
+                       f"{spread['median_us']:,.1f} µs against {even['median_us']:,.1f} µs "
+                       f"({100 * (spread['median_us'] / even['median_us'] - 1):+.1f}%)"))
     return out
+
+
+def anatomy_table(doc: dict | None = None):
+    """Where a call's time goes (the `anatomy` part): the event-timed median of the peers part beside the
+    profiler's span of the call and its kernels, with the merge launched as a dependent (the default) and
+    after the split (DECODE_PDL=0). A dependent merge is resident while it waits, so its own duration
+    counts the wait: the merge's time is read from the ordinary launch."""
+    doc = record() if doc is None else doc
+    rows = part_rows(doc, "anatomy")
+    if not rows:
+        return md(not_recorded("anatomy"))
+    timed = {r["shape"]: r for r in part_rows(doc, "peers") if r["column"] == "ours" and ok(r)}
+    by = {(r["shape"], r["column"].startswith("ours, merge launched after")): r for r in rows}
+    lines = ["| shape | floor | event-timed | span | split kernel | merge kernel (ordinary launch) | "
+             "span, ordinary launch |", "|---|--:|--:|--:|--:|--:|--:|"]
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        pdl, plain = by.get((shape, False)), by.get((shape, True))
+        if not (pdl and plain):
+            continue
+        split = pdl["kernels"][0]["median_us"]
+        merge = f"{plain['kernels'][1]['median_us']:,.1f}" if len(plain["kernels"]) > 1 else "—"
+        event = f"{timed[shape]['median_us']:,.1f}" if shape in timed else "—"
+        lines.append(f"| {shape} | {pdl['floor_us']:,.1f} | {event} | {pdl['span_us']:,.1f} | {split:,.1f} | {merge} | "
+                     f"{plain['span_us']:,.1f} |")
+    return md("\n".join(lines) + "\n\nMedian µs. Span: from the first kernel's start to the last one's end on the "
+              "GPU (torch.profiler), with the merge launched as a programmatic dependent of the split kernel, "
+              "the default; the last column with an ordinary launch. Event-timed: the peers part's median.")
+
+
+def paged_profile_table(paths: dict[str, Path] = PAGED_PROFILES):
+    """Nsight Compute on batch8_16k from a contiguous cache and from pages of 64 rows, before and after the
+    copies' addresses were stepped instead of multiplied: kernel time, DRAM throughput, warp instructions."""
+    lines = ["| build | cache | kernel (µs) | DRAM, % of peak | warp instructions |", "|---|---|--:|--:|--:|"]
+    for when, path in paths.items():
+        doc = results.read_if_exists(path, "decode")
+        for r in doc["rows"] if doc else []:
+            lines.append(f"| {when} | {r['build']} | {r['duration_us']:,.1f} | {r['dram_pct']:.1f}% | "
+                         f"{r['inst_executed'] / 1e6:,.0f} M |")
+    if len(lines) == 2:
+        return md("*Not recorded yet: results/h200/decode_paged_profile*.json "
+                  "(`python -m flashattn.measure.decode_bench --profile`).*")
+    return md("\n".join(lines))
+
+
+def hot_lines(when: str = "before", build: str = "paged64", top: int = 4, paths: dict[str, Path] = PAGED_PROFILES):
+    """The source lines of kernels/decode.cu that executed the most warp instructions in one profiled build."""
+    doc = results.read_if_exists(paths[when], "decode")
+    r = next((r for r in doc["rows"] if r["build"] == build), None) if doc else None
+    if r is None:
+        return md(f"*No {build} profile recorded ({Path(paths[when]).name}).*")
+    lines = ["| line | warp instructions | source |", "|--:|--:|---|"]
+    lines += [f"| {x['line']} | {x['inst_executed'] / 1e6:,.1f} M | `{x['text']}` |" for x in r["lines"][:top]]
+    return md("\n".join(lines) + f"\n\n{build}, {when}: {r['inst_executed'] / 1e6:,.0f} M warp instructions in all.")
 
 
 def target_lines(doc: dict | None = None) -> str:

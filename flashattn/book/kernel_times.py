@@ -20,22 +20,19 @@ flashattn.book.v0_memory reads what `--ncu` recorded.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from flashattn.book.notebook import md
 from flashattn.book.records import ceilings
 from flashattn.book.v0_memory import NCU_FILE, run_ncu
 from flashattn.measure import results
 from flashattn.measure.bench import make_call
-from flashattn.measure.timing import l2_flush_buffer, time_cuda, warm_up
+from flashattn.measure.kernel_trace import profile_call
+from flashattn.measure.timing import time_cuda
 
 KIND = "kernel_times"              # the record's kind (flashattn.measure.results)
 VERSIONS = ("baseline", "v0")
@@ -97,70 +94,6 @@ def traffic(what: str, B: int, H: int, M: int, N: int, D: int, itemsize: int = 4
     if what == "PV":
         return s + io, 2 * bh * M * N * D
     return None, None
-
-
-# ---------------------------------------------------------------------------------- the profiler part
-def _kernels(prof) -> list[tuple[str, float, float]]:
-    """(name, start us, duration us) of every GPU kernel in a finished profile, in start order, read from
-    its Chrome trace (a stable format across PyTorch versions)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
-    ks = [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
-          if isinstance(e, dict) and e.get("cat") == "kernel" and "dur" in e]
-    return sorted(ks, key=lambda k: k[1])
-
-
-def split_calls(kernels: list[tuple[str, float, float]], separators: set[str]) -> list[list[tuple[str, float]]]:
-    """The kernels between separator kernels (the L2 flush), one list of (name, us) per call."""
-    calls, current = [], None
-    for name, _, dur in kernels:
-        if name in separators:
-            if current:
-                calls.append(current)
-            current = []
-        elif current is not None:
-            current.append((name, dur))
-    if current:
-        calls.append(current)
-    return calls
-
-
-def summarize_calls(calls: list[list[tuple[str, float]]]) -> list[dict]:
-    """Per kernel position: name and median/min/max us over calls. Every call must launch the same
-    kernels in the same order, else the positions would mix different kernels."""
-    if not calls:
-        raise RuntimeError("the profiler recorded no kernel between the L2 flushes")
-    names = [n for n, _ in calls[0]]
-    for c in calls[1:]:
-        if [n for n, _ in c] != names:
-            raise RuntimeError(f"calls launched different kernels: {names} against {[n for n, _ in c]}")
-    out = []
-    for i, name in enumerate(names):
-        t = [c[i][1] for c in calls]
-        out.append(dict(position=i, name=name, median_us=statistics.median(t), min_us=min(t), max_us=max(t)))
-    return out
-
-
-def profile_call(fn, calls: int = 10, warmup: int = 3) -> list[dict]:
-    """Per-kernel medians of `fn()` over `calls` profiled calls, each after an L2 flush."""
-    flush = l2_flush_buffer()
-    with profile(activities=[ProfilerActivity.CUDA]) as alone:     # which kernels the flush launches
-        for _ in range(3):
-            flush.zero_()
-        torch.cuda.synchronize()
-    separators = {n for n, _, _ in _kernels(alone)}
-    if not separators:
-        raise RuntimeError("the profiler saw no kernel of the L2 flush, so calls cannot be told apart")
-    warm_up(fn, warmup)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            flush.zero_()
-            fn()
-        flush.zero_()
-        torch.cuda.synchronize()
-    return summarize_calls(split_calls(_kernels(prof), separators))
 
 
 def measure(version: str, L: int, calls: int, B=SHAPE["B"], H=SHAPE["H"], D=SHAPE["D"]) -> dict:

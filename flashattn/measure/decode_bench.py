@@ -13,7 +13,11 @@ median; the host time recorded beside it as host_median_us), written as one reco
 * `splits`: ours with every fixed split count and with the rule (flashattn.decode.choose_num_splits);
 * `paged`: the contiguous cache against pages of 64 and 256 rows in shuffled order;
 * `lengths`: a batch whose lengths range from 1 to 32k, against the same total spread evenly and against
-  the batch padded to its longest sequence.
+  the batch padded to its longest sequence;
+* `anatomy`: ours at every peers shape under torch.profiler (flashattn.measure.kernel_trace, the same flush
+  and spin): each kernel's GPU time and the call's span from its first kernel's start to its last's end,
+  the default build (the merge a programmatic dependent launch) beside an ordinary launch (DECODE_PDL=0),
+  so that the event-timed median can be split into split kernel, merge kernel and the gaps around them.
 
 Paged and uneven calls are timed as a serving loop would make them: split count planned once by the rule,
 validate=False (the check of lengths and pages copies them to the host, which waits for the GPU: a timed
@@ -22,8 +26,7 @@ call would then measure the host). Every other call of ours is the default call,
 Each row has the bytes the call must read (K and V of the valid keys, q, o), the achieved TB/s and the
 floor: those bytes at the H200's 4.8 TB/s datasheet bandwidth. Every call is non-causal (with one new row
 causal changes nothing; with 16 rows SDPA's causal mask would be top-left aligned, not a decode mask).
-`--profile` also records Nsight Compute reports of our kernel at the first two shapes
-(decode_<name>_profile.ncu-rep) for the chapter's roofline.
+`--profile` also records Nsight Compute reports of our kernel (flashattn.measure.decode_profile).
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from flashattn import decode
-from flashattn.measure import peers, results
+from flashattn.measure import decode_profile, peers, results
+from flashattn.measure.kernel_trace import profile_spans
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.table import update_readme
 from flashattn.measure.timing import time_interleaved
@@ -61,7 +65,9 @@ VARIANTS = {
                                                  "-DDECODE_L2_PREFETCH=256"),
     "3 stages, L2 prefetch 256 B": ("-DDECODE_STAGES=3", "-DDECODE_L2_PREFETCH=256"),
     "bulk rows, 3 stages": ("-DDECODE_BULK=1", "-DDECODE_STAGES=3"),
+    "2 stages, merge launched after the split": ("-DDECODE_STAGES=2", "-DDECODE_PDL=0"),
 }
+NO_PDL = VARIANTS["2 stages, merge launched after the split"]
 VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
 LENGTHS = (1, 300, 1000, 2048, 4096, 8192, 16384, 32768)     # the issue's "1 to 32k" batch
 
@@ -250,6 +256,22 @@ def lengths_part(args) -> list[dict]:
     return rows
 
 
+def anatomy_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in SHAPES:
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        nb = bytes_moved(B, H_q, H_kv, M, [N] * B, D)
+        for column, flags in (("ours", None), ("ours, merge launched after the split", NO_PDL)):
+            per_kernel, span = profile_spans(ours(q, k, v, flags), calls=args.repetitions, warmup=args.warmup,
+                                             slack_us=args.host_slack_us)
+            rows.append(dict(part="anatomy", shape=name, column=column, bytes=nb, floor_us=floor_us(nb),
+                             dims=[B, H_q, H_kv, M, N, D], status="ok", kernels=per_kernel, span_us=span,
+                             flags=list(flags or ())))
+            each = ", ".join(f"{kk['name'].split('<')[0][-14:]} {kk['median_us']:.1f}" for kk in per_kernel)
+            print(f"anatomy  {name:12} {column:34} span {span:8.1f} us: {each}", flush=True)
+    return rows
+
+
 def print_rows(rows):
     for r in rows:
         if r["status"] == "ok":
@@ -281,27 +303,11 @@ def peers_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def profile(out: Path, ncu: str) -> list[Path]:
-    """Nsight Compute reports of our split kernel at the first two shapes (after two warm-up calls)."""
-    sections = ["SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
-                "SpeedOfLight_HierarchicalTensorRooflineChart"]
-    reports = []
-    for name, *dims in SHAPES[:2]:
-        base = out / f"decode_{name}_profile"
-        cmd = [ncu, "--clock-control", "none", "-k", "regex:split_kernel", "--launch-skip", "2", "--launch-count", "1",
-               *[a for s in sections for a in ("--section", s)], "-f", "-o", str(base),
-               sys.executable, "-m", "flashattn.measure.decode_bench", "--target", ",".join(map(str, dims))]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        print(res.stdout[-2000:], res.stderr[-2000:])
-        reports.append(base.with_suffix(".ncu-rep"))
-    return reports
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashattn.measure.decode_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("."))
-    p.add_argument("--parts", default="ceiling,variants,peers,splits,paged,lengths")
+    p.add_argument("--parts", default="ceiling,variants,peers,splits,paged,lengths,anatomy")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repetitions", type=int, default=60)
     p.add_argument("--rounds", type=int, default=6)
@@ -321,16 +327,21 @@ def main(argv=None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.decode_bench needs a CUDA GPU")
-    if args.target:
-        B, H_q, H_kv, M, N, D = map(int, args.target.split(","))
-        call = ours(*inputs(B, H_q, H_kv, M, N, D))
+    if args.target:                       # B,H_q,H_kv,M,N,D[,page_size]
+        B, H_q, H_kv, M, N, D, *page_size = map(int, args.target.split(","))
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        if page_size:
+            kp, vp, table = paged(k, v, page_size[0])
+            call = ours(q, kp, vp, cache_seqlens=N, **planned(q, k, v, N, table))
+        else:
+            call = ours(q, k, v)
         for _ in range(3):
             call()
         torch.cuda.synchronize()
         return 0
     parts = {"peers": peers_part, "splits": splits_part, "paged": paged_part, "lengths": lengths_part,
-             "variants": variants_part, "ceiling": ceiling_part}
-    if "variants" in args.parts:
+             "variants": variants_part, "ceiling": ceiling_part, "anatomy": anatomy_part}
+    if "variants" in args.parts or "anatomy" in args.parts:
         build_variants()
     rows = []
     for part in args.parts.split(","):
@@ -344,7 +355,7 @@ def main(argv=None) -> int:
     path = results.write(args.out / "decode.json", "decode", rows, meta, settings) and args.out / "decode.json"
     print(f"wrote {path}")
     if args.profile:
-        profile(args.out, args.ncu)
+        decode_profile.profile(args.out, args.ncu)
     return 0
 
 

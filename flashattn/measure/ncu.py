@@ -319,3 +319,27 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def instructions_by_opcode(action) -> dict[str, int]:
+    """Warp instructions executed per SASS opcode (the InstructionStats section), largest first."""
+    m = action.metric_by_name("sass__inst_executed_per_opcode")
+    if m is None:
+        return {}
+    ids = m.correlation_ids()
+    counts = {ids.as_string(i): m.as_uint64(i) for i in range(m.num_instances())}
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def instructions_by_line(action) -> dict[int, int]:
+    """Warp instructions executed per line of the kernel's source (the SourceCounters section's count per
+    PC, attributed through the line table the build's -lineinfo keeps), largest first; {} without it."""
+    m = action.metric_by_name("inst_executed")
+    if m is None:
+        return {}
+    ids, counts = m.correlation_ids(), {}
+    for i in range(m.num_instances()):
+        info = action.source_info(ids.as_uint64(i))
+        line = info.line() if info else 0
+        counts[line] = counts.get(line, 0) + m.as_uint64(i)
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
