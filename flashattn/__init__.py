@@ -22,9 +22,10 @@ from __future__ import annotations
 from flashattn import reference
 from flashattn.autograd import TRAINING_VERSIONS, attention, forward
 from flashattn.decode import attention_with_kvcache
+from flashattn.distributed import ring_attention
 from flashattn.loader import load
 from flashattn.validate import Plan, check_inputs, plan
 from flashattn.versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
 
 __all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "TRAINING_VERSIONS", "INFO", "forward", "attention",
-           "attention_with_kvcache", "plan", "Plan", "load", "reference", "check_inputs"]
+           "attention_with_kvcache", "plan", "Plan", "load", "reference", "check_inputs", "ring_attention"]

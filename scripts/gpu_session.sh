@@ -47,8 +47,9 @@ touch "$W/.start"
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 pack() {
   tar -C "$OUT" -czf "$OUT/session.tar.gz" work
-  find results/h200 book -maxdepth 2 -type f -newer "$W/.start" \( -path 'results/h200/*' -o -name '*.ipynb' \) \
-    ! -path '*/.ipynb_checkpoints/*' | sort > "$W/records.list"
+  find results/h200 results/h200x2 book -maxdepth 2 -type f -newer "$W/.start" \
+    \( -path 'results/h200/*' -o -path 'results/h200x2/*' -o -name '*.ipynb' \) \
+    ! -path '*/.ipynb_checkpoints/*' 2>/dev/null | sort > "$W/records.list"
   tar -czf "$OUT/records.tar.gz" -T "$W/records.list"
 }
 notebooks() {  # notebooks LOG NAME... : execute book/NAME.ipynb in place, one after another

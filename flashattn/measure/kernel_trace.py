@@ -29,8 +29,12 @@ def kernels(prof) -> list[Kernel]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
-    ks = [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+        return trace_kernels(json.loads(path.read_text()))
+
+
+def trace_kernels(doc: dict) -> list[Kernel]:
+    """(name, start us, duration us) of every GPU kernel of a Chrome trace's document, in start order."""
+    ks = [(e["name"], float(e["ts"]), float(e["dur"])) for e in doc.get("traceEvents", [])
           if isinstance(e, dict) and e.get("cat") == "kernel" and "dur" in e]
     return sorted(ks, key=lambda k: k[1])
 
