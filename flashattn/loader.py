@@ -21,8 +21,9 @@ from flashattn.versions import ARCH_FEATURES, INFO, KERNEL_VERSIONS
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNELS_DIR = REPO_ROOT / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
-# Defaults of the bindings' trailing flags, so `forward(q, k, v)` reads as the seed wrote it (causal=False).
-ARG_DEFAULTS = {"causal": "false", "deterministic": "false"}
+# Defaults of the bindings' trailing arguments, as C++ (pybind11) and as Python reads them, so that
+# `forward(q, k, v)` reads as the seed wrote it (causal=False); scale=None is 1/sqrt(D) (v6 to v8).
+ARG_DEFAULTS = {"causal": ("false", "False"), "deterministic": ("false", "False"), "scale": ("py::none()", "None")}
 # Kernel files whose bindings are not `forward` (nor a version's `backward`): the functions they export.
 KERNEL_FUNCTIONS = {"decode": ("decode", "tile_keys")}
 
@@ -178,7 +179,7 @@ def module_def(src: str, functions=("forward",)) -> str:
         args, tail_defaults = [], True
         for param in reversed(binding_params(src, name)):
             tail_defaults = tail_defaults and param in ARG_DEFAULTS
-            args.append(f'py::arg("{param}")' + (f" = {ARG_DEFAULTS[param]}" if tail_defaults else ""))
+            args.append(f'py::arg("{param}")' + (f" = {ARG_DEFAULTS[param][0]}" if tail_defaults else ""))
         named = "".join(f", {a}" for a in reversed(args))
         lines.append(f'  m.def("{name}", torch::wrap_pybind_function({name}){named});')
     return "\n".join(lines + ["}"]) + "\n"
@@ -202,7 +203,7 @@ def python_signature(src: str, name: str) -> str:
     params, tail = [], True
     for param in reversed(binding_params(src, name)):
         tail = tail and param in ARG_DEFAULTS
-        params.append(f"{param}={ARG_DEFAULTS[param].capitalize()}" if tail else param)
+        params.append(f"{param}={ARG_DEFAULTS[param][1]}" if tail else param)
     return f"{name}({', '.join(reversed(params))})"
 
 

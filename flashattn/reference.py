@@ -4,6 +4,9 @@ and SDPA. None of them needs this project's kernels.
 Causal masking is bottom-right aligned: query row i (of M) may attend key j (of N) when
 j <= i + (N - M), which is what a decoder sees when the last M of N tokens are the queries. When M > N the
 first M - N rows see no key at all; the reference returns zeros for them.
+
+The attention functions take grouped-query attention (k and v with H_kv heads, H_kv dividing q's H heads:
+query head h reads kv head h // (H / H_kv)) and `scale`, the softmax scale (None: 1/sqrt(D)).
 """
 from __future__ import annotations
 
@@ -21,21 +24,30 @@ def causal_mask(M: int, N: int, device=None) -> torch.Tensor:
     return j <= i + (N - M)
 
 
-def attention_reference(q, k, v, causal: bool = False, dtype=torch.float64, max_chunk_bytes=1 << 29):
-    """softmax(q k^T / sqrt(D)) v computed in `dtype` (float64 by default) on the inputs' device.
+def expand_heads(t, heads: int):
+    """k or v [B, H_kv, N, D] with each head repeated for the heads // H_kv query heads that read it
+    (grouped-query attention), so that head h of the result is the one query head h reads; `t` itself
+    when it already has `heads` heads."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def attention_reference(q, k, v, causal: bool = False, dtype=torch.float64, max_chunk_bytes=1 << 29,
+                        scale: float | None = None):
+    """softmax(scale * q k^T) v computed in `dtype` (float64 by default) on the inputs' device.
 
     Works through the (batch x head) pairs in chunks so that the materialised score matrix stays under
     `max_chunk_bytes`, which lets tests use the reference on long sequences.
     """
     B, H, M, D = q.shape
     N = k.shape[2]
-    qf, kf, vf = (t.to(dtype).reshape(B * H, t.shape[2], D) for t in (q, k, v))
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    qf, kf, vf = (expand_heads(t.to(dtype), H).reshape(B * H, t.shape[2], D) for t in (q, k, v))
     out = torch.empty(B * H, M, D, dtype=dtype, device=q.device)
     per_pair = M * N * torch.finfo(dtype).bits // 8
     step = max(1, max_chunk_bytes // max(per_pair, 1))
     mask = causal_mask(M, N, q.device) if causal else None
     for s in range(0, B * H, step):
-        scores = qf[s:s + step] @ kf[s:s + step].transpose(1, 2) / math.sqrt(D)
+        scores = qf[s:s + step] @ kf[s:s + step].transpose(1, 2) * scale
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         p = torch.softmax(scores, dim=-1)
@@ -45,19 +57,21 @@ def attention_reference(q, k, v, causal: bool = False, dtype=torch.float64, max_
     return out.reshape(B, H, M, D)
 
 
-def attention_gradients(q, k, v, do, causal: bool = False, dtype=torch.float64, max_chunk_bytes=1 << 29):
-    """(dq, dk, dv) of softmax(q k^T / sqrt(D)) v given the output's gradient `do`, in `dtype`, written out
+def attention_gradients(q, k, v, do, causal: bool = False, dtype=torch.float64, max_chunk_bytes=1 << 29,
+                        scale: float | None = None):
+    """(dq, dk, dv) of softmax(scale * q k^T) v given the output's gradient `do`, in `dtype`, written out
     rather than through autograd so that it runs in the same (batch x head) chunks as `attention_reference`
     (autograd would keep every chunk's scores alive at once):
-    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D).
-    Rows with no visible key have P = 0 and give nothing."""
+    dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q.
+    Rows with no visible key have P = 0 and give nothing. With grouped-query heads, dk and dv of a kv head
+    are the sums over the query heads that read it (shaped like k and v)."""
     B, H, M, D = q.shape
-    N = k.shape[2]
-    qf, kf, vf, dof = (t.to(dtype).reshape(B * H, t.shape[2], D) for t in (q, k, v, do))
+    N, H_kv = k.shape[2], k.shape[1]
+    qf, kf, vf, dof = (expand_heads(t.to(dtype), H).reshape(B * H, t.shape[2], D) for t in (q, k, v, do))
     grads = [torch.empty(B * H, L, D, dtype=dtype, device=q.device) for L in (M, N, N)]
     step = max(1, max_chunk_bytes // max(M * N * torch.finfo(dtype).bits // 8, 1))
     mask = causal_mask(M, N, q.device) if causal else None
-    scale = 1 / math.sqrt(D)
+    scale = 1 / math.sqrt(D) if scale is None else scale
     for s in range(0, B * H, step):
         c = slice(s, s + step)
         scores = qf[c] @ kf[c].transpose(1, 2) * scale
@@ -70,7 +84,9 @@ def attention_gradients(q, k, v, do, causal: bool = False, dtype=torch.float64, 
         grads[0][c] = ds @ kf[c] * scale
         grads[1][c] = ds.transpose(1, 2) @ qf[c] * scale
         grads[2][c] = p.transpose(1, 2) @ dof[c]
-    return tuple(g.reshape(B, H, g.shape[1], D) for g in grads)
+    dq, dk, dv = (g.reshape(B, H, g.shape[1], D) for g in grads)
+    dk, dv = (g.reshape(B, H_kv, H // H_kv, N, D).sum(2) for g in (dk, dv))
+    return dq, dk, dv
 
 
 def relative_error(out, ref) -> float:
@@ -79,17 +95,22 @@ def relative_error(out, ref) -> float:
     return (torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref.to(torch.float64))).item()
 
 
-def baseline(q, k, v, causal: bool = False):
+def baseline(q, k, v, causal: bool = False, scale: float | None = None):
     """The explicit attention most people write first: S = QK^T, P = softmax(S), O = PV, in q's dtype."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
+    scores = q @ k.transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
-def sdpa(q, k, v, causal: bool = False):
+def sdpa(q, k, v, causal: bool = False, scale: float | None = None):
     """PyTorch's fused attention with its own backend choice (for float32 on sm80+: the CUTLASS
-    memory-efficient kernel; for bf16/fp16: cuDNN or FlashAttention-2)."""
+    memory-efficient kernel; for bf16/fp16: cuDNN or FlashAttention-2), grouped-query heads by its
+    enable_gqa."""
+    gqa = dict(enable_gqa=True) if k.shape[1] != q.shape[1] else {}
     if causal and q.shape[2] != k.shape[2]:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                              scale=scale, **gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa)

@@ -1,9 +1,11 @@
 """Input checks that run before any launch and need no GPU, and the plan of a call they give.
 
-`plan(q, k, v, version, causal)` checks the inputs once and resolves the call: which version really runs
-(v3, v4 and v5 hand head dims they are not specialised for to v2) and the function that runs it.
+`plan(q, k, v, version, causal, scale)` checks the inputs once and resolves the call: which version really
+runs (v3, v4 and v5 hand head dims they are not specialised for to v2) and the function that runs it.
 The benchmark and the book's helpers time the plan's binding directly, without checking again and
-without the custom op `flashattn.forward` goes through.
+without the custom op `flashattn.forward` goes through. The softmax scale is None (1/sqrt(D), every
+version's default) or, for the versions with `scale` in flashattn.versions, a finite number > 0; k and v
+may have fewer heads than q, dividing them, for the versions with `gqa`.
 
 Every message names the argument at fault. Structural checks (type, rank, dtype, shapes, head
 dimension) come first and the device check last, so all of them can be exercised on a machine without
@@ -11,6 +13,8 @@ a GPU; a CPU tensor that is otherwise well formed is refused with its own messag
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +24,7 @@ from flashattn import loader, reference
 from flashattn.versions import INFO, Version
 
 INT32_MAX = 2**31 - 1
+FLOAT32_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)   # the kernels take scale as float
 
 
 def _version(version: str) -> Version:
@@ -28,8 +33,34 @@ def _version(version: str) -> Version:
     return INFO[version]
 
 
-def check_inputs(q, k, v, version: str = "v4", causal: bool = False) -> str:
-    """Validate q [B, H, M, D], k and v [B, H, N, D] for `version`.
+def taking(feature: str) -> str:
+    """The versions whose Version has `feature` set ("gqa", "scale", "causal"), as a list for a message."""
+    return ", ".join(n for n, i in INFO.items() if getattr(i, feature))
+
+
+def check_scale(scale, version: str = "v6") -> None:
+    """`scale` is None (1/sqrt(D)) or a finite number > 0 that float32 holds, and `version` takes it."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float (or None for 1/sqrt(D)); got {type(scale).__name__}")
+    if not (math.isfinite(scale) and FLOAT32_RANGE[0] <= scale <= FLOAT32_RANGE[1]):
+        raise ValueError(f"scale must be a finite number > 0 in float32's range (or None for 1/sqrt(D)); "
+                         f"got {scale!r}")
+    if not _version(version).scale:
+        raise ValueError(f"scale is not taken by {version}, whose kernel has 1/sqrt(D) built in; versions that "
+                         f"take scale: {taking('scale')} (or pass scale=None)")
+
+
+def softmax_scale(q, scale: float | None) -> float:
+    """The softmax scale a call runs with: `scale`, or 1/sqrt(D) for None (D = q's head dim)."""
+    return 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None) -> str:
+    """Validate q [B, H, M, D], k and v [B, H_kv, N, D] and the softmax scale for `version`. H_kv = H
+    everywhere; versions with grouped-query attention (`gqa` in flashattn.versions) also take H_kv
+    dividing H (query head h reads kv head h // (H / H_kv)).
 
     Returns the name of the version that will run: v3, v4 and v5 are specialised for a few head
     dimensions and hand the others to their general fallback (v2).
@@ -50,16 +81,23 @@ def check_inputs(q, k, v, version: str = "v4", causal: bool = False) -> str:
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     (B, H, M, D), (Bk, Hk, N, Dk) = q.shape, k.shape
-    if (Bk, Hk, Dk) != (B, H, D):
-        raise ValueError(f"k must match q in batch, heads and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not info.gqa and (Bk, Hk, Dk) != (B, H, D):
+        hint = f"; k with fewer heads than q (grouped-query attention) is taken by {taking('gqa')}" \
+            if (Bk, Dk) == (B, D) and H % Hk == 0 else ""
+        raise ValueError(f"k must match q in batch, heads and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}{hint}")
+    if (Bk, Dk) != (B, D):
+        raise ValueError(f"k must match q in batch and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if H % Hk != 0:
+        raise ValueError(f"k has {Hk} heads, which must divide q's {H} heads (grouped-query attention: each k, v "
+                         f"head serves H_q / H_kv query heads): q {tuple(q.shape)}, k {tuple(k.shape)}")
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have the same shape as k [B, H, N, D]: k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"v must have the same shape as k [B, H_kv, N, D]: k {tuple(k.shape)}, v {tuple(v.shape)}")
     if info.self_attention_only and M != N:
         raise ValueError(f"{version} computes self-attention only: q and k need the same sequence length; "
                          f"got M={M}, N={N} (v1 and later take M != N)")
     if causal and not info.causal:
-        causal_ones = ", ".join(n for n, i in INFO.items() if i.causal)
-        raise ValueError(f"causal=True is not implemented by {version}; use one of {causal_ones}")
+        raise ValueError(f"causal=True is not implemented by {version}; use one of {taking('causal')}")
+    check_scale(scale, version)
     runs_as = version
     if info.head_dims is not None and D not in info.head_dims:
         if info.fallback is None:
@@ -88,23 +126,27 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
 class Plan:
     """A checked call: `version` as asked, `runs_as` the version that runs it, and `run(q, k, v)`, which
     calls it without checking again. A plan holds for the tensors it was made from and any others of the
-    same shapes, dtype and device."""
+    same shapes, dtype and device. `scale`: the softmax scale, passed on when not None (None is 1/sqrt(D),
+    every binding's default)."""
     version: str
     runs_as: str
     causal: bool
-    binding: Callable = field(repr=False, compare=False)   # forward(q, k, v, causal) of the version that runs
+    binding: Callable = field(repr=False, compare=False)   # forward(q, k, v, causal[, scale]) of runs_as
+    scale: float | None = None
 
     def run(self, q, k, v):
         if INFO[self.runs_as].kernel:
             q, k, v = aligned(q), aligned(k), aligned(v)
-        return self.binding(q, k, v, self.causal)
+        if self.scale is None:
+            return self.binding(q, k, v, self.causal)
+        return self.binding(q, k, v, self.causal, self.scale)
 
     __call__ = run
 
 
-def plan(q, k, v, version: str = "v4", causal: bool = False) -> Plan:
-    """Check q [B, H, M, D], k and v [B, H, N, D] for `version` (ValueError or TypeError naming the
+def plan(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None) -> Plan:
+    """Check q [B, H, M, D], k and v [B, H_kv, N, D] for `version` (ValueError or TypeError naming the
     argument) and resolve the call; a kernel is compiled or loaded here, before anything is timed."""
-    runs_as = check_inputs(q, k, v, version, causal)
+    runs_as = check_inputs(q, k, v, version, causal, scale)
     binding = loader.load(runs_as).forward if INFO[runs_as].kernel else getattr(reference, runs_as)
-    return Plan(version, runs_as, causal, binding)
+    return Plan(version, runs_as, causal, binding, None if scale is None else float(scale))

@@ -10,14 +10,18 @@
 //     zero-filled past the last key; one barrier per tile), stored with an XOR swizzle (16-byte chunk c
 //     of row r is kept at chunk c ^ (r % 8)) so that every ldmatrix is free of bank conflicts;
 //   * operands reach the tensor cores through ldmatrix.x4 (K: non-transposed, V: .trans);
-//   * S_ij = Q_i K_j^T stays in registers; P_ij is computed there (exp2 with log2(e)/sqrt(D) folded into
+//   * S_ij = Q_i K_j^T stays in registers; P_ij is computed there (exp2 with log2(e) * scale folded into
 //     one FMA, row max reduced over the 4 lanes of a quad with shuffles) and reused directly as the A
 //     operand of P_ij V_j: the accumulator layout of two neighbouring n8 tiles is the A layout of one
 //     k16 slice, so P never touches shared memory (TF32: see "P reuse in TF32 mode" below);
 //   * causal: key tiles entirely above the diagonal are never loaded; the per-element mask runs only on
 //     tiles that cross the diagonal or the end of the keys.
 //
-// Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
+// Contract. q [B, H, M, D], k and v [B, H_kv, N, D] with H a multiple of H_kv, contiguous, one CUDA
+//   device, 16-byte aligned. Grouped-query attention: query head h reads kv head h / (H / H_kv), and
+//   H_kv = 1 is multi-query attention; with the flat index bh = b * H + h that is kv head bh / group.
+//   scale > 0: the softmax scale, o = softmax(scale * q k^T) v (flashattn passes 1/sqrt(D) for
+//   scale=None); the launcher folds log2(e) into it once (scale_log2).
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
 //     in the input dtype.
 //   dtype fp32: TF32 mode -- operands rounded to TF32 (cvt.rna), fp32 accumulation, fp32 output.
@@ -54,10 +58,11 @@
 // flashattn.measure.sweep v6-steps times them). For the file with every switch at its default and the
 // branches resolved: python -m flashattn.measure.kernel_source v6.
 //
-// Training: forward_lse(q, k, v, causal) returns (o, lse) with lse float32 [B, H, M], the natural log of
-// row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf for a
-// row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template instance
-// (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the two.
+// Training: forward_lse(q, k, v, causal, scale) returns (o, lse) with lse float32 [B, H, M], the natural
+// log of row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf
+// for a row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template
+// instance (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the
+// two.
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
@@ -347,7 +352,7 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-                  T* __restrict__ O, float* __restrict__ LSE, int BH, int M, int N, int m_blocks,
+                  T* __restrict__ O, float* __restrict__ LSE, int BH, int group, int M, int N, int m_blocks,
                   float scale_log2) {
   constexpr bool kTF32 = sizeof(T) == 4;
   constexpr int BR = 16 * WM * kWarps;
@@ -391,10 +396,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
 
+  // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
+  // (b * H + h) / group = b * H_kv + h / group in the flat index.
+  const int bh_kv = bh / group;
   const T* Qh = Q + (size_t)bh * M * D;
-  const T* Kh = K + (size_t)bh * N * D;
-  const T* Vh = V + (size_t)bh * N * D;
-  T* Oh = O + (size_t)bh * M * D;
+  const T* Kh = K + (size_t)bh_kv * N * D;
+  const T* Vh = V + (size_t)bh_kv * N * D;
 
   // Key tiles of B_c to visit. Causal: row i sees keys j <= i + N - M, so the block's last row bounds
   // them.
@@ -703,6 +710,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // ---- O_i / l_i, written straight from registers (each quad writes 16 or 32 contiguous bytes) ----
+  // The query head bh, for O and lse. Causal training forward before sm_90: read again from %ctaid here
+  // instead of kept alive through the main loop (which holds bh_kv), at the 255-register limit there
+  // (keeping bh cost 116 bytes of spills on sm_80 and sm_89; the volatile read stops the compiler from
+  // reusing the first one). sm_90 keeps bh: it fits there.
+  int bh_out = bh;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (CAUSAL && WITH_LSE) {
+    unsigned cta;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    bh_out = (int)(cta % (unsigned)BH);
+  }
+#endif
+  T* Oh = O + (size_t)bh_out * M * D;
 #pragma unroll
   for (int s = 0; s < WM; ++s)
 #pragma unroll
@@ -719,23 +739,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         // What the backward needs to recompute P_ij = exp(S_ij * scale - lse_i) without the running
         // max: lse_i = ln(sum_j exp(S_ij * scale)) = (m_i * scale_log2 + log2(l_i)) * ln(2). A row
         // with no visible key gets -inf (the backward treats it as "P = 0").
-        // Causal, before sm_90: the head index is read again from %ctaid here instead of keeping bh
-        // alive through the main loop, which sits at the 255-register limit there (keeping it cost
-        // 116 bytes of spills on sm_80 and sm_89; the volatile read stops the compiler from reusing
-        // the first one). sm_90 keeps bh: it fits there, and its code stays as measured.
         if constexpr (WITH_LSE)
-          if (q == 0) {
-            int bh_lse = bh;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-            if constexpr (CAUSAL) {
-              unsigned cta;
-              asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-              bh_lse = (int)(cta % (unsigned)BH);
-            }
-#endif
-            LSE[(size_t)bh_lse * M + row] =
+          if (q == 0)
+            LSE[(size_t)bh_out * M + row] =
                 l > 0.f ? (m_i[s][h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
-          }
       }
     }
 }
@@ -743,8 +750,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // ---------------------------------------------------------------- launcher ----------------------------
 
 template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
-const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
-                   int N, cudaStream_t stream) {
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
+                   int M, int N, float scale, cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
   // Q_i + STAGES x (K_j, V_j), rows padded by 16 bytes in the V6_SMEM_LAYOUT=1 step, + P_ij for V6_P_SMEM
   constexpr bool kTF32 = sizeof(T) == 4;
@@ -764,10 +771,10 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   const long long BH = (long long)B * H;
   const long long blocks = (long long)m_blocks * BH;
   if (blocks > 0x7fffffffLL) return "v6: B * H * ceil(M / B_r) must be below 2^31";
-  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
+  const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
   kernel<<<(unsigned)blocks, kThreads, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                                         static_cast<const T*>(v), static_cast<T*>(o),
-                                                        lse, (int)BH, M, N, m_blocks, scale_log2);
+                                                        lse, (int)BH, H / H_kv, M, N, m_blocks, scale_log2);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -775,43 +782,45 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
 // WITH_LSE: the instance that also writes lse (training); the forward-only instance stays as it was.
 template <typename T, bool CAUSAL, bool WITH_LSE>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
-                       int M, int N, int D, cudaStream_t stream) {
+                       int H_kv, int M, int N, int D, float scale, cudaStream_t stream) {
   constexpr bool kTF32 = sizeof(T) == 4;
   // TF32: one m16 slice per warp, all of Q_i in registers (16 k8 steps at D=128), two stages, lazy.
   if (D == 64) {
-    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
-                                                                                         stream);
+    if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M,
+                                                                                         N, scale, stream);
     else
       return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0),
-                    WITH_LSE>(q, k, v, o, lse, B, H, M, N, stream);
+                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
   }
   if (D == 128) {
-    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
-                                                                                         stream);
+    if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, H_kv,
+                                                                                         M, N, scale, stream);
     else
       return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0),
-                    WITH_LSE>(q, k, v, o, lse, B, H, M, N, stream);
+                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
   }
   return "v6 supports head_dim 64 and 128 only";
 }
 
 template <typename T>
 const char* dispatch_causal(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
-                            int M, int N, int D, bool causal, cudaStream_t stream) {
+                            int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, stream);
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, stream);
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream);
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream);
 }
 
 }  // namespace v6
 
 // dtype: 0 = bfloat16, 1 = float16, 2 = float32 (TF32 mode). lse: nullptr (forward only) or float32
-// [B, H, M]. Returns nullptr or a message.
+// [B, H, M]. k and v have H_kv heads, H a multiple of H_kv. Returns nullptr or a message.
 const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int M, int N, int D, bool causal, cudaStream_t stream) {
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v6: B, H, M and N must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v6: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v6: scale must be a finite number > 0";
   if (D != 64 && D != 128) return "v6 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -821,9 +830,9 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, flo
   if (major < 8)
     return "v6 needs a GPU of compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async)";
   switch (dtype) {
-    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
-    case 1: return v6::dispatch_causal<__half>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
-    case 2: return v6::dispatch_causal<float>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
+    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
+    case 1: return v6::dispatch_causal<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
+    case 2: return v6::dispatch_causal<float>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
     default: return "v6: dtype must be bfloat16, float16 or float32";
   }
 }
@@ -837,12 +846,14 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <cmath>
+#include <optional>
 
 const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int M, int N, int D, bool causal, cudaStream_t stream);
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream);
 
-// q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16, all float16 or all float32 (TF32
-// mode), on one CUDA device; D in {64, 128}.
+// q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16, all
+// float16 or all float32 (TF32 mode), on one CUDA device; D in {64, 128}.
 // Messages carry no numbers: on the H200 host (host compiler GCC 13.3, torch 2.11) streaming an integer
 // into a TORCH_CHECK message from an extension crashed the process; flashattn's Python checks, which
 // run first, give the details.
@@ -863,39 +874,42 @@ static void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 supports head_dim 64 and 128 only");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must match q in batch, heads and head_dim");
-  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
 }
 
-// Runs the kernel into o (and lse when it is defined).
+// Runs the kernel into o (and lse when it is defined); scale None means 1/sqrt(D).
 static void run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-                        float* lse, bool causal) {
+                        float* lse, bool causal, std::optional<double> scale) {
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
   const auto dtype = q.scalar_type();
-  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const int code = dtype == at::kBFloat16 ? 0 : dtype == at::kHalf ? 1 : 2;
-  const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse, code, B, H, M,
-                               N, D, causal, c10::cuda::getCurrentCUDAStream());
+  const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse, code, B, H, H_kv,
+                               M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
 }
 
 // Returns o like q (same dtype).
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
   check_qkv(q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
-  run_forward(q, k, v, o, nullptr, causal);
+  run_forward(q, k, v, o, nullptr, causal, scale);
   return o;
 }
 
-// The training forward: (o, lse) with lse float32 [B, H, M], lse_i = ln(sum_j exp(q_i . k_j / sqrt(D)))
+// The training forward: (o, lse) with lse float32 [B, H, M], lse_i = ln(sum_j exp(scale * q_i . k_j))
 // over the keys row i sees, -inf for a row that sees none. o is bit-identical to forward()'s.
-std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                               std::optional<double> scale) {
   check_qkv(q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  run_forward(q, k, v, o, lse.data_ptr<float>(), causal);
+  run_forward(q, k, v, o, lse.data_ptr<float>(), causal, scale);
   return {o, lse};
 }
 #endif

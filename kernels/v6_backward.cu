@@ -1,22 +1,33 @@
 // v6 backward: the FlashAttention-2 backward pass on tensor cores -- mma.sync m16n8k16, bf16/fp16 with
 // fp32 accumulation, causal masking, head dims 64 and 128.
 //
-// What it computes. With S = Q K^T, P = softmax(S * scale) row by row (scale = 1/sqrt(D)), O = P V and
-// the incoming gradient dO:
+// What it computes. With S = Q K^T, P = softmax(S * scale) row by row (scale > 0, 1/sqrt(D) by default),
+// O = P V and the incoming gradient dO:
 //   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D_i)   with D_i = rowsum(dO_i o O_i),
 //   dQ = scale * dS K,   dK = scale * dS^T Q.
 // P is never stored by the forward: every tile recomputes it from Q, K and the forward's row-wise
 // log-sum-exp, P_ij = exp(S_ij * scale - lse_i), which is the already-normalised softmax (no running max,
 // no rescaling). D_i replaces rowsum(P_i o dP_i): both are the same number, but D_i needs only O and dO.
 //
+// Grouped-query attention (k, v with H_kv heads; query head h reads kv head h / group, group = H / H_kv):
+// dK and dV of a kv head are sums over the group's query heads. A dK/dV block owns a key tile of one kv
+// head and walks the query tiles of every query head of its group, one head after the other, so dK_j and
+// dV_j keep accumulating in registers and are written once: no memory beyond dK and dV, no atomics, and
+// one summation order (the deterministic mode stays bit-identical from run to run). The alternatives were
+// dK, dV per query head and a sum over the group afterwards (group times their memory and a pass over
+// it), or float32 atomics into a shared accumulator (not deterministic). What it costs: B * H_kv *
+// ceil(N / B_c) blocks, group times fewer than query heads would give, which leaves SMs idle when that
+// grid is small. Everything per query row (bwd_prep's D_i, dQ, bwd_dq) stays per query head, reading kv
+// head bh / group.
+//
 // Kernels (one stream, in this order):
 //   1. bwd_prep: D_i = rowsum(dO_i o O_i) in fp32; lse_i converted to base-2 units (lse_i * log2(e), a row
 //      with no visible key (-inf) becomes +inf so that its P is exp2(-inf) = 0 and its gradients 0); in
 //      atomic mode it also zeroes the fp32 dQ accumulator.
-//   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 16 keys per warp) of one (batch, head); it loops
+//   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 16 keys per warp) of one (batch, kv head); it loops
 //      over the query tiles Q_i, dO_i (B_r = 64 rows) that see any of its keys (causal: it starts at the
-//      first such tile). Per tile and warp (its 16 keys x B_r queries), everything in the transposed form,
-//      so that the key dimension is the m dimension of the mma:
+//      first such tile), of each query head of its group in turn. Per tile and warp (its 16 keys x B_r
+//      queries), everything in the transposed form, so that the key dimension is the m dimension of the mma:
 //        S^T = K_j Q_i^T and dP^T = V_j dO_i^T      (A: K_j / V_j rows, ldmatrix; B: Q_i / dO_i, ldmatrix)
 //        P^T = exp2(S^T * scale_log2 - lse2_i), dS^T = P^T o (dP^T - D_i), both packed to 16 bits
 //        dV_j += P^T dO_i and dK_j += dS^T Q_i      (A: P^T / dS^T straight from the accumulator
@@ -52,11 +63,12 @@
 //      registers, written once. It recomputes S and dP (two of the five matrix products a second time),
 //      but every dQ element is summed in one fixed order: bit-identical results from run to run.
 //
-// Contract. q, o, do [B, H, M, D], k, v [B, H, N, D], all bf16 or all fp16, contiguous, 16-byte aligned,
-//   one CUDA device; lse float32 [B, H, M] from v6's forward_lse. D in {64, 128}; any M, N >= 1 (M != N
-//   allowed). causal=True is bottom-right aligned exactly like the forward: query row i sees key j iff
-//   j <= i + (N - M); a row that sees no key (M > N) has O = 0 and gets dQ = 0 and adds nothing to dK, dV.
-//   Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer. dQ is summed in a
+// Contract. q, o, do [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
+//   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8)
+//   with the same scale; dk, dv come out like k, v. D in {64, 128}; any M, N >= 1 (M != N allowed).
+//   causal=True is bottom-right aligned exactly like the forward: query row i sees key j iff
+//   j <= i + (N - M); a row that sees no key (M > N) has O = 0 and gets dQ = 0 and adds nothing to dK,
+//   dV. Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer. dQ is summed in a
 //   float32 accumulator: on sm_90 by one bulk reduction per tile (cp.reduce.async.bulk) by default, else
 //   by red.global.add.v2.f32 there and two scalar atomics on older GPUs.
 //
@@ -81,8 +93,8 @@
 //   each ldmatrix and ldmatrix.trans phase reads 8 distinct bank groups; the dS^T stores are 4-byte
 //   writes that hit 32 distinct banks, and so do bwd_dkdv_split's stmatrix phases (all checked by the
 //   numpy emulation in tests/test_backward.py).
-//   Registers: every kernel fits its warps' share of the register file without spills (ptxas;
-//   results/compile/resources.json).
+//   Registers: every kernel sm_90 runs fits its warps' share of the register file without spills
+//   (ptxas -v); the split kernel's red.global path (older GPUs) spills a few bytes at D = 128, causal.
 //
 // Why these defaults (the backward chapter has the runs): the atomic mode is the default, determinism
 // costs time at most shapes; bwd_dkdv_split with stmatrix (layout 2) beat bwd_dkdv at every shape, the
@@ -421,6 +433,18 @@ __device__ __forceinline__ KeyTile key_tile(bool heads_first, int BH, int n_bloc
   if (heads_first) return {(int)(blockIdx.x % BH), (int)(blockIdx.x / BH) * BC};
   return {(int)(blockIdx.x / n_blocks), (int)(blockIdx.x % n_blocks) * BC};
 }
+// key_tile's head, read again from %ctaid: the dK/dV kernels take it here for their stores instead of
+// keeping it alive through their loop, which sits at the 255-register limit (with the head of the group
+// walk in flight too, ptxas spilled at D = 128; the volatile read stops the compiler reusing the first).
+__device__ __forceinline__ int key_tile_head(bool heads_first, int BH, int n_blocks) {
+  unsigned cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  return heads_first ? (int)(cta % (unsigned)BH) : (int)(cta / (unsigned)n_blocks);
+}
+// A step of their walk over the queries: query tile `it` (rows it * B_r ...) of query head bh (b * H + h).
+struct QueryTile {
+  int bh, it;
+};
 
 // The first query tile (of B_R rows) that sees any key of the tile starting at n0: key j is seen by rows
 // i >= j - (N - M), so the tile's first key bounds them from below; m_tiles when no row sees it.
@@ -472,8 +496,8 @@ template <typename T, int D, int WARPS, bool CAUSAL, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
     bwd_dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
-             T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
-             int n_blocks, float scale_log2, float scale) {
+             T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH_kv, int group, int M,
+             int N, int n_blocks, float scale_log2, float scale) {
   constexpr int THREADS = 32 * WARPS, BC = 16 * WARPS, BR = kBr;
   constexpr int CPR = D / 8;            // 16-byte chunks per row of Q, K, V, dO
   constexpr int ROWB = CPR * 16;        // bytes per row
@@ -495,18 +519,22 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
   float* sL = reinterpret_cast<float*>(sdS + BC * BR);   // 2 buffers of B_r lse2
   float* sDv = sL + 2 * BR;                               // 2 buffers of B_r D_i
 
-  const KeyTile tile = key_tile<BC>(CAUSAL, BH, n_blocks);
-  const int bh = tile.bh, n0 = tile.n0;
+  const KeyTile tile = key_tile<BC>(CAUSAL, BH_kv, n_blocks);
+  const int bh_kv = tile.bh, n0 = tile.n0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
 
-  const T* Qh = Q + (size_t)bh * M * D;
-  const T* Kh = K + (size_t)bh * N * D;
-  const T* Vh = V + (size_t)bh * N * D;
-  const T* dOh = dO + (size_t)bh * M * D;
-  const float* lse2h = lse2 + (size_t)bh * M;
-  const float* Dh = Dvec + (size_t)bh * M;
+  const T* Kh = K + (size_t)bh_kv * N * D;
+  const T* Vh = V + (size_t)bh_kv * N * D;
   const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
+  // Grouped-query attention: the loop below walks the query tiles it_begin .. m_tiles - 1 of each query
+  // head of the group (bh = b * H + h for h = h_kv * group .. h_kv * group + group - 1) in turn.
+  const int bh_begin = bh_kv * group, bh_end = bh_begin + group;
+  // the query tile k steps after tile it of head bh in that walk (bh_end and on: past the last)
+  auto after = [&](int bh, int it, int k) {
+    for (it += k; it >= m_tiles; it -= m_tiles - it_begin) ++bh;
+    return QueryTile{bh, it};
+  };
 
   float dv[DT][4], dk[DT][4];
 #pragma unroll
@@ -522,11 +550,16 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
     const uint32_t sK_a = smem_addr(sK) + (uint32_t)((warp * 16 + a_row) * ROWB);
     const uint32_t sV_a = smem_addr(sV) + (uint32_t)((warp * 16 + a_row) * ROWB);
 
+    // Q_i, dO_i, lse2 and D_i of query tile `it` of head bh into buffer b
+    auto load_query_tile = [&](QueryTile t, int b) {
+      const size_t bh = t.bh;
+      load_tile<BR, CPR, THREADS>(sQ + b * BR * D, Q + bh * M * D, t.it * BR, M, tid);
+      load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dO + bh * M * D, t.it * BR, M, tid);
+      load_row_terms(sL + b * BR, sDv + b * BR, lse2 + bh * M, Dvec + bh * M, t.it * BR, M, tid);
+    };
     load_tile<BC, CPR, THREADS>(sK, Kh, n0, N, tid);
     load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
-    load_tile<BR, CPR, THREADS>(sQ, Qh, it_begin * BR, M, tid);
-    load_tile<BR, CPR, THREADS>(sdO, dOh, it_begin * BR, M, tid);
-    load_row_terms(sL, sDv, lse2h, Dh, it_begin * BR, M, tid);
+    load_query_tile({bh_begin, it_begin}, 0);
     cp_async_commit();
 
     // 16 x B_r product acc = A B^T, A = this warp's 16 rows of sA (K_j or V_j), B = the B_r rows at sB.
@@ -564,17 +597,13 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
     };
 
     int buf = 0;
-    for (int it = it_begin; it < m_tiles; ++it) {
-      // Tile it has landed for every thread, and every warp is done with tile it - 1 (its Q/dO buffer,
+    auto step = [&](const int bh, const int it) {
+      // Tile it has landed for every thread, and every warp is done with the step before (its Q/dO buffer,
       // and the dS^T tile its dQ step read): the prefetch and this tile's dS^T stores may go ahead.
       cp_async_wait<0>();
       __syncthreads();
-      if (it + 1 < m_tiles) {
-        const int nb = buf ^ 1;
-        load_tile<BR, CPR, THREADS>(sQ + nb * BR * D, Qh, (it + 1) * BR, M, tid);
-        load_tile<BR, CPR, THREADS>(sdO + nb * BR * D, dOh, (it + 1) * BR, M, tid);
-        load_row_terms(sL + nb * BR, sDv + nb * BR, lse2h, Dh, (it + 1) * BR, M, tid);
-      }
+      const QueryTile next = after(bh, it, 1);
+      if (next.bh < bh_end) load_query_tile(next, buf ^ 1);
       cp_async_commit();
 
       const int i0 = it * BR;
@@ -635,15 +664,18 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
                                         (long long)bh * M + i0, M - i0, lane);
       }
       buf ^= 1;
-    }
+    };
+    for (int bh = bh_begin; bh < bh_end; ++bh)
+      for (int it = it_begin; it < m_tiles; ++it) step(bh, it);
   }
 
   // ---- dK_j (times scale) and dV_j straight from registers; also zeros for keys no query sees ----
+  const int bh_out = key_tile_head(CAUSAL, BH_kv, n_blocks);   // = bh_kv
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + warp * 16 + g + 8 * h;
     if (key < N) {
-      const size_t off = ((size_t)bh * N + key) * D + 2 * q;
+      const size_t off = ((size_t)bh_out * N + key) * D + 2 * q;
 #pragma unroll
       for (int t = 0; t < DT; ++t) {
         store2<T>(dK + off + 8 * t, dk[t][2 * h] * scale, dk[t][2 * h + 1] * scale);
@@ -675,8 +707,8 @@ template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CA
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
-                   T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH, int M, int N,
-                   int n_blocks, float scale_log2, float scale) {
+                   T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH_kv, int group,
+                   int M, int N, int n_blocks, float scale_log2, float scale) {
   constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128;
   constexpr bool BULK_DQ = DQ_SUM == kDqBulk;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, DT = D / 8;
@@ -702,19 +734,23 @@ __global__ void __launch_bounds__(256, 1)
   float* sL = sdQ + (BULK_DQ ? BR * D : 0);               // STAGES buffers of B_r lse2
   float* sDv = sL + STAGES * BR;                          // STAGES buffers of B_r D_i
 
-  const KeyTile tile = key_tile<BC>(CAUSAL || V6B_SPLIT_HEADS_FIRST, BH, n_blocks);
-  const int bh = tile.bh, n0 = tile.n0;
+  const KeyTile tile = key_tile<BC>(CAUSAL || V6B_SPLIT_HEADS_FIRST, BH_kv, n_blocks);
+  const int bh_kv = tile.bh, n0 = tile.n0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int wk = warp >> 1, wq = warp & 1;   // wq: query half in the S^T step, head-dim half in dK/dV
 
-  const T* Qh = Q + (size_t)bh * M * D;
-  const T* Kh = K + (size_t)bh * N * D;
-  const T* Vh = V + (size_t)bh * N * D;
-  const T* dOh = dO + (size_t)bh * M * D;
-  const float* lse2h = lse2 + (size_t)bh * M;
-  const float* Dh = Dvec + (size_t)bh * M;
+  const T* Kh = K + (size_t)bh_kv * N * D;
+  const T* Vh = V + (size_t)bh_kv * N * D;
   const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
+  // Grouped-query attention: the loop below walks the query tiles it_begin .. m_tiles - 1 of each query
+  // head of the group (bh = b * H + h for h = h_kv * group .. h_kv * group + group - 1) in turn.
+  const int bh_begin = bh_kv * group, bh_end = bh_begin + group;
+  // the query tile k steps after tile it of head bh in that walk (bh_end and on: past the last)
+  auto after = [&](int bh, int it, int k) {
+    for (it += k; it >= m_tiles; it -= m_tiles - it_begin) ++bh;
+    return QueryTile{bh, it};
+  };
 
   float dv[2][DHT][4], dk[2][DHT][4];
 #pragma unroll
@@ -733,17 +769,17 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t sP_a = smem_addr(sP) + (uint32_t)((KW * wk + a_row) * SROWB);
     const uint32_t sdS_a = smem_addr(sdS) + (uint32_t)((KW * wk + a_row) * SROWB);
 
-    // query tile `it` goes to buffer (it - it_begin) % STAGES; the first STAGES - 1 tiles are in flight
-    // before the loop, one commit group each (K_j, V_j with the first)
-    auto load_query_tile = [&](int it) {
-      const int b = (it - it_begin) % STAGES;
-      load_tile<BR, CPR, THREADS>(sQ + b * BR * D, Qh, it * BR, M, tid);
-      load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dOh, it * BR, M, tid);
-      load_row_terms<BR>(sL + b * BR, sDv + b * BR, lse2h, Dh, it * BR, M, tid);
+    // query tile `it` of head bh into buffer b: the walk's tiles take the buffers in turn, and the first
+    // STAGES - 1 are in flight before the loop, one commit group each (K_j, V_j with the first)
+    auto load_query_tile = [&](QueryTile t, int b) {
+      const size_t bh = t.bh;
+      load_tile<BR, CPR, THREADS>(sQ + b * BR * D, Q + bh * M * D, t.it * BR, M, tid);
+      load_tile<BR, CPR, THREADS>(sdO + b * BR * D, dO + bh * M * D, t.it * BR, M, tid);
+      load_row_terms<BR>(sL + b * BR, sDv + b * BR, lse2 + bh * M, Dvec + bh * M, t.it * BR, M, tid);
     };
     // BULK_DQ: query tile it's dQ image (complete in sdQ) added into the accumulator by the copy engine;
     // one thread issues it
-    auto reduce_dq_tile = [&](int it) {
+    auto reduce_dq_tile = [&](int bh, int it) {
       const int rows = min(BR, M - it * BR);
       bulk_reduce_add_f32(dq_acc + ((size_t)bh * M + it * BR) * D, smem_addr(sdQ), (uint32_t)(rows * D * 4));
     };
@@ -751,7 +787,8 @@ __global__ void __launch_bounds__(256, 1)
     load_tile<BC, CPR, THREADS>(sV, Vh, n0, N, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-      if (it_begin + st < m_tiles) load_query_tile(it_begin + st);
+      const QueryTile t = after(bh_begin, it_begin, st);
+      if (t.bh < bh_end) load_query_tile(t, st);
       cp_async_commit();
     }
 
@@ -794,16 +831,18 @@ __global__ void __launch_bounds__(256, 1)
     };
 
     int buf = 0;
-    for (int it = it_begin; it < m_tiles; ++it) {
+    auto step = [&](const int bh, const int it) {
       // tile it has landed (of the STAGES - 1 groups in flight, all but the newest STAGES - 2 are done),
-      // and every warp is done with tile it - 1: its Q/dO buffer, which the load below refills with tile
-      // it + STAGES - 1, and the P^T / dS^T (and dQ) tiles its dK/dV and dQ steps read
+      // and every warp is done with the step before: its Q/dO buffer, which the load below refills with
+      // the tile STAGES - 1 steps on, and the P^T / dS^T (and dQ) tiles its dK/dV and dQ steps read
       cp_async_wait<STAGES - 2>();
       __syncthreads();
-      if (it + STAGES - 1 < m_tiles) load_query_tile(it + STAGES - 1);
+      const QueryTile ahead = after(bh, it, STAGES - 1);
+      if (ahead.bh < bh_end) load_query_tile(ahead, buf == 0 ? STAGES - 1 : buf - 1);
       cp_async_commit();
-      // BULK_DQ: dQ_{i-1}'s image is complete
-      if (BULK_DQ && tid == 0 && it > it_begin) reduce_dq_tile(it - 1);
+      // BULK_DQ: dQ_{i-1}'s image is complete (the step before: tile it - 1, or the previous head's last)
+      if (BULK_DQ && tid == 0 && it > it_begin) reduce_dq_tile(bh, it - 1);
+      if (BULK_DQ && tid == 0 && it == it_begin && bh > bh_begin) reduce_dq_tile(bh - 1, m_tiles - 1);
 
       const int i0 = it * BR;
       const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
@@ -932,23 +971,26 @@ __global__ void __launch_bounds__(256, 1)
                                           lane);
       if constexpr (BULK_DQ) fence_proxy_async_smem();   // the stores above, before the async proxy reads them
       buf = buf + 1 == STAGES ? 0 : buf + 1;
-    }
+    };
+    for (int bh = bh_begin; bh < bh_end; ++bh)
+      for (int it = it_begin; it < m_tiles; ++it) step(bh, it);
     if constexpr (BULK_DQ) {   // the last tile's dQ, and nothing may be in flight when the block exits
       __syncthreads();
       if (tid == 0) {
-        reduce_dq_tile(m_tiles - 1);
+        reduce_dq_tile(bh_end - 1, m_tiles - 1);
         bulk_wait_all();
       }
     }
   }
 
+  const int bh_out = key_tile_head(CAUSAL || V6B_SPLIT_HEADS_FIRST, BH_kv, n_blocks);   // = bh_kv
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = n0 + KW * wk + 16 * mi + g + 8 * h;
       if (key < N) {
-        const size_t off = ((size_t)bh * N + key) * D + DH * wq + 2 * q;
+        const size_t off = ((size_t)bh_out * N + key) * D + DH * wq + 2 * q;
 #pragma unroll
         for (int t = 0; t < DHT; ++t) {
           store2<T>(dK + off + 8 * t, dk[mi][t][2 * h] * scale, dk[mi][t][2 * h + 1] * scale);
@@ -984,7 +1026,7 @@ template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kThreads, 2)
     bwd_dq(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
            const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
-           T* __restrict__ dQ, int BH, int M, int N, int m_blocks, float scale_log2, float scale) {
+           T* __restrict__ dQ, int BH, int group, int M, int N, int m_blocks, float scale_log2, float scale) {
   constexpr int BR = kBr, BC = 64;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, NT = BC / 8, DT = D / 8;
 
@@ -1006,9 +1048,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
 
+  const int bh_kv = bh / group;   // the kv head query head bh reads (grouped-query attention)
   const T* Qh = Q + (size_t)bh * M * D;
-  const T* Kh = K + (size_t)bh * N * D;
-  const T* Vh = V + (size_t)bh * N * D;
+  const T* Kh = K + (size_t)bh_kv * N * D;
+  const T* Vh = V + (size_t)bh_kv * N * D;
   const T* dOh = dO + (size_t)bh * M * D;
 
   int n_tiles = (N + BC - 1) / BC;
@@ -1146,7 +1189,8 @@ struct Args {
   const void *q, *k, *v, *o, *lse, *dout;
   void *dq, *dk, *dv;
   float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
-  int B, H, M, N;
+  int B, H, H_kv, M, N;   // q: H heads, k and v: H_kv
+  float scale;
   bool sm90;   // compute capability 9.0 or newer: the bulk reduction of V6B_DQ_BULK, and B_r = SM90_BR
   cudaStream_t stream;
 };
@@ -1154,41 +1198,41 @@ struct Args {
 template <typename T, int D, int WARPS, bool CAUSAL, bool ATOMIC_DQ>
 const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 16 * WARPS;
-  const long long BH = (long long)a.B * a.H;
+  const long long BH_kv = (long long)a.B * a.H_kv;   // one block per key tile of each kv head
   const int n_blocks = (a.N + BC - 1) / BC;
-  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
+  if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v6 backward: B * H_kv * ceil(N / B_c) must be below 2^31";
   constexpr size_t smem = (size_t)(2 * BC + 4 * kBr) * D * sizeof(T) + BC * kBr * sizeof(T) +
                           4 * kBr * sizeof(float);
   auto kernel = bwd_dkdv<T, D, WARPS, CAUSAL, ATOMIC_DQ>;
   if (const char* err = set_smem(kernel, smem)) return err;
-  kernel<<<(unsigned)(n_blocks * BH), 32 * WARPS, smem, a.stream>>>(
+  kernel<<<(unsigned)(n_blocks * BH_kv), 32 * WARPS, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
-      (int)BH, a.M, a.N, n_blocks, scale_log2, scale);
+      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale);
   return nullptr;
 }
 
 template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CAUSAL>
 const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   constexpr int BC = 128;
-  const long long BH = (long long)a.B * a.H;
+  const long long BH_kv = (long long)a.B * a.H_kv;   // one block per key tile of each kv head
   const int n_blocks = (a.N + BC - 1) / BC;
-  if ((long long)n_blocks * BH > 0x7fffffffLL) return "v6 backward: B * H * ceil(N / B_c) must be below 2^31";
+  if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v6 backward: B * H_kv * ceil(N / B_c) must be below 2^31";
   constexpr size_t smem = (size_t)(2 * BC + 2 * STAGES * BR) * D * sizeof(T) + 2 * BC * BR * sizeof(T) +
                           (DQ_SUM == kDqBulk ? BR * D * sizeof(float) : 0) + 2 * STAGES * BR * sizeof(float);
   auto kernel = bwd_dkdv_split<T, D, BR, LAYOUT, STAGES, DQ_SUM, CAUSAL>;
   if (const char* err = set_smem(kernel, smem)) return err;
-  kernel<<<(unsigned)(n_blocks * BH), 256, smem, a.stream>>>(
+  kernel<<<(unsigned)(n_blocks * BH_kv), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
-      (int)BH, a.M, a.N, n_blocks, scale_log2, scale);
+      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale);
   return nullptr;
 }
 
 template <typename T, int D, int WARPS, int DET_WARPS, int LAYOUT, int SM90_BR, bool CAUSAL>
 const char* run(const Args& a) {
   const long long BH = (long long)a.B * a.H, rows = BH * a.M;
-  const float scale = 1.f / sqrtf((float)D), scale_log2 = 1.4426950408889634f * scale;
+  const float scale = a.scale, scale_log2 = 1.4426950408889634f * scale;
   const bool atomic = a.dq_acc != nullptr;
   const T* q = static_cast<const T*>(a.q);
   const T* k = static_cast<const T*>(a.k);
@@ -1237,8 +1281,9 @@ const char* run(const Args& a) {
     auto dq = bwd_dq<T, D, CAUSAL>;
     if (const char* err = set_smem(dq, smem_dq)) return err;
     dq<<<(unsigned)(m_blocks * BH), kThreads, smem_dq, a.stream>>>(q, k, v, dout, a.lse2, a.dvec,
-                                                                     static_cast<T*>(a.dq), (int)BH, a.M,
-                                                                     a.N, m_blocks, scale_log2, scale);
+                                                                     static_cast<T*>(a.dq), (int)BH,
+                                                                     a.H / a.H_kv, a.M, a.N, m_blocks,
+                                                                     scale_log2, scale);
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -1258,17 +1303,22 @@ const char* dispatch(const Args& a, int D, bool causal) {
 }  // namespace v6b
 
 // dtype: 0 = bfloat16, 1 = float16. dvec, lse2: float [B*H*M] scratch; dq_acc: float [B*H*M*D] scratch
-// (atomic mode) or nullptr (deterministic mode). Returns nullptr or a message.
+// (atomic mode) or nullptr (deterministic mode). k, v, dk and dv have H_kv heads, H a multiple of H_kv.
+// Returns nullptr or a message.
 const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
-                        int dtype, int B, int H, int M, int N, int D, bool causal, cudaStream_t stream) {
+                        int dtype, int B, int H, int H_kv, int M, int N, int D, bool causal, float scale,
+                        cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v6 backward: B, H, M and N must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v6 backward: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v6 backward: scale must be a finite number > 0";
   int dev = 0, major = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (major < 8) return "v6 backward needs a GPU of compute capability 8.0 or newer (mma.sync, ldmatrix, cp.async)";
-  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, M, N, major >= 9, stream};
+  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, H_kv, M, N, scale, major >= 9,
+                    stream};
   switch (dtype) {
     case 0: return v6b::dispatch<__nv_bfloat16>(a, D, causal);
     case 1: return v6b::dispatch<__half>(a, D, causal);
@@ -1284,18 +1334,22 @@ const char* v6_backward(const void* q, const void* k, const void* v, const void*
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <cmath>
+#include <optional>
 
 const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
-                        int dtype, int B, int H, int M, int N, int D, bool causal, cudaStream_t stream);
+                        int dtype, int B, int H, int H_kv, int M, int N, int D, bool causal, float scale,
+                        cudaStream_t stream);
 
-// q, o, dout: [B, H, M, D]; k, v: [B, H, N, D]; all bfloat16 or all float16, contiguous, one CUDA device;
-// lse: float32 [B, H, M] from v6's forward_lse with the same q, k, v and causal. Returns (dq, dk, dv).
+// q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
+// contiguous, one CUDA device; lse: float32 [B, H, M] from forward_lse with the same q, k, v, causal and
+// scale (None: 1/sqrt(D)). Returns (dq, dk, dv), dk and dv like k and v.
 // deterministic=false: dQ summed with fp32 atomics (fastest); true: a separate dQ kernel, bit-identical
 // from run to run. Messages carry no numbers (see v6.cu).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                                                         at::Tensor lse, at::Tensor dout, bool causal,
-                                                        bool deterministic) {
+                                                        bool deterministic, std::optional<double> scale) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
@@ -1313,13 +1367,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v6 backward supports head_dim 64 and 128 only");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must match q in batch, heads and head_dim");
-  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
   TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes(), "o and dout must have the shape of q");
   TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
               "lse must have shape [B, H, M]");
-  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   const auto f32 = q.options().dtype(at::kFloat);
@@ -1330,7 +1386,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
                                 dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                 dvec.data_ptr<float>(), lse2.data_ptr<float>(),
                                 deterministic ? nullptr : dq_acc.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1,
-                                B, H, M, N, D, causal, c10::cuda::getCurrentCUDAStream());
+                                B, H, H_kv, M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {dq, dk, dv};
 }

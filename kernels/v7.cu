@@ -24,14 +24,19 @@
 //     specialization yet (that is v8): the copying thread is also a consumer, and it refills the stage
 //     of tile j - 1 while its warpgroup's S_ij product runs.
 //
-// Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
+// Contract. q [B, H, M, D], k and v [B, H_kv, N, D] with H a multiple of H_kv, contiguous, one CUDA
+//   device, 16-byte aligned. Grouped-query attention: query head h reads kv head h / (H / H_kv), and
+//   H_kv = 1 is multi-query attention; with the flat index bh = b * H + h that is kv head bh / group,
+//   which is also the head coordinate of K's and V's tensor maps ([B * H_kv][N][D]).
+//   scale > 0: the softmax scale, o = softmax(scale * q k^T) v (flashattn passes 1/sqrt(D) for
+//   scale=None); the launcher folds log2(e) into it once (scale_log2).
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
 //     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
-//   Training: forward_lse(q, k, v, causal) returns (o, lse), lse float32 [B, H, M] = m_i * scale + ln(l_i)
-//     (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
+//   Training: forward_lse(q, k, v, causal, scale) returns (o, lse), lse float32 [B, H, M] = m_i * scale +
+//     ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
 //     forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module),
 //     so the forward-only build and its machine code are as they were.
 //
@@ -323,7 +328,7 @@ template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB,
 __global__ void __launch_bounds__(128 * NWG, MINB)
     flash_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const T* __restrict__ Q, const T* __restrict__ K,
-                    const T* __restrict__ V, T* __restrict__ O, int BH, int M, int N, int m_blocks,
+                    const T* __restrict__ V, T* __restrict__ O, int BH, int group, int M, int N, int m_blocks,
                     float scale_log2, float* __restrict__ LSE) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr int BR = L::BR, PANELS = D / 64;
@@ -354,6 +359,9 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
   const int m0 = m_block * BR;
   const int warp_row0 = m0 + wg * 64 + wq * 16;   // first of this warp's 16 rows
   T* Oh = O + (size_t)bh * M * D;
+  // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
+  // (b * H + h) / group = b * H_kv + h / group in the flat index.
+  const int bh_kv = bh / group;
 
   int n_tiles = (N + BC - 1) / BC;
   if (CAUSAL) {
@@ -375,18 +383,18 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     const int s = t % STAGES;
     if constexpr (!TMA) {
       if (t < n_tiles) {
-        copy_tile<BC, D, 128 * NWG>(sK + s * L::KV_BYTES, K + (size_t)bh * N * D, t * BC, N, tid);
-        copy_tile<BC, D, 128 * NWG>(sV + s * L::KV_BYTES, V + (size_t)bh * N * D, t * BC, N, tid);
+        copy_tile<BC, D, 128 * NWG>(sK + s * L::KV_BYTES, K + (size_t)bh_kv * N * D, t * BC, N, tid);
+        copy_tile<BC, D, 128 * NWG>(sV + s * L::KV_BYTES, V + (size_t)bh_kv * N * D, t * BC, N, tid);
       }
       cp_async_commit();   // an empty group past the last tile keeps the wait_group count uniform
       return;
     }
     mbar_arrive_expect_tx(bar_k(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh, bar_k(s));
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh_kv, bar_k(s));
     mbar_arrive_expect_tx(bar_v(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh, bar_v(s));
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh_kv, bar_v(s));
   };
 
   if (tid == 0) {
@@ -585,8 +593,8 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 }
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA, bool WITH_LSE>
-const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M, int N,
-                   cudaStream_t stream) {
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
+                   int N, float scale, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr size_t smem = L::DYNAMIC + V7_SMEM_PAD;
   auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA, WITH_LSE>;
@@ -604,27 +612,27 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   if (blocks > 0x7fffffffLL) return "v7: B * H * ceil(M / B_r) must be below 2^31";
   if (encoder() == nullptr) return "v7: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV;
-  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, (int)BH, N, D, BC) ||
-      !make_map<T>(&tmV, v, (int)BH, N, D, BC))
+  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, B * H_kv, N, D, BC) ||
+      !make_map<T>(&tmV, v, B * H_kv, N, D, BC))
     return "v7: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
-  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
+  const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
   kernel<<<(unsigned)blocks, 128 * NWG, smem, stream>>>(tmQ, tmK, tmV, static_cast<const T*>(q),
                                                          static_cast<const T*>(k), static_cast<const T*>(v),
-                                                         static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2,
-                                                         lse);
+                                                         static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
+                                                         scale_log2, lse);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, bool CAUSAL, bool WITH_LSE>
-const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
-                       int N, int D, cudaStream_t stream) {
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
+                       int M, int N, int D, float scale, cudaStream_t stream) {
   if (D == 64)
     return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB, (V7_TMA != 0), WITH_LSE>(
-        q, k, v, o, lse, B, H, M, N, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
   if (D == 128)
     return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB, (V7_TMA != 0), WITH_LSE>(
-        q, k, v, o, lse, B, H, M, N, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
   return "v7 supports head_dim 64 and 128 only";
 }
 
@@ -632,14 +640,14 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
 // only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
 // compiles no more kernels than before.
 template <typename T>
-const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
-                         int N, int D, bool causal, cudaStream_t stream) {
+const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
+                         int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, stream);
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream);
 #if FLASHATTN_LSE
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, stream);
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream);
 #else
   return "v7: forward_lse needs a build with -DFLASHATTN_LSE=1";
 #endif
@@ -647,11 +655,13 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 
 }  // namespace v7
 
-// dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. Returns nullptr or a
-// message.
+// dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. k and v have H_kv heads,
+// H a multiple of H_kv. Returns nullptr or a message.
 const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int M, int N, int D, bool causal, cudaStream_t stream) {
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v7: B, H, M and N must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v7: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v7: scale must be a finite number > 0";
   if (D != 64 && D != 128) return "v7 supports head_dim 64 and 128 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -662,8 +672,8 @@ const char* v7_forward(const void* q, const void* k, const void* v, void* o, flo
     return "v7 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v7: dtype must be bfloat16 or float16";
-  return bf16 ? v7::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, stream)
-              : v7::dispatch_lse<__half>(q, k, v, o, lse, B, H, M, N, D, causal, stream);
+  return bf16 ? v7::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream)
+              : v7::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -675,15 +685,17 @@ const char* v7_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <cmath>
+#include <optional>
 
 const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int M, int N, int D, bool causal, cudaStream_t stream);
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream);
 
-// q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
-// of compute capability 9.0; D in {64, 128}. Returns o like q, and with_lse: lse float32 [B, H, M] too.
-// Messages carry no numbers (see v6.cu).
+// q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
+// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D).
+// Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no numbers (see v6.cu).
 static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                                      bool with_lse) {
+                                                      std::optional<double> scale, bool with_lse) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v7 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -699,27 +711,30 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v7 supports head_dim 64 and 128 only");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must match q in batch, heads and head_dim");
-  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
-  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
   at::Tensor lse;
   if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
   const char* err = v7_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H, M,
-                               N, D, causal, c10::cuda::getCurrentCUDAStream());
+                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H,
+                               H_kv, M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
 }
 
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
-  return std::get<0>(run_forward(q, k, v, causal, false));
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, false));
 }
 
-// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(S_ij / sqrt(D))), -inf for a row that sees no key.
-std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
-  return run_forward(q, k, v, causal, true);
+// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(scale * S_ij)), -inf for a row that sees no key.
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                               std::optional<double> scale) {
+  return run_forward(q, k, v, causal, scale, true);
 }
 #endif

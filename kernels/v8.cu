@@ -39,14 +39,19 @@
 //   computes and thread 0 also copies; v7's tiles (2 warpgroups and two blocks per SM at D=64, 3 at
 //   D=128).
 //
-// Contract. q [B, H, M, D], k and v [B, H, N, D], contiguous, one CUDA device, 16-byte aligned.
+// Contract. q [B, H, M, D], k and v [B, H_kv, N, D] with H a multiple of H_kv, contiguous, one CUDA
+//   device, 16-byte aligned. Grouped-query attention: query head h reads kv head h / (H / H_kv), and
+//   H_kv = 1 is multi-query attention; with the flat index bh = b * H + h that is kv head bh / group,
+//   which is also the head coordinate of K's and V's tensor maps ([B * H_kv][N][D]).
+//   scale > 0: the softmax scale, o = softmax(scale * q k^T) v (flashattn passes 1/sqrt(D) for
+//   scale=None); the launcher folds log2(e) into it once (scale_log2).
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
 //     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
-//   Training: forward_lse(q, k, v, causal) returns (o, lse), lse float32 [B, H, M] = m_i * scale + ln(l_i)
-//     (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
+//   Training: forward_lse(q, k, v, causal, scale) returns (o, lse), lse float32 [B, H, M] = m_i * scale +
+//     ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
 //     forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module),
 //     so the forward-only build and its machine code are as they were.
 //
@@ -484,8 +489,8 @@ template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPEC
 __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
                                   Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                 const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int M, int N, int m_blocks,
-                 float scale_log2, float* __restrict__ LSE V8_TRACE_PARAMS) {
+                 const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
+                 int m_blocks, float scale_log2, float* __restrict__ LSE V8_TRACE_PARAMS) {
   static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
@@ -511,7 +516,7 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
 
   // One work item: Q_i's row block m_block of head bh. Causal: the items with the most key tiles (last
   // row blocks) go first, as in v6.
-  int m_block = 0, bh = 0, m0 = 0, n_tiles = 0;
+  int m_block = 0, bh = 0, bh_kv = 0, m0 = 0, n_tiles = 0;
   T* Oh = O;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
     if (CAUSAL) {
@@ -523,6 +528,9 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     }
     m0 = m_block * BR;
     Oh = O + (size_t)bh * M * D;
+    // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
+    // (b * H + h) / group = b * H_kv + h / group in the flat index.
+    bh_kv = bh / group;
     n_tiles = (N + BC - 1) / BC;
     if (CAUSAL) {
       // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M: later tiles are skipped
@@ -573,14 +581,14 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     if (u >= STAGES) mbar_wait(empty_k(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_k(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh, full_k(s));
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh_kv, full_k(s));
   };
   auto load_v = [&](int t) {
     const int u = kv_base + t, s = u % STAGES;
     if (u >= STAGES) mbar_wait(empty_v(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_v(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh, full_v(s));
+    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh_kv, full_v(s));
   };
   auto load_q = [&] {
     mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
@@ -1013,8 +1021,8 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
-const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M, int N,
-                   const Trace& trace, cudaStream_t stream) {
+const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
+                   int N, float scale, const Trace& trace, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
   auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
@@ -1043,29 +1051,29 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   }
   if (encoder() == nullptr) return "v8: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV;
-  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, (int)BH, N, D, BC) ||
-      !make_map<T>(&tmV, v, (int)BH, N, D, BC))
+  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, B * H_kv, N, D, BC) ||
+      !make_map<T>(&tmV, v, B * H_kv, N, D, BC))
     return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
-  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);   // log2(e) / sqrt(D)
-  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, M, N, m_blocks, scale_log2,
-                                             lse V8_TRACE_ARGS(trace));
+  const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
+  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
+                                             scale_log2, lse V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, bool CAUSAL, bool WITH_LSE>
-const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
-                       int N, int D, const Trace& trace, cudaStream_t stream) {
+const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
+                       int M, int N, int D, float scale, const Trace& trace, cudaStream_t stream) {
   constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
     return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
                   (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE>(
-        q, k, v, o, lse, B, H, M, N, trace, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE>(q, k, v, o, lse, B, H, M, N,
-                                                                                       trace, stream);
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE>(q, k, v, o, lse, B, H, H_kv,
+                                                                                       M, N, scale, trace, stream);
   return "v8 supports head_dim 64 and 128 only";
 }
 
@@ -1073,14 +1081,14 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
 // only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
 // compiles no more kernels than before.
 template <typename T>
-const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int M,
-                         int N, int D, bool causal, const Trace& trace, cudaStream_t stream) {
+const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
+                         int M, int N, int D, bool causal, float scale, const Trace& trace, cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, M, N, D, trace, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, M, N, D, trace, stream);
+    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, trace, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, trace, stream);
 #if FLASHATTN_LSE
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, M, N, D, trace, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, M, N, D, trace, stream);
+  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, trace, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, trace, stream);
 #else
   return "v8: forward_lse needs a build with -DFLASHATTN_LSE=1";
 #endif
@@ -1089,12 +1097,14 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 }  // namespace v8
 
 // dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. trace: null, or a
-// buffer [trace_items][TRACE_ROLES][1 + trace_tiles][TRACE_WORDS] of 64-bit words for a V8_TRACE build.
-// Returns nullptr or a message.
+// buffer [trace_items][TRACE_ROLES][1 + trace_tiles][TRACE_WORDS] of 64-bit words for a V8_TRACE build. k and
+// v have H_kv heads, H a multiple of H_kv. Returns nullptr or a message.
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
-                       int trace_tiles, cudaStream_t stream) {
+                       int H_kv, int M, int N, int D, bool causal, float scale, unsigned long long* trace,
+                       int trace_items, int trace_tiles, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
   if (trace != nullptr && !v8::kTraceBuild) return "v8: forward_trace needs a build with -DV8_TRACE=1";
   const v8::Trace tr{trace, trace_items, trace_tiles};
   if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
@@ -1107,8 +1117,8 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
     return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
-  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, M, N, D, causal, tr, stream)
-              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, M, N, D, causal, tr, stream);
+  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, tr, stream)
+              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, tr, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -1120,17 +1130,20 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <cmath>
+#include <optional>
 
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
-                       int M, int N, int D, bool causal, unsigned long long* trace, int trace_items,
-                       int trace_tiles, cudaStream_t stream);
+                       int H_kv, int M, int N, int D, bool causal, float scale, unsigned long long* trace,
+                       int trace_items, int trace_tiles, cudaStream_t stream);
 
-// q: [B, H, M, D], k and v: [B, H, N, D], contiguous, all bfloat16 or all float16, on one CUDA device
-// of compute capability 9.0; D in {64, 128}. Returns o like q, and with_lse: lse float32 [B, H, M] too.
-// Messages carry no numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE
-// build, see flashattn/book/trace.py.
+// q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
+// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D).
+// Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no numbers (see v6.cu).
+// trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see flashattn/book/trace.py.
 static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                                      at::Tensor* trace, bool with_lse = false) {
+                                                      std::optional<double> scale, at::Tensor* trace,
+                                                      bool with_lse = false) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -1146,10 +1159,12 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v8 supports head_dim 64 and 128 only");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
-              "k must match q in batch, heads and head_dim");
-  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H, N, D]");
-  const int B = q.size(0), H = q.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   unsigned long long* buffer = nullptr;
   int items = 0, tiles = 0;
@@ -1169,24 +1184,26 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
   at::Tensor lse;
   if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
   const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H, M,
-                               N, D, causal, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
+                               with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H,
+                               H_kv, M, N, D, causal, s, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
 }
 
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
-  return std::get<0>(run_forward(q, k, v, causal, nullptr));
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, nullptr));
 }
 
-// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(S_ij / sqrt(D))), -inf for a row that sees no key.
-std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal) {
-  return run_forward(q, k, v, causal, nullptr, true);
+// Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(scale * S_ij)), -inf for a row that sees no key.
+std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                               std::optional<double> scale) {
+  return run_forward(q, k, v, causal, scale, nullptr, true);
 }
 
-// The same product, and clock stamps into `trace` (a build with -DV8_TRACE=1 only; others refuse).
+// The same product (at scale 1/sqrt(D)), and clock stamps into `trace` (a build with -DV8_TRACE=1 only;
+// others refuse).
 at::Tensor forward_trace(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor trace) {
-  return std::get<0>(run_forward(q, k, v, causal, &trace));
+  return std::get<0>(run_forward(q, k, v, causal, std::nullopt, &trace));
 }
 #endif
 

@@ -1,4 +1,5 @@
-"""Runs every kernel on a small and an odd shape; tests/test_sanitizer.py runs this file under
+"""Runs every kernel on a small and an odd shape, and the kernels that take grouped-query heads (and a
+softmax scale) on grouped and multi-query shapes too; tests/test_sanitizer.py runs this file under
 compute-sanitizer (memcheck, then racecheck). Kernels are built before the sanitizer starts."""
 import sys
 
@@ -7,6 +8,8 @@ import torch
 import flashattn
 
 SHAPES = [(1, 2, 64, 64), (2, 1, 17, 113), (1, 2, 130, 67)]   # B, H, M, N: small, odd, M > N
+# B, H, H_kv, M, N: 3 query heads per kv head and a one-key tail tile per kv head; multi-query with M > N
+GQA_SHAPES = [(2, 6, 2, 70, 129), (1, 4, 1, 130, 67)]
 
 
 def head_dims(info):
@@ -18,21 +21,25 @@ def head_dims(info):
 def run(versions):
     for version in versions:
         info = flashattn.INFO[version]
-        for B, H, M, N in SHAPES:
+        # (B, H, H_kv, M, N, scale); grouped shapes with a scale other than 1/sqrt(D)
+        shapes = [(B, H, H, M, N, None) for B, H, M, N in SHAPES]
+        shapes += [(*shape, 0.3) for shape in GQA_SHAPES] if info.gqa else []
+        for B, H, H_kv, M, N, scale in shapes:
             if info.self_attention_only:
                 N = M
             for D in head_dims(info):
                 for dtype in info.dtypes:
                     for causal in ((False, True) if info.causal else (False,)):
                         q = torch.randn(B, H, M, D, device="cuda", dtype=dtype)
-                        k = torch.randn(B, H, N, D, device="cuda", dtype=dtype)
-                        v = torch.randn(B, H, N, D, device="cuda", dtype=dtype)
-                        out = flashattn.forward(q, k, v, version=version, causal=causal)
+                        k = torch.randn(B, H_kv, N, D, device="cuda", dtype=dtype)
+                        v = torch.randn(B, H_kv, N, D, device="cuda", dtype=dtype)
+                        out = flashattn.forward(q, k, v, version=version, causal=causal, scale=scale)
                         torch.cuda.synchronize()
                         assert torch.isfinite(out).all(), (version, dtype, causal)
                         if causal and M > N:    # rows that see no key (bottom-right mask) are 0, not NaN
                             assert (out[:, :, :M - N] == 0).all(), (version, dtype, "fully masked rows")
-                        print(f"ran {version} {dtype} causal={causal} B={B} H={H} M={M} N={N} D={D}", flush=True)
+                        print(f"ran {version} {dtype} causal={causal} B={B} H={H} H_kv={H_kv} M={M} N={N} D={D}",
+                              flush=True)
 
 if __name__ == "__main__":
     versions = sys.argv[1:] or list(flashattn.KERNEL_VERSIONS)

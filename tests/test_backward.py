@@ -225,12 +225,20 @@ def check_grads(fwd, bwd, B, H, M, N, D, dtype, causal, deterministic, seed, q_s
     q, k, v, do = make_inputs(B, H, M, N, D, dtype, seed, q_scale)
     got = ours(fwd, bwd, q, k, v, do, causal, deterministic)
     torch.cuda.synchronize()
-    ref = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal), q.double(), k.double(),
-                         v.double(), do.double())
-    torch_grads = autograd_grads(lambda a, b, c: sdpa(a, b, c, causal=causal), q, k, v, do)
+    return compare_grads(got, q, k, v, do, causal)
+
+
+def compare_grads(got, q, k, v, do, causal, scale=None):
+    """`got` = (dq, dk, dv) of attention(q, k, v) given do, against float64 autograd of the reference: each
+    relative error at most twice PyTorch's own (SDPA, grouped-query heads by its enable_gqa) in the same
+    dtype; every element written and finite; rows that see no key get dq = 0. Returns `got`."""
+    M, N, dtype = q.shape[2], k.shape[2], q.dtype
+    ref = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, scale=scale), q.double(),
+                         k.double(), v.double(), do.double())
+    torch_grads = autograd_grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale), q, k, v, do)
     if not all(torch.isfinite(t).all() for t in torch_grads):   # SDPA's NaN for rows with no key (M > N)
-        torch_grads = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, dtype=dtype),
-                                     q, k, v, do)
+        torch_grads = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, dtype=dtype,
+                                                                         scale=scale), q, k, v, do)
     floor = 1e-3 * torch.linalg.vector_norm(do.double()).item()
     for name, g, r, t in zip(("dq", "dk", "dv"), got, ref, torch_grads):
         assert g.dtype == dtype and g.shape == r.shape

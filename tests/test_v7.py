@@ -123,7 +123,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
     q = torch.randn(2, 3, 113, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 3, 203, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 3, 203, 128, device="cuda", dtype=torch.bfloat16)
-    out = mod.forward(q, k, v, False)
+    out = mod.forward(q, k, v, False, None)   # causal, scale (None: 1/sqrt(D))
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, -1) @ v.double()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     print("RELERR", err)
@@ -168,10 +168,12 @@ def v7():
     return build_v7()
 
 
-def sdpa(q, k, v, causal):
-    """PyTorch's own result in the input dtype (its default backend choice); rows with no key -> 0."""
+def sdpa(q, k, v, causal, scale=None):
+    """PyTorch's own result in the input dtype (its default backend choice; k and v with fewer heads than
+    q through its enable_gqa); rows with no key -> 0."""
     mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
     return torch.nan_to_num(out, nan=0.0)
 
 
@@ -183,11 +185,18 @@ def check(v7, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
     conftest.poison_allocator(q)   # the output's future memory holds NaN: a forgotten element stays NaN
     out = v7.forward(q, k, v, causal)
     torch.cuda.synchronize()
-    assert out.dtype == dtype and out.shape == q.shape
+    return check_output(out, q, k, v, causal)
+
+
+def check_output(out, q, k, v, causal, scale=None):
+    """`out`, an attention output of q, k, v, against float64: max abs error at most twice SDPA's in the same
+    dtype + 1e-5, every element written and finite, rows that see no key 0. Returns (ours, SDPA's)."""
+    M, N = q.shape[2], k.shape[2]
+    assert out.dtype == q.dtype and out.shape == q.shape
     assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN element)"
-    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64)
+    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64, scale=scale)
     ours = (out.double() - ref).abs().max().item()
-    theirs = (sdpa(q, k, v, causal).double() - ref).abs().max().item()
+    theirs = (sdpa(q, k, v, causal, scale).double() - ref).abs().max().item()
     assert ours <= 2 * theirs + 1e-5, f"max abs error {ours:.3e} > 2 x SDPA's {theirs:.3e} + 1e-5"
     if causal and M > N:   # the first M - N rows see no key: defined as 0
         assert (out[:, :, :M - N] == 0).all()

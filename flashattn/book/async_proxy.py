@@ -16,8 +16,9 @@ orders them.
 whose asm holds `fence.proxy.async`, each call of one, the function and `if constexpr` branch around it,
 the statements just before and after it, the barrier that publishes the writes, and the first async-proxy
 reader that follows (a function or lambda that reaches cp.async.bulk, cp.reduce.async.bulk or
-wgmma.mma_async). `fig_proxies` draws one lane pair per site from those fields, so a fence that moves
-changes the figure (book/_static/concepts/async_proxy.png is FIGURES["async_proxy"]() saved at dpi=110).
+wgmma.mma_async; not a lambda the fence sits in, whose next call runs the code before the fence again).
+`fig_proxies` draws one lane pair per site from those fields, so a fence that moves changes the figure
+(book/_static/concepts/async_proxy.png is FIGURES["async_proxy"]() saved at dpi=110).
 """
 from __future__ import annotations
 
@@ -139,7 +140,9 @@ def fence_sites(names=None) -> list[FenceSite]:
                         break
             after = range(i + 1, text.count("\n", 0, end) + 1)
             barrier = next(_code(lines[j]) for j in after if BARRIERS.search(_code(lines[j])))
-            reader = next((j, r) for j in after for r in readers if re.search(rf"\b{r}\s*[<(]", _code(lines[j])))
+            inside = {n for n, s, e in _bodies(text, _LAMBDA) if s <= offsets[i] <= e}
+            reader = next((j, r) for j in after for r in readers
+                          if r not in inside and re.search(rf"\b{r}\s*[<(]", _code(lines[j])))
             sites.append(FenceSite(f"kernels/{path.name}", i + 1, name, guard.group(1) if guard else None,
                                    _statement(lines, i, -1), _statement(lines, i, +1), barrier,
                                    _code(lines[reader[0]]), readers[reader[1]]))

@@ -28,11 +28,11 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
     """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
     once, here, and every call is `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its output,
     the path a user's training step takes, for every name alike. name: "v6" (flashattn.attention, its
-    backward kernels; `deterministic` picks the dQ path), "v6_deterministic" (the same with
-    deterministic=True), "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward of that
-    SDPA backend) or a peer of flashattn.measure.peers ("fa4")."""
-    if name not in BACKWARD_NAMES:
-        raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES)}; got {name!r}")
+    backward kernels; `deterministic` picks the dQ path), "v7" and "v8" (their forwards, v6's backward),
+    "v6_deterministic" (v6 with deterministic=True), "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"
+    (PyTorch's backward of that SDPA backend) or a peer of flashattn.measure.peers ("fa4")."""
+    if name not in BACKWARD_NAMES + TRAINING_VERSIONS:
+        raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES + TRAINING_VERSIONS)}; got {name!r}")
     if do.shape != q.shape:
         raise ValueError(f"do must have the shape of q {tuple(q.shape)}; got {tuple(do.shape)}")
     if name in peers.PEERS:

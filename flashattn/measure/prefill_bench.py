@@ -1,0 +1,131 @@
+"""Prefill attention as models call it, against FlashAttention-4, cuDNN and FlashAttention-2:
+`python -m flashattn.measure.prefill_bench --out results/h200`.
+
+Two parts, each shape one interleaved run (flashattn.measure.timing.time_interleaved: L2 flushed before every
+call, a GPU spin so that no column's Python time is timed, the median), written as one record of kind
+"prefill" (results/h200/prefill.json), a row per timed call:
+
+* `forward`: every forward row of the FlashAttention-4 table (../shared/anchors/README.md) and the
+  grouped-query prefill of a Llama-3-8B layer, (1, 32 query / 8 kv heads, 8192, 128) causal: ours (v8, through
+  flashattn.plan), FlashAttention-4 (`flash_attn.cute.flash_attn_func`, grouped heads native), cuDNN and
+  FlashAttention-2 (SDPA with that backend forced, enable_gqa when the heads differ);
+* `backward`: the grouped-query shapes, every column through `torch.autograd.grad` on its forward's output
+  (flashattn.measure.backward.backward_call; ours is v8's forward trained by kernels/v6_backward.cu).
+
+FLOPs = 4·B·H_q·M·N·D, half for causal; TFLOP/s beside each time. A column that cannot take a shape (FA4
+not importable, a backend refusing) is a row with its reason.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+from flashattn.measure import peers, results
+from flashattn.measure.backward import backward_call
+from flashattn.measure.bench import make_call
+from flashattn.measure.timing import time_interleaved
+
+# (B, H_q, H_kv, N, D, causal): M = N
+FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2, 16, 16, 8192, 128, False),
+                  (2, 16, 16, 8192, 128, True), (1, 32, 32, 4096, 128, False), (1, 32, 32, 4096, 128, True),
+                  (16, 16, 16, 1024, 128, False), (16, 16, 16, 1024, 128, True), (1, 8, 8, 2048, 128, False),
+                  (1, 8, 8, 2048, 128, True), (1, 32, 8, 8192, 128, True), (4, 32, 8, 4096, 128, True)]
+BACKWARD_SHAPES = [s for s in FORWARD_SHAPES if s[1] != s[2]]
+FORWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
+BACKWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
+
+
+def flops(B, H_q, N, D, causal) -> float:
+    return 4.0 * B * H_q * N * N * D / (2 if causal else 1)
+
+
+def inputs(B, H_q, H_kv, N, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H_q, N, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, H_kv, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+def guarded(make, *args):
+    """(call, context): make(*args)'s forward call and its context, or, when the column cannot take the shape,
+    a call that raises the reason when timed (a refusal is a recorded result, not a crash)."""
+    try:
+        made = make(*args)
+    except Exception as err:          # noqa: BLE001
+        message = str(err).splitlines()[0][:300]
+
+        def refuse():
+            raise ValueError(message)
+        return refuse, contextlib.nullcontext
+    return (made[0], made[1]) if isinstance(made, tuple) else (made, contextlib.nullcontext)
+
+
+def rows_of(part, shape, timings: dict) -> list[dict]:
+    B, H_q, H_kv, N, D, causal = shape
+    out = []
+    for column, t in timings.items():
+        r = dict(part=part, column=column, B=B, H_q=H_q, H_kv=H_kv, N=N, D=D, causal=causal)
+        if isinstance(t, Exception):
+            r.update(status="unsupported", message=str(t)[:300])
+        else:
+            r.update(status="ok", **t.summary())
+            r["tflops"] = flops(B, H_q, N, D, causal) * (2.5 if part == "backward" else 1) / (r["median_us"] * 1e6)
+        out.append(r)
+        cell = f"{r['median_us']:9.1f} us {r['tflops']:6.1f} TFLOP/s" if r["status"] == "ok" else r["message"][:80]
+        print(f"{part:8} {B},{H_q}/{H_kv},{N},{D} {'causal' if causal else 'full  '} {column:11} {cell}", flush=True)
+    return out
+
+
+def forward_part(args) -> list[dict]:
+    rows = []
+    for shape in FORWARD_SHAPES:
+        q, k, v = inputs(*shape[:5])
+        calls = {name: guarded(make_call, name, q, k, v, shape[5]) for name in FORWARD_COLUMNS}
+        rows += rows_of("forward", shape, timed(calls, args))
+    return rows
+
+
+def backward_part(args) -> list[dict]:
+    rows = []
+    for shape in BACKWARD_SHAPES:
+        q, k, v = inputs(*shape[:5])
+        do = torch.randn_like(q)
+        calls = {name: guarded(backward_call, name, q, k, v, do, shape[5]) for name in BACKWARD_COLUMNS}
+        rows += rows_of("backward", shape, timed(calls, args))
+    return rows
+
+
+def timed(calls, args):
+    return time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                            max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.prefill_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--parts", default="forward,backward")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repetitions", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--max-seconds", type=float, default=1.0)
+    p.add_argument("--host-slack-us", type=float, default=1000.0)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashattn.measure.prefill_bench needs a CUDA GPU")
+    parts = {"forward": forward_part, "backward": backward_part}
+    rows = [r for name in args.parts.split(",") for r in parts[name](args)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {**results.environment(argv), "peers": peers.versions()}
+    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
+                    host_slack_us=args.host_slack_us, dtype="bfloat16")
+    print(f"wrote {results.write(args.out / 'prefill.json', 'prefill', rows, meta, settings) and args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""flashattn.measure.prefill_bench without a GPU: its shapes, FLOPs, refusals and rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashattn.measure import prefill_bench as pb
+from flashattn.measure.timing import Timing
+
+
+def test_shapes_cover_the_fa4_table_and_grouped_heads():
+    assert (1, 32, 8, 8192, 128, True) in pb.FORWARD_SHAPES            # Llama-3-8B's prefill
+    assert all(s[1] % s[2] == 0 for s in pb.FORWARD_SHAPES)
+    assert pb.BACKWARD_SHAPES and all(s[1] != s[2] for s in pb.BACKWARD_SHAPES)
+    assert pb.flops(1, 2, 4, 8, causal=False) == 4 * 2 * 4 * 4 * 8 == 2 * pb.flops(1, 2, 4, 8, causal=True)
+
+
+def test_a_column_that_cannot_run_is_a_refusal_timed_as_its_reason():
+    def refuses(*_):
+        raise ValueError("fa4: does not import here\nmore")
+    call, ctx = pb.guarded(refuses, 1)
+    with pytest.raises(ValueError, match="^fa4: does not import here$"):
+        call()
+    with ctx():
+        pass
+    fn = lambda: None  # noqa: E731
+    assert pb.guarded(lambda: (fn, "ctx", "v8")) == (fn, "ctx")
+    assert pb.guarded(lambda: fn)[0] is fn
+
+
+def test_rows_of_records_times_and_reasons(capsys):
+    t = Timing(times_ms=[0.1, 0.2, 0.3])
+    rows = pb.rows_of("forward", (1, 32, 8, 1024, 128, True), {"v8": t, "fa4": ValueError("no")})
+    ok, refused = rows
+    assert ok["status"] == "ok" and ok["median_us"] == pytest.approx(200.0)
+    assert ok["tflops"] == pytest.approx(pb.flops(1, 32, 1024, 128, True) / 200e-6 / 1e12)
+    assert refused == dict(part="forward", column="fa4", B=1, H_q=32, H_kv=8, N=1024, D=128, causal=True,
+                           status="unsupported", message="no")
+    assert "1,32/8,1024,128 causal v8" in capsys.readouterr().out
+
+
+def test_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        pb.main(["--out", "/nonexistent"])
