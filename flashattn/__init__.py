@@ -4,7 +4,9 @@
     out = flashattn.forward(q, k, v, version="v4")   # q [B, H, M, D], k and v [B, H, N, D], CUDA tensors
 
     o = flashattn.attention(q, k, v, causal=True)      # differentiable (v6): o.sum().backward() trains
+    o = flashattn.attention(q, k8, v8, scale=0.1)      # grouped-query: k, v [B, H_kv, N, D], H_kv dividing H
     o = flashattn.attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths)  # decoding
+    o = flashattn.ring_attention(q_shard, k_shard, v_shard, causal=True)  # across the ranks of a process group
 
 `flashattn.VERSIONS` lists every implementation in chapter order and `flashattn.INFO` what each accepts;
 `flashattn.plan(q, k, v, version)` checks a call once and says which version runs it (a Plan you can call
