@@ -14,21 +14,18 @@ test wants every figure there shown in a chapter (the chapter "Beyond one GPU" i
 """
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Circle, FancyArrowPatch, Patch, Polygon, Rectangle
-from matplotlib.testing.compare import compare_images
 
 from flashattn import ring
+from flashattn.book import figure_files
 from flashattn.book.figures import show_or_return
 from flashattn.loader import REPO_ROOT
 
 FOLDER = REPO_ROOT / "book" / "_static" / "ring"
-DPI, TOLERANCE = 110, 2.0      # flashattn.book.concept_figures' resolution and comparison tolerance
 RANK_COLORS = ("#cfe2f3", "#d9ead3", "#fff2cc", "#f4cccc", "#e6d7f0", "#fde0c5", "#d0f0ee", "#e6e6e6")
 WORLD = 4
 
@@ -151,45 +148,17 @@ FIGURES = {"ring_steps": fig_ring_steps, "ring_zigzag": fig_zigzag_balance}
 
 
 def save(name: str, folder: Path = FOLDER) -> Path:
-    """Draw FIGURES[name] into folder/name.png, as the book will show it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
-    fig = FIGURES[name]()
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    """Draw FIGURES[name] and write it to folder/name.png, as the book shows it."""
+    return figure_files.save(FIGURES, name, folder)
 
 
 def differences(folder: Path = FOLDER) -> dict[str, str]:
     """name -> what differs, for every figure whose committed PNG is missing or no longer what the code draws."""
-    found = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in FIGURES:
-            committed = folder / f"{name}.png"
-            if not committed.exists():
-                found[name] = f"{committed} is missing"
-                continue
-            try:
-                message = compare_images(str(committed), str(save(name, Path(tmp))), tol=TOLERANCE)
-            except Exception as err:   # compare_images raises ImageComparisonFailure when the sizes differ
-                message = str(err)
-            if message:
-                found[name] = message
-    return found
+    return figure_files.differences(FIGURES, folder)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashattn.book.ring_figures", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    if parser.parse_args(argv).check:
-        found = differences()
-        for name, message in found.items():
-            print(f"{name}: {message}")
-        return 1 if found else 0
-    for name in FIGURES:
-        print(f"wrote {save(name)}")
-    return 0
+    return figure_files.main("python -m flashattn.book.ring_figures", __doc__, FIGURES, FOLDER, argv)
 
 
 if __name__ == "__main__":
