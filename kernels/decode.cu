@@ -333,20 +333,23 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const T* vbase = static_cast<const T*>(p.v);
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
   const uint32_t sKV_addr = smem_addr(sKV);
-  // Where row 0 of tile t of (b, h) starts, in elements (`origin`). With pages of whole tiles (kTilePages) a tile lies
-  // in one page, `tile_page`, whose number is read one iteration before the tile's copies are issued
-  // (`page_ahead` below): read just in time it would be a dependent load in front of every tile's copies.
-  // With smaller pages (kRowPages) every row looks its own page up when its copy is issued. Each layout is
-  // its own instance of the kernel, so the contiguous and whole-tile loops carry no trace of the others.
+  // Where row 0 of tile t of (b, h) starts, in elements (`origin`). With pages of whole tiles (kTilePages)
+  // a tile lies in one page, `tile_page`, whose number is read one iteration before the tile's copies are
+  // issued (`page_ahead` below): read just in time it would be a dependent load in front of every tile's
+  // copies. With smaller pages (kRowPages) every row looks its own page up when its copy is issued. Each
+  // layout is its own instance of the kernel, so the contiguous and whole-tile loops carry no trace of the
+  // others.
   auto page = [&](int n) -> int64_t {   // the pool's page holding page n of sequence b (clamped, as L is)
     return min(max(p.block_table[static_cast<int64_t>(b) * p.block_table_stride + n], 0), p.num_pages - 1);
   };
   auto origin = [&](const int64_t (&stride)[3], int64_t slot, int row) -> int64_t {   // row `row` of a slot
     return slot * stride[0] + static_cast<int64_t>(row) * stride[1] + h * stride[2];
   };
-  auto row_of = [&](const T* base, const int64_t (&stride)[3], int64_t origin, int j, int r) -> const T* {
-    if constexpr (PAGING == kRowPages) return base + page(j / p.page_size) * stride[0] + (j % p.page_size) * stride[1] + h * stride[2];
-    return base + origin + r * stride[1];
+  // Key j (row r of its tile, whose row 0 is at `first`): one lookup per row with small pages.
+  auto row_of = [&](const T* base, const int64_t (&stride)[3], int64_t first, int j, int r) -> const T* {
+    if constexpr (PAGING == kRowPages)
+      return base + page(j / p.page_size) * stride[0] + (j % p.page_size) * stride[1] + h * stride[2];
+    return base + first + r * stride[1];
   };
   auto page_of_tile = [&](int t) -> int64_t {
     if constexpr (PAGING == kTilePages) return page(t * BC / p.page_size);
