@@ -1,0 +1,114 @@
+"""Variable-length batches in FlashAttention-2's conventions: `flashattn.attention_varlen`.
+
+    total = int(cu_seqlens[-1])                          # the sequences packed one after another
+    q = torch.randn(total, H, D, ...)                    # [total_q, H, D]; k, v [total_k, H_kv, D]
+    o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
+
+Sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1] of k
+and v; the cumulative lengths are int32, start at 0, never decrease, and end at the packed totals.
+causal=True is bottom-right aligned per sequence (row m of a sequence with M queries and N keys sees key j
+iff j <= m + N - M), as every kernel of the book aligns it; a row that sees no key (a sequence with no
+keys, or M > N) gets output 0 and gradient 0. Grouped-query heads (H_kv dividing H) and `scale` are the
+training kernels' (flashattn.attention).
+
+This first version runs one kernel call per non-empty sequence, each through flashattn.attention (so it is
+differentiable, and exactly as accurate as the kernels). That is a launch and a Python step per sequence:
+for a batch of many short sequences, a kernel that reads cu_seqlens itself (one launch) is the step that
+makes it fast, and is not written yet. window=(left, right) is accepted only as (-1, -1): no kernel of the
+book masks a sliding window yet.
+
+Every argument is checked before anything is launched, each error naming it. The lengths live on the GPU,
+so checking them costs one copy to the host, which waits for the GPU's queue; this version needs them on
+the host anyway, to cut the batch. A batch in which no sequence has a key returns zeros with no graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from flashattn.autograd import TRAINING_VERSIONS, attention
+from flashattn.validate import check_scale
+
+__all__ = ["attention_varlen", "check_varlen"]
+
+
+def _check_packed(arg: str, t, heads_from=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{arg} must be a torch.Tensor; got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{arg} must have rank 3 [total_tokens, heads, head_dim]; got shape {tuple(t.shape)}")
+    if t.shape[1] == 0 or t.shape[2] == 0:
+        raise ValueError(f"{arg} has no heads or an empty head_dim: shape {tuple(t.shape)}")
+
+
+def _check_cu(arg: str, cu, total: int, batch: int | None) -> list[int]:
+    """The lengths' bounds as host ints, after checking the tensor's type, dtype and values."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{arg} must be an int32 torch.Tensor; got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{arg} must be int32 (FlashAttention's convention); got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{arg} must be 1-D with batch + 1 >= 2 entries; got shape {tuple(cu.shape)}")
+    if batch is not None and cu.numel() != batch + 1:
+        raise ValueError(f"{arg} has {cu.numel()} entries; cu_seqlens_q has {batch + 1}: one per sequence + 1 each")
+    bounds = cu.tolist()                    # one copy to the host (it waits for the GPU's queue)
+    if bounds[0] != 0:
+        raise ValueError(f"{arg} must start at 0; got {bounds[0]}")
+    if any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        i = next(i for i in range(1, len(bounds)) if bounds[i] < bounds[i - 1])
+        raise ValueError(f"{arg} must not decrease; entry {i} is {bounds[i]} after {bounds[i - 1]}")
+    if bounds[-1] != total:
+        raise ValueError(f"{arg} must end at the packed length {total}; its last entry is {bounds[-1]}")
+    return bounds
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
+                 window=(-1, -1), version="v8") -> tuple[list[int], list[int]]:
+    """Check a varlen call before any launch; return the two lists of sequence bounds (host ints)."""
+    if version not in TRAINING_VERSIONS:
+        raise ValueError(f"version must be one of {', '.join(TRAINING_VERSIONS)} for attention_varlen; got {version!r}")
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        _check_packed(arg, t)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the shape of k [total_k, H_kv, D]: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k must have q's head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (grouped-query)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    check_scale(scale, version)
+    if tuple(window) != (-1, -1):
+        raise ValueError(f"window must be (-1, -1) for now (no sliding-window kernel yet); got {tuple(window)}")
+    bounds_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], None)
+    bounds_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], len(bounds_q) - 1)
+    for arg, given, bounds in (("max_seqlen_q", max_seqlen_q, bounds_q), ("max_seqlen_k", max_seqlen_k, bounds_k)):
+        longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+        if isinstance(given, bool) or not isinstance(given, int) or given < longest:
+            raise ValueError(f"{arg} must be an int at least the longest sequence ({longest}); got {given!r}")
+    for arg, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not t.is_cuda:
+            raise ValueError(f"{arg} must be a CUDA tensor; got a tensor on {t.device}")
+        if t.device != q.device:
+            raise ValueError(f"{arg} must be on q's device {q.device}; got {t.device}")
+    return bounds_q, bounds_k
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     causal: bool = False, scale: float | None = None, window=(-1, -1), version: str = "v8",
+                     deterministic: bool = False):
+    """softmax(scale * q_i k_i^T) v_i for every packed sequence i; see the module docstring. Differentiable."""
+    bounds_q, bounds_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                      scale, window, version)
+    outs = []
+    for (q0, q1), (k0, k1) in zip(zip(bounds_q[:-1], bounds_q[1:]), zip(bounds_k[:-1], bounds_k[1:])):
+        if q1 == q0:
+            continue
+        if k1 == k0:                          # no key: every row of this sequence is 0 (and so is its gradient)
+            outs.append(q.new_zeros(q1 - q0, *q.shape[1:]))
+            continue
+        qi, ki, vi = (t[a:b].transpose(0, 1).unsqueeze(0) for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        oi = attention(qi, ki, vi, causal=causal, version=version, deterministic=deterministic, scale=scale)
+        outs.append(oi.squeeze(0).transpose(0, 1))
+    return torch.cat(outs) if outs else q.new_zeros(q.shape)
