@@ -44,7 +44,7 @@ import torch
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
-from flashattn.validate import aligned, check_inputs, softmax_scale
+from flashattn.validate import aligned, check_inputs
 from flashattn.versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -180,7 +180,7 @@ def _forward(q, k, v, runs_as: str, causal: bool, scale: float | None):
     if not INFO[runs_as].kernel:
         return getattr(reference, runs_as)(q, k, v, causal, scale)   # PyTorch code, which Dynamo traces as it is
     if INFO[runs_as].scale:
-        return kernel_forward(q, k, v, runs_as, causal, softmax_scale(q, scale))
+        return kernel_forward(q, k, v, runs_as, causal, reference.softmax_scale(q, scale))
     return kernel_forward(q, k, v, runs_as, causal)
 
 
@@ -192,5 +192,5 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
     if requires_grad(q, k, v) and q.dtype not in BACKWARD_DTYPES:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
-    o, _ = attention_forward(q, k, v, causal, version, deterministic, softmax_scale(q, scale))
+    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale))
     return o

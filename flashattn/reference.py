@@ -24,6 +24,11 @@ def causal_mask(M: int, N: int, device=None) -> torch.Tensor:
     return j <= i + (N - M)
 
 
+def softmax_scale(q, scale: float | None = None) -> float:
+    """The softmax scale a call runs with: `scale`, or 1/sqrt(D) for None (D = q's head dim)."""
+    return 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
 def expand_heads(t, heads: int):
     """k or v [B, H_kv, N, D] with each head repeated for the heads // H_kv query heads that read it
     (grouped-query attention), so that head h of the result is the one query head h reads; `t` itself
@@ -40,7 +45,7 @@ def attention_reference(q, k, v, causal: bool = False, dtype=torch.float64, max_
     """
     B, H, M, D = q.shape
     N = k.shape[2]
-    scale = 1 / math.sqrt(D) if scale is None else scale
+    scale = softmax_scale(q, scale)
     qf, kf, vf = (expand_heads(t.to(dtype), H).reshape(B * H, t.shape[2], D) for t in (q, k, v))
     out = torch.empty(B * H, M, D, dtype=dtype, device=q.device)
     per_pair = M * N * torch.finfo(dtype).bits // 8
@@ -71,7 +76,7 @@ def attention_gradients(q, k, v, do, causal: bool = False, dtype=torch.float64, 
     grads = [torch.empty(B * H, L, D, dtype=dtype, device=q.device) for L in (M, N, N)]
     step = max(1, max_chunk_bytes // max(M * N * torch.finfo(dtype).bits // 8, 1))
     mask = causal_mask(M, N, q.device) if causal else None
-    scale = 1 / math.sqrt(D) if scale is None else scale
+    scale = softmax_scale(q, scale)
     for s in range(0, B * H, step):
         c = slice(s, s + step)
         scores = qf[c] @ kf[c].transpose(1, 2) * scale

@@ -18,12 +18,11 @@ computes 2 pairs at every step (`pairs` lists who computes what; flashattn.book.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 
-from flashattn.reference import causal_mask
+from flashattn.reference import causal_mask, softmax_scale
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -200,7 +199,7 @@ def work_per_rank(world: int, causal: bool, layout: str | None = None) -> list[f
 # ------------------------------------------------------------------------------ float64 local attention
 def scores(q, k, causal: bool):
     """S * scale in float64 with masked entries -inf (bottom-right causal, as the kernels)."""
-    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = q.double() @ k.double().transpose(-1, -2) * softmax_scale(q)
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return s
@@ -223,7 +222,7 @@ def reference_local_backward(q, k, v, o, lse, do, causal: bool = False):
     s = scores(q, k, causal)
     lse = lse.double()
     p = torch.exp(s - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse).unsqueeze(-1))
-    do, scale = do.double(), 1 / math.sqrt(q.shape[-1])
+    do, scale = do.double(), softmax_scale(q)
     d_i = (do * o.double()).sum(-1, keepdim=True)
     ds = p * (do @ v.double().transpose(-1, -2) - d_i)
     return ds @ k.double() * scale, ds.transpose(-1, -2) @ q.double() * scale, p.transpose(-1, -2) @ do

@@ -52,11 +52,6 @@ def check_scale(scale, version: str = "v6") -> None:
                          f"take scale: {taking('scale')} (or pass scale=None)")
 
 
-def softmax_scale(q, scale: float | None) -> float:
-    """The softmax scale a call runs with: `scale`, or 1/sqrt(D) for None (D = q's head dim)."""
-    return 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
 def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None) -> str:
     """Validate q [B, H, M, D], k and v [B, H_kv, N, D] and the softmax scale for `version`. H_kv = H
     everywhere; versions with grouped-query attention (`gqa` in flashattn.versions) also take H_kv

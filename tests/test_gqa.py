@@ -1,4 +1,4 @@
-"""Grouped-query and multi-query attention and the softmax scale in the training path (issue 23): k and v
+"""Grouped-query and multi-query attention and the softmax scale in the training path: k and v
 with H_kv heads dividing q's H (query head h reads kv head h // (H / H_kv)), and scale= on
 flashattn.forward and flashattn.attention (v6, v7, v8 forward, kernels/v6_backward.cu behind them).
 

@@ -12,20 +12,19 @@ def test_shapes_cover_the_fa4_table_and_grouped_heads():
     assert (1, 32, 8, 8192, 128, True) in pb.FORWARD_SHAPES            # Llama-3-8B's prefill
     assert all(s[1] % s[2] == 0 for s in pb.FORWARD_SHAPES)
     assert pb.BACKWARD_SHAPES and all(s[1] != s[2] for s in pb.BACKWARD_SHAPES)
-    assert pb.flops(1, 2, 4, 8, causal=False) == 4 * 2 * 4 * 4 * 8 == 2 * pb.flops(1, 2, 4, 8, causal=True)
 
 
 def test_a_column_that_cannot_run_is_a_refusal_timed_as_its_reason():
     def refuses(*_):
         raise ValueError("fa4: does not import here\nmore")
-    call, ctx = pb.guarded(refuses, 1)
+    call, ctx = pb.column(refuses, 1)
     with pytest.raises(ValueError, match="^fa4: does not import here$"):
         call()
     with ctx():
         pass
     fn = lambda: None  # noqa: E731
-    assert pb.guarded(lambda: (fn, "ctx", "v8")) == (fn, "ctx")
-    assert pb.guarded(lambda: fn)[0] is fn
+    assert pb.column(lambda: (fn, "ctx", "v8")) == (fn, "ctx")
+    assert pb.column(lambda: fn)[0] is fn
 
 
 def test_rows_of_records_times_and_reasons(capsys):
@@ -33,7 +32,9 @@ def test_rows_of_records_times_and_reasons(capsys):
     rows = pb.rows_of("forward", (1, 32, 8, 1024, 128, True), {"v8": t, "fa4": ValueError("no")})
     ok, refused = rows
     assert ok["status"] == "ok" and ok["median_us"] == pytest.approx(200.0)
-    assert ok["tflops"] == pytest.approx(pb.flops(1, 32, 1024, 128, True) / 200e-6 / 1e12)
+    assert ok["tflops"] == pytest.approx(4 * 32 * 1024 * 1024 * 128 / 2 / 200e-6 / 1e12)
+    back = pb.rows_of("backward", (1, 32, 8, 1024, 128, True), {"v8": t})[0]
+    assert back["tflops"] == pytest.approx(2.5 * ok["tflops"])
     assert refused == dict(part="forward", column="fa4", B=1, H_q=32, H_kv=8, N=1024, D=128, causal=True,
                            status="unsupported", message="no")
     assert "1,32/8,1024,128 causal v8" in capsys.readouterr().out

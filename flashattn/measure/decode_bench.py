@@ -45,7 +45,7 @@ from flashattn.measure import decode_profile, peers, results
 from flashattn.measure.kernel_trace import profile_spans
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.table import update_readme
-from flashattn.measure.timing import time_interleaved
+from flashattn.measure.timing import guarded, time_interleaved
 
 DATASHEET_BYTES_PER_S = 4.8e12
 # (name, B, H_q, H_kv, M, N, D): the issue's targets and two neighbours
@@ -117,16 +117,6 @@ def sdpa_call(q, k, v):
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)     # views: [B, H, L, D]
     gqa = q.shape[2] != k.shape[2]
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
-
-
-def guarded(make, *args):
-    """make(*args) now; its exception later, as the timing of a column that could not run."""
-    try:
-        return make(*args)
-    except Exception as err:          # noqa: BLE001 -- a peer that cannot take the shape is a recorded result
-        def fail(err=err):
-            raise ValueError(str(err))
-        return fail
 
 
 def timed(calls, args):

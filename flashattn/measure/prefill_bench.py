@@ -12,7 +12,8 @@ call, a GPU spin so that no column's Python time is timed, the median), written 
 * `backward`: the grouped-query shapes, every column through `torch.autograd.grad` on its forward's output
   (flashattn.measure.backward.backward_call; ours is v8's forward trained by kernels/v6_backward.cu).
 
-FLOPs = 4·B·H_q·M·N·D, half for causal; TFLOP/s beside each time. A column that cannot take a shape (FA4
+FLOPs: flashattn.measure.bench.attention_flops (4·B·H_q·M·N·D, half for causal) and backward.backward_flops
+(2.5 times that); TFLOP/s beside each time. A column that cannot take a shape (FA4
 not importable, a backend refusing) is a row with its reason.
 """
 from __future__ import annotations
@@ -25,9 +26,9 @@ from pathlib import Path
 import torch
 
 from flashattn.measure import peers, results
-from flashattn.measure.backward import backward_call
-from flashattn.measure.bench import make_call
-from flashattn.measure.timing import time_interleaved
+from flashattn.measure.backward import backward_call, backward_flops
+from flashattn.measure.bench import attention_flops, make_call
+from flashattn.measure.timing import guarded, time_interleaved
 
 # (B, H_q, H_kv, N, D, causal): M = N
 FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2, 16, 16, 8192, 128, False),
@@ -39,10 +40,6 @@ FORWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
 BACKWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
 
 
-def flops(B, H_q, N, D, causal) -> float:
-    return 4.0 * B * H_q * N * N * D / (2 if causal else 1)
-
-
 def inputs(B, H_q, H_kv, N, D, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, H_q, N, D, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -50,17 +47,10 @@ def inputs(B, H_q, H_kv, N, D, seed=0):
     return q, k, v
 
 
-def guarded(make, *args):
-    """(call, context): make(*args)'s forward call and its context, or, when the column cannot take the shape,
-    a call that raises the reason when timed (a refusal is a recorded result, not a crash)."""
-    try:
-        made = make(*args)
-    except Exception as err:          # noqa: BLE001
-        message = str(err).splitlines()[0][:300]
-
-        def refuse():
-            raise ValueError(message)
-        return refuse, contextlib.nullcontext
+def column(make, *args):
+    """(call, context) of one column: make(*args)'s forward call and its context (make_call), or its backward
+    call (backward_call); when the column cannot take the shape, a call that raises the reason when timed."""
+    made = guarded(make, *args)
     return (made[0], made[1]) if isinstance(made, tuple) else (made, contextlib.nullcontext)
 
 
@@ -73,7 +63,8 @@ def rows_of(part, shape, timings: dict) -> list[dict]:
             r.update(status="unsupported", message=str(t)[:300])
         else:
             r.update(status="ok", **t.summary())
-            r["tflops"] = flops(B, H_q, N, D, causal) * (2.5 if part == "backward" else 1) / (r["median_us"] * 1e6)
+            count = backward_flops if part == "backward" else attention_flops
+            r["tflops"] = count(B, H_q, N, N, D, causal) / (r["median_us"] * 1e6)
         out.append(r)
         cell = f"{r['median_us']:9.1f} us {r['tflops']:6.1f} TFLOP/s" if r["status"] == "ok" else r["message"][:80]
         print(f"{part:8} {B},{H_q}/{H_kv},{N},{D} {'causal' if causal else 'full  '} {column:11} {cell}", flush=True)
@@ -84,7 +75,7 @@ def forward_part(args) -> list[dict]:
     rows = []
     for shape in FORWARD_SHAPES:
         q, k, v = inputs(*shape[:5])
-        calls = {name: guarded(make_call, name, q, k, v, shape[5]) for name in FORWARD_COLUMNS}
+        calls = {name: column(make_call, name, q, k, v, shape[5]) for name in FORWARD_COLUMNS}
         rows += rows_of("forward", shape, timed(calls, args))
     return rows
 
@@ -94,7 +85,7 @@ def backward_part(args) -> list[dict]:
     for shape in BACKWARD_SHAPES:
         q, k, v = inputs(*shape[:5])
         do = torch.randn_like(q)
-        calls = {name: guarded(backward_call, name, q, k, v, do, shape[5]) for name in BACKWARD_COLUMNS}
+        calls = {name: column(backward_call, name, q, k, v, do, shape[5]) for name in BACKWARD_COLUMNS}
         rows += rows_of("backward", shape, timed(calls, args))
     return rows
 

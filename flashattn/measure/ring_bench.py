@@ -1,4 +1,4 @@
-"""Ring attention on two GPUs against one, for issue 25's targets:
+"""Ring attention on two GPUs against one at the same total length:
 
     python -m flashattn.measure.ring_bench --out results/h200x2/ring.json                        # one GPU
     torchrun --nproc-per-node 2 -m flashattn.measure.ring_bench --out results/h200x2/ring.json   # the ring

@@ -105,6 +105,20 @@ def warm_up(fn: Callable[[], object], calls: int, max_seconds: float | None = 3.
     return made
 
 
+def guarded(make, *args):
+    """make(*args) now, or, when it raises, a call that raises the same message (its first line) when timed:
+    a column that cannot take a shape (a peer that does not import, a backend that refuses) is then a row of
+    time_interleaved's result holding its reason, not a crash of the whole run."""
+    try:
+        return make(*args)
+    except Exception as err:          # noqa: BLE001 -- a refusal is a recorded result
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+
+        def refuse():
+            raise ValueError(message)
+        return refuse
+
+
 def spin(microseconds: float) -> None:
     """Queue a kernel that keeps the GPU busy for about `microseconds` (at the SM clock), so that the host
     can run ahead of it; nothing for 0."""
