@@ -45,12 +45,11 @@ BLOCKS_PER_SM = 2              # split blocks resident per SM (kernels/decode.cu
 
 
 @functools.cache
-def module(extra_cuda_cflags: tuple[str, ...] = ()):
-    """kernels/decode.cu built (bindings `decode` and `tile_keys`); `extra_cuda_cflags` (e.g.
-    ("-DDECODE_STAGES=4",)) builds a variant beside the default one."""
+def module(extra_cuda_cflags: tuple[str, ...] = (), functions: tuple[str, ...] = KERNEL_FUNCTIONS["decode"]):
+    """kernels/decode.cu built (bindings `decode` and `tile_keys`, or `functions`); `extra_cuda_cflags`
+    (e.g. ("-DDECODE_STAGES=4",)) builds a variant beside the default one."""
     name = "flashattn_decode" + "".join(f"_{f.lstrip('-D').replace('=', '')}" for f in extra_cuda_cflags)
-    return build("decode", extra_cuda_cflags=list(extra_cuda_cflags), functions=KERNEL_FUNCTIONS["decode"],
-                 module_name=name)
+    return build("decode", extra_cuda_cflags=list(extra_cuda_cflags), functions=functions, module_name=name)
 
 
 @functools.cache
@@ -271,10 +270,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=No
 
 def variant(extra_cuda_cflags: tuple[str, ...]):
     """attention_with_kvcache running kernels/decode.cu built with `extra_cuda_cflags` (the chapter's steps)."""
+    return bound(lambda: module(tuple(extra_cuda_cflags)))
+
+
+def bound(get_module):
+    """attention_with_kvcache running the build that `get_module()` returns (built at the first call)."""
     def call(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, causal=True, scale=None,
              num_splits=0, validate=True):
-        return _attention(module(tuple(extra_cuda_cflags)), q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                          causal, scale, num_splits, validate)
+        return _attention(get_module(), q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale,
+                          num_splits, validate)
     return call
 
 

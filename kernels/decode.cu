@@ -69,6 +69,9 @@
 //                  many bytes around each request from memory at once
 //   DECODE_PDL     1 (default): on sm_90, launch the merge kernel as a programmatic dependent of the split
 //                  kernel; 0: an ordinary launch after it
+//   DECODE_TRACE   1: every block stamps the GPU's global timer as it starts, when its first tile has landed,
+//                  after its last tile and as it leaves (the merge kernel's blocks: start and end), and the
+//                  binding `trace` reads the stamps back (flashattn.measure.decode_timeline)
 #include <cstdint>
 
 namespace splitkv {
@@ -102,6 +105,8 @@ struct Params {
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
+#include <type_traits>
+
 #ifndef DECODE_BC
 #define DECODE_BC 64
 #endif
@@ -119,6 +124,9 @@ struct Params {
 #endif
 #ifndef DECODE_PDL
 #define DECODE_PDL 1
+#endif
+#ifndef DECODE_TRACE
+#define DECODE_TRACE 0
 #endif
 
 namespace splitkv {
@@ -230,6 +238,31 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// DECODE_TRACE: per block of the last call, its SM and four stamps of the global timer (ns); the merge
+// kernel's blocks, from row kTraceRows / 2, two (start and end). Enough rows for the chapter's shapes.
+constexpr int kTraceRows = 1 << 14;
+constexpr int kTraceCols = 5;
+#if DECODE_TRACE
+__device__ unsigned long long g_trace[kTraceRows][kTraceCols];
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+  return id;
+}
+#define DECODE_STAMP(row, col)                          \
+  if (threadIdx.x == 0 && (row) < kTraceRows) {         \
+    if ((col) == 1) g_trace[row][0] = smid();           \
+    g_trace[row][col] = global_ns();                    \
+  }
+#else
+#define DECODE_STAMP(row, col)
+#endif
+
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -284,6 +317,8 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const int b = bh / p.H_kv, h = bh % p.H_kv;
   const int split = blockIdx.y;
   const int rows = p.M * p.G;
+  [[maybe_unused]] const int trace_row = blockIdx.y * gridDim.x + blockIdx.x;
+  DECODE_STAMP(trace_row, 1)
   const int row0 = rb * kRows;                           // first packed row of this block
   // clamped to the cache: with validate=False nothing else stops a bad length from reading past it
   const int L = p.seqlens_k ? min(max(p.seqlens_k[b], 0), p.max_len) : p.max_len;
@@ -312,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       for (int i = tid; i < kRows * D; i += kThreads)
         if (row0 + i / D < rows) o[row_offset(i / D) * D + i % D] = from_float<T>(0.f);
     }
+    DECODE_STAMP(trace_row, 4)
     return;
   }
 
@@ -459,6 +495,7 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     cp_async_commit();
     if (t + STAGES < t_end) page_ahead = page_of_tile(t + STAGES);     // its latency hides behind this tile
     if (t == t_begin) {
+      DECODE_STAMP(trace_row, 2)
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
         ldmatrix_x4(q_frag[ks], smem_addr(sQ + swizzled<D>(a_row, 2 * ks + a_chunk)));
@@ -538,6 +575,7 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   }
   cp_async_wait<0>();
   __syncthreads();                     // the ring is free: reuse it to merge the warps
+  DECODE_STAMP(trace_row, 3)
 
   // ---- merge the four warps: each writes m, l and its unnormalized O; then 8 threads per row combine
   constexpr int kOStride = D + 4;                        // floats per row; the pad spreads the banks
@@ -596,18 +634,28 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     // natural log of the row's sum of exp(scaled score): (m + log2 l) / log2(e)
     if (c0 == 0) p.lse_part[part] = l_sum > 0.f ? (m_max + __log2f(l_sum)) * 0.6931471805599453f : -CUDART_INF_F;
   }
+  DECODE_STAMP(trace_row, 4)
 }
 
 // ---------------------------------------------------------------- the merge kernel ---------------------
 //
-// One warp per output row: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. A split that saw
-// no key has lse_s = -inf and weight 0; its O_s is never read (it was never written).
+// One warp per output row: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Lane s reads lse_s
+// (32 splits at a time) and turns it into its weight, so the partial outputs' loads depend on nothing but
+// a shuffle and DECODE_MERGE_UNROLL of them are in flight at once; one at a time, each split's load waited
+// for the last (the merge kernel took 3.6 us at rows16_32k's eight splits, for 2 MB). A split that saw no
+// key has lse_s = -inf and weight 0, and its O_s was never written: it is read but never used.
+#ifndef DECODE_MERGE_UNROLL
+#define DECODE_MERGE_UNROLL 8
+#endif
+constexpr int kMergeUnroll = DECODE_MERGE_UNROLL;
 template <typename T, int D>
 __global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_part,
                                                     const float* __restrict__ lse_part, T* __restrict__ o,
                                                     int64_t rows, int splits) {
   constexpr int kPerLane = D / 32;                       // 2 or 4 columns
+  using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
   wait_for_primary();
+  DECODE_STAMP(kTraceRows / 2 + blockIdx.x, 1)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -618,21 +666,28 @@ __global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_
   float acc[kPerLane] = {};
   float total = 0.f;
   if (lse_max != -CUDART_INF_F) {
-    for (int s = 0; s < splits; ++s) {
-      const float lse = lse_part[s * rows + row];
-      if (lse == -CUDART_INF_F) continue;
-      const float w = __expf(lse - lse_max);
-      total += w;
-      const float* src = o_part + (s * rows + row) * D + lane * kPerLane;
+    for (int s0 = 0; s0 < splits; s0 += 32) {
+      const float my_w = s0 + lane < splits ? __expf(lse_part[(s0 + lane) * rows + row] - lse_max) : 0.f;
+      total += my_w;
+      const int n = min(32, splits - s0);
+#pragma unroll kMergeUnroll
+      for (int j = 0; j < n; ++j) {
+        const float w = __shfl_sync(0xffffffffu, my_w, j);
+        const Vec x = *reinterpret_cast<const Vec*>(o_part + ((s0 + j) * rows + row) * D + lane * kPerLane);
+        const float* xs = reinterpret_cast<const float*>(&x);
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) acc[c] += w * src[c];
+        for (int c = 0; c < kPerLane; ++c) acc[c] += w > 0.f ? w * xs[c] : 0.f;   // never 0 * garbage
+      }
     }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
   T* dst = o + row * D + lane * kPerLane;
 #pragma unroll
   for (int c = 0; c < kPerLane; c += 2)
     *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+  DECODE_STAMP(kTraceRows / 2 + blockIdx.x, 2)
 }
 
 // ---------------------------------------------------------------- launch -------------------------------
@@ -696,6 +751,18 @@ const char* dispatch(const Params& p, int D, bool causal, bool pdl, cudaStream_t
 
 size_t decode_tile_keys() { return DECODE_BC; }
 
+// DECODE_TRACE builds: the stamps of the last call, [kTraceRows][kTraceCols] into `host`; otherwise no rows.
+int decode_trace_rows() { return DECODE_TRACE ? splitkv::kTraceRows : 0; }
+const char* decode_read_trace(unsigned long long* host) {
+#if DECODE_TRACE
+  const cudaError_t err = cudaMemcpyFromSymbol(host, splitkv::g_trace, sizeof(splitkv::g_trace));
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+#else
+  (void)host;
+  return "this build of decode.cu has no trace (build it with -DDECODE_TRACE=1)";
+#endif
+}
+
 // dtype: 0 = bfloat16, 1 = float16. Returns nullptr or a message.
 const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream) {
   int dev = 0, major = 0;
@@ -713,6 +780,7 @@ const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cud
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
@@ -722,10 +790,25 @@ const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cud
 
 
 size_t decode_tile_keys();
+int decode_trace_rows();
+const char* decode_read_trace(unsigned long long* host);
 const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream);
 
 // Keys per tile of this build: flashattn.decode sizes the splits in whole tiles.
 int64_t tile_keys() { return static_cast<int64_t>(decode_tile_keys()); }
+
+// A DECODE_TRACE build's stamps of the last call: int64 [rows, 5] on the CPU, per split-kernel block (row
+// blockIdx.y * gridDim.x + blockIdx.x) its SM, then the global timer in ns at its start, when its first
+// tile had landed, after its last tile and at its end; the merge kernel's blocks from row rows / 2 (SM,
+// start, end). Stamps of blocks the last call did not have are left over from earlier calls.
+at::Tensor trace() {
+  const int rows = decode_trace_rows();
+  auto out = at::zeros({rows, 5}, at::TensorOptions().dtype(at::kLong));
+  if (rows == 0) return out;
+  const char* err = decode_read_trace(reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()));
+  TORCH_CHECK(err == nullptr, err);
+  return out;
+}
 
 // q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or paged [pages, page_size, H_kv, D] with
 // block_table [B, pages_per_seq] int32 (an empty tensor: not paged); seqlens_k [B] int32 (empty: every

@@ -66,6 +66,7 @@ VARIANTS = {
     "3 stages, L2 prefetch 256 B": ("-DDECODE_STAGES=3", "-DDECODE_L2_PREFETCH=256"),
     "bulk rows, 3 stages": ("-DDECODE_BULK=1", "-DDECODE_STAGES=3"),
     "2 stages, merge launched after the split": ("-DDECODE_STAGES=2", "-DDECODE_PDL=0"),
+    "2 stages, merge reading one split at a time": ("-DDECODE_STAGES=2", "-DDECODE_MERGE_UNROLL=1"),
 }
 NO_PDL = VARIANTS["2 stages, merge launched after the split"]
 VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
