@@ -63,7 +63,8 @@ from flashattn.loader import REPO_ROOT
 
 FORMAT = 2
 KINDS = ("bench", "backward_steps", "sweep", "kernel_times", "trace", "training", "accuracy", "ncu", "candidates",
-         "explore", "ceilings", "reference", "resources", "decode", "generation", "ring", "prefill")
+         "explore", "ceilings", "reference", "resources", "decode", "decode_timeline", "generation", "ring",
+         "prefill")
 KEYS = ("schema", "meta", "settings", "rows")
 H200 = REPO_ROOT / "results" / "h200"          # what was recorded on the H200
 
