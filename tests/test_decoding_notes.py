@@ -74,7 +74,7 @@ def test_merge_example_is_the_unsplit_softmax():
     # uneven splits merge exactly too
     assert figs.merge_example(n_keys=37, splits=5)["max_error"] < 1e-12
     # the kernel's merge weighs against the largest lse_s, as max_error_kernel does
-    assert "__expf(lse - lse_max)" in decoding.excerpt("for (int s = 0; s < splits; ++s) {", "const float inv")
+    assert "- lse_max)" in decoding.excerpt("for (int s0 = 0; s0 < splits; s0 += 32) {", "const float inv")
 
 
 def test_packing_and_paging_mirror_the_kernel():

@@ -1,0 +1,147 @@
+"""A packed batch of sequences of different lengths, as a serving or training loop hands it over:
+`python -m flashattn.measure.varlen_bench --out results/h200`.
+
+One batch (LENGTHS: 8192, 4096, 1000, 513, 17, 1, 2048, 300 tokens; 32 query / 8 kv heads; D = 128;
+bf16), forward and backward, causal, each one interleaved run (flashattn.measure.timing.time_interleaved: L2
+flushed before every call, a GPU spin so that no column's Python time is timed, the median). Columns:
+
+* `ours`: flashattn.attention_varlen (FlashAttention-2's packed conventions, int32 cumulative lengths);
+* `fa4`: FlashAttention-4's `flash_attn.cute.flash_attn_varlen_func` on the same packed tensors;
+* `sdpa_cudnn_padded`, `sdpa_flash_padded`: SDPA with that backend forced, on the batch padded to its
+  longest sequence ([8, H, 8192, D]): what a model without a varlen path pays.
+
+Backward: every column through `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its forward's
+output (the forward runs once, untimed), as flashattn.measure.backward times the square shapes. TFLOP/s
+count the packed batch's own work for every column, padded ones included: per sequence 4·H_q·L²·D, half
+for causal, 2.5 times that for the backward. Written as one record of kind "prefill", parts
+`varlen_forward` and `varlen_backward` (results/h200/varlen.json).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashattn.measure import peers, results
+from flashattn.measure.sdpa_backends import sdpa_backend_context
+from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.varlen import attention_varlen
+
+LENGTHS = (8192, 4096, 1000, 513, 17, 1, 2048, 300)
+H_Q, H_KV, D = 32, 8, 128
+COLUMNS = ("ours", "fa4", "sdpa_cudnn_padded", "sdpa_flash_padded")
+BACKENDS = {"sdpa_cudnn_padded": "sdpa_cudnn", "sdpa_flash_padded": "sdpa_flash"}
+
+
+def packed_inputs(lengths=LENGTHS, H_q=H_Q, H_kv=H_KV, D=D, seed=0):
+    """q [total, H_q, D], k and v [total, H_kv, D] (bf16, fresh normal draws) and int32 cu_seqlens."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(lengths)
+    q = torch.randn(total, H_q, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(total, H_kv, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    return q, k, v, cu
+
+
+def padded(t: torch.Tensor, lengths) -> torch.Tensor:
+    """Packed [total, H, D] to [B, H, longest, D], zeros after each sequence's end."""
+    longest, starts = max(lengths), [0, *itertools.accumulate(lengths)]
+    out = t.new_zeros(len(lengths), longest, t.shape[1], t.shape[2])
+    for i, n in enumerate(lengths):
+        out[i, :n] = t[starts[i]:starts[i] + n]
+    return out.transpose(1, 2)
+
+
+def forward_fn(name: str, q, k, v, cu, lengths, causal: bool):
+    """(fn, context factory): `fn()` runs column `name`'s forward on the packed batch and returns its output."""
+    longest = max(lengths)
+    if name == "ours":
+        return (lambda: attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)), contextlib.nullcontext
+    if name == "fa4":
+        varlen = peers.fa4_module().flash_attn_varlen_func
+
+        def fa4():
+            out = varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                         causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+        with peers.quiet():
+            fa4()                         # its first call compiles (CuTe DSL): outside the timed region
+        return fa4, contextlib.nullcontext
+    qp, kp, vp = (padded(t, lengths) for t in (q, k, v))
+    qp, kp, vp = (t.detach().requires_grad_(q.requires_grad) for t in (qp, kp, vp))
+    context = sdpa_backend_context(BACKENDS[name])
+    fn = lambda: F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal, enable_gqa=True)  # noqa: E731
+    fn.inputs = (qp, kp, vp)
+    return fn, context
+
+
+def backward_fn(name: str, q, k, v, cu, lengths, causal: bool):
+    """(fn, context factory): `fn()` is autograd.grad of column `name`'s output, whose forward runs once here."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    fwd, context = forward_fn(name, q, k, v, cu, lengths, causal)
+    with context():
+        o = fwd()
+    inputs = getattr(fwd, "inputs", (q, k, v))
+    do = torch.randn_like(o)
+    return (lambda: torch.autograd.grad(o, inputs, do, retain_graph=True)), context
+
+
+def flops(lengths, H_q: int, D: int, causal: bool, backward: bool) -> float:
+    work = sum(4 * H_q * n * n * D for n in lengths) / (2 if causal else 1)
+    return work * (2.5 if backward else 1.0)
+
+
+def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
+    q, k, v, cu = packed_inputs(lengths)
+    make = backward_fn if part == "varlen_backward" else forward_fn
+    calls = {}
+    for name in COLUMNS:
+        made = guarded(make, name, q, k, v, cu, lengths, causal)
+        calls[name] = made if isinstance(made, tuple) else (made, contextlib.nullcontext)
+    timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                               max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+    rows = []
+    for name, t in timings.items():
+        r = dict(part=part, column=name, lengths=list(lengths), H_q=H_Q, H_kv=H_KV, D=D, causal=causal)
+        if isinstance(t, Exception):
+            r.update(status="unsupported", message=str(t).splitlines()[0][:300])
+        else:
+            r.update(status="ok", **t.summary())
+            r["tflops"] = flops(lengths, H_Q, D, causal, part == "varlen_backward") / (r["median_us"] * 1e6)
+        cell = f"{r['median_us']:9.1f} us {r['tflops']:6.1f} TFLOP/s" if r["status"] == "ok" else r["message"][:90]
+        print(f"{part:16} {name:18} {cell}", flush=True)
+        rows.append(r)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.varlen_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--parts", default="varlen_forward,varlen_backward")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repetitions", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--max-seconds", type=float, default=1.0)
+    p.add_argument("--host-slack-us", type=float, default=3000.0,
+                   help="GPU spin before each timed call; ours loops over the sequences in Python, so the "
+                        "default is longer than the other benches' (default: %(default)s)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
+    rows = [r for part in args.parts.split(",") for r in part_rows(part, LENGTHS, True, args)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {**results.environment(argv), "peers": peers.versions()}
+    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
+                    host_slack_us=args.host_slack_us, dtype="bfloat16")
+    print(f"wrote {results.write(args.out / 'varlen.json', 'prefill', rows, meta, settings) and args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
