@@ -5,6 +5,7 @@
 
     o = flashattn.attention(q, k, v, causal=True)      # differentiable (v6): o.sum().backward() trains
     o = flashattn.attention(q, k8, v8, scale=0.1)      # grouped-query: k, v [B, H_kv, N, D], H_kv dividing H
+    o = flashattn.attention(q, k, v, window=(256, 0))  # sliding window (FlashAttention-2's window_size)
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, causal=True)  # packed batch
     o = flashattn.attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths)  # decoding
     o = flashattn.ring_attention(q_shard, k_shard, v_shard, causal=True)  # across the ranks of a process group
@@ -27,10 +28,10 @@ from flashattn.autograd import TRAINING_VERSIONS, attention, forward
 from flashattn.decode import attention_with_kvcache
 from flashattn.distributed import ring_attention
 from flashattn.loader import load
-from flashattn.validate import Plan, check_inputs, plan
+from flashattn.validate import Plan, check_inputs, check_window, plan
 from flashattn.varlen import attention_varlen
 from flashattn.versions import FUSED_VERSIONS, INFO, KERNEL_VERSIONS, VERSIONS
 
 __all__ = ["VERSIONS", "KERNEL_VERSIONS", "FUSED_VERSIONS", "TRAINING_VERSIONS", "INFO", "forward", "attention",
            "attention_with_kvcache", "attention_varlen", "plan", "Plan", "load", "reference", "check_inputs",
-           "ring_attention"]
+           "check_window", "ring_attention"]

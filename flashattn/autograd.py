@@ -6,20 +6,27 @@ that trains).
     o = flashattn.attention(q, k, v, causal=True)    # version="v6" (or "v7", "v8")
     o.sum().backward()                               # dq, dk, dv from kernels/v6_backward.cu
     o = flashattn.attention(q, k4, v4, scale=0.1)    # grouped-query: k4, v4 [B, H / G, N, D]
+    o = flashattn.attention(q, k, v, window=(256, 0))  # sliding window: each row sees its last 257 keys
 
 v6, v7 and v8 (and the PyTorch versions) take grouped-query attention, k and v with H_kv heads dividing
 q's H (query head h reads kv head h // (H / H_kv); H_kv = 1 is multi-query), with dk and dv shaped like k
-and v, and `scale`, the softmax scale (None: 1/sqrt(D), which `forward` and `attention` hand the kernels
-as a number).
+and v, `scale`, the softmax scale (None: 1/sqrt(D), which `forward` and `attention` hand the kernels
+as a number), and `window` = (left, right), FlashAttention-2's sliding window (flashattn.validate.check_window:
+row i of M sees key j of N iff i + N - M - left <= j <= i + N - M + right, a side -1 bounding nothing;
+causal is (-1, 0)).
 
 Three `torch.library.custom_op`s in the "flashattn" namespace carry the kernel calls:
 
-* ``flashattn::forward(q, k, v, version, causal, scale=None) -> o``: one version's plain forward binding;
-* ``flashattn::attention_forward(q, k, v, causal, version, deterministic, scale=None) -> (o, lse)``: the
-  forward that also returns the row-wise log-sum-exp (float32 [B, H, M]), the one number per row the
-  backward needs to recompute P without storing it;
-* ``flashattn::attention_backward(q, k, v, o, lse, do, causal, version, deterministic, scale=None)
-  -> (dq, dk, dv)``.
+* ``flashattn::forward(q, k, v, version, causal, scale=None, window_left=-1, window_right=-1) -> o``: one
+  version's plain forward binding;
+* ``flashattn::attention_forward(q, k, v, causal, version, deterministic, scale=None, window_left=-1,
+  window_right=-1) -> (o, lse)``: the forward that also returns the row-wise log-sum-exp (float32
+  [B, H, M]), the one number per row the backward needs to recompute P without storing it;
+* ``flashattn::attention_backward(q, k, v, o, lse, do, causal, version, deterministic, scale=None,
+  window_left=-1, window_right=-1) -> (dq, dk, dv)``.
+
+The window's sides are passed only when it narrows what `causal` sees (reference.window_narrows), so
+that the calls without one are the calls they always were.
 
 All three have a fake (meta) implementation, so `torch.compile(fullgraph=True)` traces `flashattn.forward`
 and `flashattn.attention` without running anything and without a graph break: building a kernel (which sets
@@ -44,7 +51,7 @@ import torch
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
-from flashattn.validate import aligned, check_inputs
+from flashattn.validate import aligned, check_inputs, check_window
 from flashattn.versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -71,31 +78,35 @@ def backward_module(version: str):
 # ------------------------------------------------------------------------------------------ the ops
 @torch.library.custom_op("flashattn::forward", mutates_args=(), device_types="cuda")
 def kernel_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, version: str, causal: bool,
-                   scale: float | None = None) -> torch.Tensor:
+                   scale: float | None = None, window_left: int = -1, window_right: int = -1) -> torch.Tensor:
     """o = softmax(scale * q k^T) v by the forward binding of kernel version `version` (the version that
     runs, as check_inputs resolved it: no fallback happens here). scale=None: 1/sqrt(D), the only scale
-    of the bindings that take none (v0 to v5)."""
+    of the bindings that take none (v0 to v5), which take no window either."""
+    if (window_left, window_right) != (-1, -1):
+        return load(version).forward(aligned(q), aligned(k), aligned(v), causal, scale, window_left, window_right)
     if scale is None:
         return load(version).forward(aligned(q), aligned(k), aligned(v), causal)
     return load(version).forward(aligned(q), aligned(k), aligned(v), causal, scale)
 
 
 @kernel_forward.register_fake
-def _kernel_forward_fake(q, k, v, version, causal, scale=None):
+def _kernel_forward_fake(q, k, v, version, causal, scale=None, window_left=-1, window_right=-1):
     return q.new_empty(q.shape)       # every binding returns o like q: same shape, dtype, dense layout
 
 
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, version: str,
-                      deterministic: bool, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      deterministic: bool, scale: float | None = None, window_left: int = -1,
+                      window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o = softmax(scale * q k^T) v, lse float32 [B, H, M] (-inf for rows that see no key);
     scale=None is 1/sqrt(D). `deterministic` is not used by the forward; it travels here so that the
     backward can read it."""
-    return forward_module(version).forward_lse(aligned(q), aligned(k), aligned(v), causal, scale)
+    return forward_module(version).forward_lse(aligned(q), aligned(k), aligned(v), causal, scale, window_left,
+                                               window_right)
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None):
+def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None, window_left=-1, window_right=-1):
     B, H, M, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, H, M), dtype=torch.float32)
 
@@ -103,32 +114,35 @@ def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None)
 @torch.library.custom_op("flashattn::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, causal: bool, version: str, deterministic: bool,
-                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float | None = None, window_left: int = -1,
+                       window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the attention output o given its gradient do, dk and dv shaped like k and v (with
     grouped-query heads: summed over the query heads that read them); deterministic=True sums dQ without
     atomics (bit-identical from run to run, slower)."""
     return backward_module(version).backward(aligned(q), aligned(k), aligned(v), aligned(o), aligned(lse),
-                                             aligned(do), causal, deterministic, scale)
+                                             aligned(do), causal, deterministic, scale, window_left, window_right)
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(q, k, v, o, lse, do, causal, version, deterministic, scale=None):
+def _attention_backward_fake(q, k, v, o, lse, do, causal, version, deterministic, scale=None, window_left=-1,
+                             window_right=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, version, deterministic, scale = inputs
+    q, k, v, causal, version, deterministic, scale, window_left, window_right = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.version, ctx.deterministic, ctx.scale = causal, version, deterministic, scale
+    ctx.window = (window_left, window_right)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.version,
-                                    ctx.deterministic, ctx.scale)
-    return dq, dk, dv, None, None, None, None
+                                    ctx.deterministic, ctx.scale, *ctx.window)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -140,10 +154,11 @@ def requires_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def forward(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None):
+def forward(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None, window=(-1, -1)):
     """Attention output softmax(scale * q k^T) v, computed by `version`; scale=None is 1/sqrt(D), the only
     scale of versions without `scale` in flashattn.INFO. k and v may have fewer heads than q where the
-    version has `gqa` (grouped-query attention: H_q a multiple of H_kv).
+    version has `gqa` (grouped-query attention: H_q a multiple of H_kv); window=(left, right) is a sliding
+    window (flashattn.validate.check_window) where the version has `window`.
 
     Inputs are checked before anything is launched (ValueError or TypeError naming the argument).
     Non-contiguous inputs are accepted: they are copied to contiguous memory first, since every kernel
@@ -151,16 +166,18 @@ def forward(q, k, v, version: str = "v4", causal: bool = False, scale: float | N
     With an input that requires grad, the versions that train (TRAINING_VERSIONS) run their differentiable
     op; the others raise ValueError (run them under torch.no_grad()).
     """
-    runs_as = check_inputs(q, k, v, version, causal, scale)
+    runs_as = check_inputs(q, k, v, version, causal, scale, window)
+    window = check_window(window, causal, version)
     if requires_grad(q, k, v):
-        return _differentiable(q, k, v, causal, version, False, scale)
-    return _forward(q, k, v, runs_as, causal, scale)
+        return _differentiable(q, k, v, causal, version, False, scale, window)
+    return _forward(q, k, v, runs_as, causal, scale, window)
 
 
 def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic: bool = False,
-              scale: float | None = None):
+              scale: float | None = None, window=(-1, -1)):
     """softmax(scale * q k^T) v by `version`, differentiable when the version has a backward kernel;
-    scale=None is 1/sqrt(D).
+    scale=None is 1/sqrt(D); window=(left, right) a sliding window, FlashAttention-2's window_size
+    (flashattn.validate.check_window), which the backward masks too.
 
     q [B, H, M, D], k and v [B, H_kv, N, D] on one CUDA device, H_kv = H or, grouped-query attention
     (v6, v7, v8), any H_kv dividing H: query head h reads kv head h // (H / H_kv), and the gradients of k
@@ -170,21 +187,25 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
     """
-    runs_as = check_inputs(q, k, v, version, causal, scale)
+    runs_as = check_inputs(q, k, v, version, causal, scale, window)
+    window = check_window(window, causal, version)
     if version in TRAINING_VERSIONS or requires_grad(q, k, v):
-        return _differentiable(q, k, v, causal, version, deterministic, scale)
-    return _forward(q, k, v, runs_as, causal, scale)
+        return _differentiable(q, k, v, causal, version, deterministic, scale, window)
+    return _forward(q, k, v, runs_as, causal, scale, window)
 
 
-def _forward(q, k, v, runs_as: str, causal: bool, scale: float | None):
-    if not INFO[runs_as].kernel:
-        return getattr(reference, runs_as)(q, k, v, causal, scale)   # PyTorch code, which Dynamo traces as it is
+def _forward(q, k, v, runs_as: str, causal: bool, scale: float | None, window: tuple[int, int]):
+    if not INFO[runs_as].kernel:   # PyTorch code, which Dynamo traces as it is
+        return getattr(reference, runs_as)(q, k, v, causal, scale, window)
+    if reference.window_narrows(causal, window):
+        return kernel_forward(q, k, v, runs_as, causal, reference.softmax_scale(q, scale), *window)
     if INFO[runs_as].scale:
         return kernel_forward(q, k, v, runs_as, causal, reference.softmax_scale(q, scale))
     return kernel_forward(q, k, v, runs_as, causal)
 
 
-def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, scale: float | None):
+def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, scale: float | None,
+                    window: tuple[int, int]):
     if version not in TRAINING_VERSIONS:
         raise ValueError(f"version {version!r} has no backward pass, but an input requires grad; "
                          f"versions that train: {', '.join(TRAINING_VERSIONS)} "
@@ -192,5 +213,6 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
     if requires_grad(q, k, v) and q.dtype not in BACKWARD_DTYPES:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
-    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale))
+    sides = window if reference.window_narrows(causal, window) else ()
+    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale), *sides)
     return o

@@ -22,8 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNELS_DIR = REPO_ROOT / "kernels"
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 # Defaults of the bindings' trailing arguments, as C++ (pybind11) and as Python reads them, so that
-# `forward(q, k, v)` reads as the seed wrote it (causal=False); scale=None is 1/sqrt(D) (v6 to v8).
-ARG_DEFAULTS = {"causal": ("false", "False"), "deterministic": ("false", "False"), "scale": ("py::none()", "None")}
+# `forward(q, k, v)` reads as the seed wrote it (causal=False); scale=None is 1/sqrt(D) (v6 to v8), and a
+# sliding-window side -1 bounds nothing (window_left, window_right: v6 to v8 and v6_backward).
+ARG_DEFAULTS = {"causal": ("false", "False"), "deterministic": ("false", "False"), "scale": ("py::none()", "None"),
+                "window_left": ("-1", "-1"), "window_right": ("-1", "-1")}
 # Kernel files whose bindings are not `forward` (nor a version's `backward`): the functions they export.
 KERNEL_FUNCTIONS = {"decode": ("decode", "tile_keys")}
 

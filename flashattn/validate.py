@@ -1,11 +1,12 @@
 """Input checks that run before any launch and need no GPU, and the plan of a call they give.
 
-`plan(q, k, v, version, causal, scale)` checks the inputs once and resolves the call: which version really
-runs (v3, v4 and v5 hand head dims they are not specialised for to v2) and the function that runs it.
-The benchmark and the book's helpers time the plan's binding directly, without checking again and
-without the custom op `flashattn.forward` goes through. The softmax scale is None (1/sqrt(D), every
-version's default) or, for the versions with `scale` in flashattn.versions, a finite number > 0; k and v
-may have fewer heads than q, dividing them, for the versions with `gqa`.
+`plan(q, k, v, version, causal, scale, window)` checks the inputs once and resolves the call: which
+version really runs (v3, v4 and v5 hand head dims they are not specialised for to v2) and the function
+that runs it. The benchmark and the book's helpers time the plan's binding directly, without checking
+again and without the custom op `flashattn.forward` goes through. The softmax scale is None (1/sqrt(D),
+every version's default) or, for the versions with `scale` in flashattn.versions, a finite number > 0; k
+and v may have fewer heads than q, dividing them, for the versions with `gqa`; a sliding window
+(left, right), FlashAttention-2's window_size, is taken by the versions with `window` (check_window).
 
 Every message names the argument at fault. Structural checks (type, rank, dtype, shapes, head
 dimension) come first and the device check last, so all of them can be exercised on a machine without
@@ -52,10 +53,29 @@ def check_scale(scale, version: str = "v6") -> None:
                          f"take scale: {taking('scale')} (or pass scale=None)")
 
 
-def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None) -> str:
-    """Validate q [B, H, M, D], k and v [B, H_kv, N, D] and the softmax scale for `version`. H_kv = H
-    everywhere; versions with grouped-query attention (`gqa` in flashattn.versions) also take H_kv
-    dividing H (query head h reads kv head h // (H / H_kv)).
+def check_window(window, causal: bool = False, version: str = "v6") -> tuple[int, int]:
+    """`window` = (left, right), FlashAttention-2's window_size: query row i (of M) sees key j (of N) iff
+    i + N - M - left <= j <= i + N - M + right, a side -1 bounding nothing. Returns it as a tuple of
+    ints, with right = 0 when `causal` (causal is the window (-1, 0), and sets a window's right side to 0,
+    as in FlashAttention-2). A pair of ints >= -1 (and below 2**31), and a version with `window` in
+    flashattn.versions unless it is (-1, -1); TypeError or ValueError naming window otherwise."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or \
+            any(isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window):
+        raise TypeError(f"window must be a pair of ints (left, right), -1 for no bound on that side; got {window!r}")
+    left, right = (int(w) for w in window)
+    if not -1 <= min(left, right) or max(left, right) > INT32_MAX:
+        raise ValueError(f"window sides must be -1 (no bound) or 0 .. 2**31 - 1; got {(left, right)}")
+    if (left, right) != (-1, -1) and not _version(version).window:
+        raise ValueError(f"window is not taken by {version}; versions that take a sliding window: "
+                         f"{taking('window')} (or pass window=(-1, -1))")
+    return (left, 0) if causal else (left, right)
+
+
+def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None,
+                 window=(-1, -1)) -> str:
+    """Validate q [B, H, M, D], k and v [B, H_kv, N, D], the softmax scale and the sliding window
+    (check_window) for `version`. H_kv = H everywhere; versions with grouped-query attention (`gqa` in
+    flashattn.versions) also take H_kv dividing H (query head h reads kv head h // (H / H_kv)).
 
     Returns the name of the version that will run: v3, v4 and v5 are specialised for a few head
     dimensions and hand the others to their general fallback (v2).
@@ -93,6 +113,7 @@ def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: floa
     if causal and not info.causal:
         raise ValueError(f"causal=True is not implemented by {version}; use one of {taking('causal')}")
     check_scale(scale, version)
+    check_window(window, causal, version)
     runs_as = version
     if info.head_dims is not None and D not in info.head_dims:
         if info.fallback is None:
@@ -122,16 +143,21 @@ class Plan:
     """A checked call: `version` as asked, `runs_as` the version that runs it, and `run(q, k, v)`, which
     calls it without checking again. A plan holds for the tensors it was made from and any others of the
     same shapes, dtype and device. `scale`: the softmax scale, passed on when not None (None is 1/sqrt(D),
-    every binding's default)."""
+    every binding's default); `window`: the sliding window as check_window returns it, passed on when it
+    hides keys that `causal` alone does not (reference.window_narrows)."""
     version: str
     runs_as: str
     causal: bool
-    binding: Callable = field(repr=False, compare=False)   # forward(q, k, v, causal[, scale]) of runs_as
+    binding: Callable = field(repr=False, compare=False)   # forward(q, k, v, causal[, scale[, window]]) of runs_as
     scale: float | None = None
+    window: tuple[int, int] = (-1, -1)
 
     def run(self, q, k, v):
-        if INFO[self.runs_as].kernel:
+        kernel = INFO[self.runs_as].kernel
+        if kernel:
             q, k, v = aligned(q), aligned(k), aligned(v)
+        if reference.window_narrows(self.causal, self.window):   # bindings take its two sides, PyTorch the pair
+            return self.binding(q, k, v, self.causal, self.scale, *(self.window if kernel else (self.window,)))
         if self.scale is None:
             return self.binding(q, k, v, self.causal)
         return self.binding(q, k, v, self.causal, self.scale)
@@ -139,9 +165,11 @@ class Plan:
     __call__ = run
 
 
-def plan(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None) -> Plan:
+def plan(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None,
+         window=(-1, -1)) -> Plan:
     """Check q [B, H, M, D], k and v [B, H_kv, N, D] for `version` (ValueError or TypeError naming the
     argument) and resolve the call; a kernel is compiled or loaded here, before anything is timed."""
-    runs_as = check_inputs(q, k, v, version, causal, scale)
+    runs_as = check_inputs(q, k, v, version, causal, scale, window)
     binding = loader.load(runs_as).forward if INFO[runs_as].kernel else getattr(reference, runs_as)
-    return Plan(version, runs_as, causal, binding, None if scale is None else float(scale))
+    return Plan(version, runs_as, causal, binding, None if scale is None else float(scale),
+                check_window(window, causal, version))

@@ -7,15 +7,15 @@
 Sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and cu_seqlens_k[i]:cu_seqlens_k[i + 1] of k
 and v; the cumulative lengths are int32, start at 0, never decrease, and end at the packed totals.
 causal=True is bottom-right aligned per sequence (row m of a sequence with M queries and N keys sees key j
-iff j <= m + N - M), as every kernel of the book aligns it; a row that sees no key (a sequence with no
-keys, or M > N) gets output 0 and gradient 0. Grouped-query heads (H_kv dividing H) and `scale` are the
-training kernels' (flashattn.attention).
+iff j <= m + N - M), as every kernel of the book aligns it, and so is window=(left, right), FlashAttention-2's
+sliding window (row m sees key j iff m + N - M - left <= j <= m + N - M + right, a side -1 bounding nothing);
+a row that sees no key (a sequence with no keys, M > N, or an empty window) gets output 0 and gradient 0.
+Grouped-query heads (H_kv dividing H), `scale` and `window` are the training kernels' (flashattn.attention).
 
 This first version runs one kernel call per non-empty sequence, each through flashattn.attention (so it is
 differentiable, and exactly as accurate as the kernels). That is a launch and a Python step per sequence:
 for a batch of many short sequences, a kernel that reads cu_seqlens itself (one launch) is the step that
-makes it fast, and is not written yet. window=(left, right) is accepted only as (-1, -1): no kernel of the
-book masks a sliding window yet.
+makes it fast, and is not written yet.
 
 Every argument is checked before anything is launched, each error naming it. The lengths live on the GPU,
 so checking them costs one copy to the host, which waits for the GPU's queue; this version needs them on
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from flashattn.autograd import TRAINING_VERSIONS, attention
-from flashattn.validate import check_scale
+from flashattn.validate import check_scale, check_window
 
 __all__ = ["attention_varlen", "check_varlen"]
 
@@ -79,8 +79,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     check_scale(scale, version)
-    if tuple(window) != (-1, -1):
-        raise ValueError(f"window must be (-1, -1) for now (no sliding-window kernel yet); got {tuple(window)}")
+    check_window(window, causal, version)
     bounds_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], None)
     bounds_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], len(bounds_q) - 1)
     for arg, given, bounds in (("max_seqlen_q", max_seqlen_q, bounds_q), ("max_seqlen_k", max_seqlen_k, bounds_k)):
@@ -109,6 +108,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
             outs.append(q.new_zeros(q1 - q0, *q.shape[1:]))
             continue
         qi, ki, vi = (t[a:b].transpose(0, 1).unsqueeze(0) for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        oi = attention(qi, ki, vi, causal=causal, version=version, deterministic=deterministic, scale=scale)
+        oi = attention(qi, ki, vi, causal=causal, version=version, deterministic=deterministic, scale=scale,
+                       window=window)
         outs.append(oi.squeeze(0).transpose(0, 1))
     return torch.cat(outs) if outs else q.new_zeros(q.shape)

@@ -33,6 +33,7 @@ class Version:
     causal: bool = False                   # takes causal=True
     gqa: bool = False                      # takes k, v with fewer heads than q (grouped-query attention)
     scale: bool = False                    # takes scale= (the softmax scale; the others use 1/sqrt(D))
+    window: bool = False                   # takes window=(left, right) (a sliding window, bottom-right aligned)
     min_sm: tuple = (7, 0)                 # oldest GPU architecture the kernel is written for
     fused: bool = True                     # one kernel launch per forward (what the profiler can read)
     archs: tuple[str, ...] | None = None   # build exactly these ("9.0a"), ignoring TORCH_CUDA_ARCH_LIST
@@ -43,10 +44,12 @@ class Version:
 INFO: dict[str, Version] = {v.name: v for v in (
     Version("baseline", "Naive PyTorch",
             "Explicit PyTorch matmul, softmax, matmul: the correctness and latency reference",
-            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, gqa=True, scale=True, fused=False),
+            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, gqa=True, scale=True, window=True,
+            fused=False),
     Version("sdpa", "PyTorch SDPA",
             "torch.nn.functional.scaled_dot_product_attention with its automatic backend choice",
-            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, gqa=True, scale=True, fused=False),
+            kernel=False, dtypes=FP32 + HALF, max_head_dim=1 << 16, causal=True, gqa=True, scale=True, window=True,
+            fused=False),
     Version("v0", "Naive CUDA",
             "Three unfused kernels that write the full attention matrix to memory",
             self_attention_only=True, fused=False),
@@ -66,19 +69,19 @@ INFO: dict[str, Version] = {v.name: v for v in (
     Version("v6", "Tensor cores (mma.sync)",
             "bf16/fp16 FlashAttention-2 on mma.sync with ldmatrix, swizzled tiles, P in registers; "
             "causal; TF32 mode for fp32",
-            dtypes=HALF + FP32, head_dims=(64, 128), causal=True, gqa=True, scale=True, min_sm=(8, 0),
+            dtypes=HALF + FP32, head_dims=(64, 128), causal=True, gqa=True, scale=True, window=True, min_sm=(8, 0),
             backward="v6_backward"),
     Version("v7", "Hopper: wgmma + TMA",
             "Both products on wgmma (warpgroups, operands from swizzled shared memory), K and V tiles by "
             "TMA in a multi-stage mbarrier pipeline; causal; needs an sm_90a build and a Hopper GPU",
-            dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, min_sm=(9, 0), archs=("9.0a",),
-            backward="v6_backward", extra={"tensor_cores": True}),
+            dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, window=True, min_sm=(9, 0),
+            archs=("9.0a",), backward="v6_backward", extra={"tensor_cores": True}),
     Version("v8", "Hopper: warp specialization",
             "V7 plus FlashAttention-3's scheduling: a producer warpgroup issuing TMA, setmaxnreg moving "
             "registers to the consumers, ping-pong between consumer warpgroups and the softmax of one tile "
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
-            dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, min_sm=(9, 0), archs=("9.0a",),
-            backward="v6_backward", extra={"tensor_cores": True}),
+            dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, window=True, min_sm=(9, 0),
+            archs=("9.0a",), backward="v6_backward", extra={"tensor_cores": True}),
 )}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)

@@ -14,8 +14,10 @@
 //     one FMA, row max reduced over the 4 lanes of a quad with shuffles) and reused directly as the A
 //     operand of P_ij V_j: the accumulator layout of two neighbouring n8 tiles is the A layout of one
 //     k16 slice, so P never touches shared memory (TF32: see "P reuse in TF32 mode" below);
-//   * causal: key tiles entirely above the diagonal are never loaded; the per-element mask runs only on
-//     tiles that cross the diagonal or the end of the keys.
+//   * causal, and a sliding window: key tiles wholly outside a block's rows' window are never loaded (the
+//     loop starts at the first tile the block's first row sees and ends after the last one its last row
+//     sees); the per-element mask runs only on tiles that cross an edge of the window or the end of the
+//     keys.
 //
 // Contract. q [B, H, M, D], k and v [B, H_kv, N, D] with H a multiple of H_kv, contiguous, one CUDA
 //   device, 16-byte aligned. Grouped-query attention: query head h reads kv head h / (H / H_kv), and
@@ -29,6 +31,10 @@
 //   D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). When M > N
 //     the first M - N query rows have no key at all; their output is defined as 0 (not NaN).
+//   window (window_left, window_right), FlashAttention-2's window_size, aligned the same way: row i may
+//     attend key j iff i + (N - M) - window_left <= j <= i + (N - M) + window_right, -1 leaving that side
+//     unbounded; causal=True is the window (-1, 0) and sets window_right to 0. A row whose window holds
+//     no key outputs 0 too.
 //   Needs compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async); the launcher refuses
 //     older GPUs. Build with -gencode=arch=compute_90,code=sm_90 (H100/H200) or _80/_86/_89 for Ampere
 //     and Ada.
@@ -58,11 +64,11 @@
 // flashattn.measure.sweep v6-steps times them). For the file with every switch at its default and the
 // branches resolved: python -m flashattn.measure.kernel_source v6.
 //
-// Training: forward_lse(q, k, v, causal, scale) returns (o, lse) with lse float32 [B, H, M], the natural
-// log of row i's softmax denominator in units of the scaled scores, lse_i = m_i * scale + ln(l_i) (-inf
-// for a row that sees no key). kernels/v6_backward.cu recomputes P from it. It is a separate template
-// instance (WITH_LSE), so forward() runs the same machine code as before; o is bit-identical between the
-// two.
+// Training: forward_lse(q, k, v, causal, scale, window_left, window_right) returns (o, lse) with lse
+// float32 [B, H, M], the natural log of row i's softmax denominator in units of the scaled scores,
+// lse_i = m_i * scale + ln(l_i) (-inf for a row that sees no key). kernels/v6_backward.cu recomputes P
+// from it. It is a separate template instance (WITH_LSE), so forward() runs the same machine code as
+// before; o is bit-identical between the two.
 //
 // P reuse in TF32 mode: the m16n8k8 TF32 A fragment wants, in lane (g, q), columns q and q+4 of the
 // k8 slice, while the accumulator of an n8 tile gives that lane columns 2q and 2q+1. Because the k index
@@ -285,6 +291,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// Whether key j lies outside the window of query row i, the band of diagonals lo <= j - i <= hi: one
+// unsigned compare for both edges (below lo, j - i - lo wraps around past every band width hi - lo;
+// exact for any M, N < 2^31), so a window costs the mask no more than causal's one compare.
+__device__ __forceinline__ bool outside_band(int j, int i, int lo, int hi) {
+  return (unsigned)(j - i) - (unsigned)lo > (unsigned)hi - (unsigned)lo;
+}
+
 // Two floats -> one register of two 16-bit values; the lower column goes to the low half, as the mma
 // fragment layout wants.
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -349,11 +362,15 @@ __device__ __forceinline__ void load_tile(T* smem_tile, const T* __restrict__ gm
 // One block = B_r = 16 * WM * 4 query rows of one (batch, head). Warp w owns rows [16*WM*w, 16*WM*(w+1))
 // of the block as WM m16 slices. Per thread (lane l, g = l/4, q = l%4), accumulator element e of
 // n8 tile t of slice s sits at row 16s + g + 8*(e/2), column 8t + 2q + e%2.
+// CAUSAL: the instance for causal=True and for any sliding window, in which row i sees key j iff
+// lo <= j - i <= hi: a band of diagonals, lo = N - M - window_left, hi = N - M + window_right. The
+// launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
+// hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
 template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_fwd_mma(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                   T* __restrict__ O, float* __restrict__ LSE, int BH, int group, int M, int N, int m_blocks,
-                  float scale_log2) {
+                  float scale_log2, int lo, int hi) {
   constexpr bool kTF32 = sizeof(T) == 4;
   constexpr int BR = 16 * WM * kWarps;
   constexpr int CPR = D * (int)sizeof(T) / 16;   // 16-byte chunks per row
@@ -403,12 +420,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* Kh = K + (size_t)bh_kv * N * D;
   const T* Vh = V + (size_t)bh_kv * N * D;
 
-  // Key tiles of B_c to visit. Causal: row i sees keys j <= i + N - M, so the block's last row bounds
-  // them.
-  int n_tiles = (N + BC - 1) / BC;
+  // Key tiles of B_c to visit: [jt_begin, jt_end). Causal or a window: the block's first row sees the
+  // lowest keys and its last row the highest, so those two rows bound the tiles.
+  const int m_last = min(M, m0 + BR) - 1;
+  int jt_begin = 0, jt_end = (N + BC - 1) / BC;
   if (CAUSAL) {
-    const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+    const long long first_key = (long long)m0 + lo, last_key = (long long)m_last + hi;
+    jt_begin = first_key <= 0 ? 0 : (int)(first_key / BC);
+    jt_end = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
   }
 
   float o[WM][DT][4];
@@ -423,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     l_i[s][0] = l_i[s][1] = 0.f;
   }
 
-  if (n_tiles > 0) {   // block-uniform: the barriers below are reached by every thread or none
+  if (jt_begin < jt_end) {   // block-uniform: the barriers below are reached by every thread or none
     // Lane-constant parts of the ldmatrix addresses. Every row index used below is (multiple of 8) +
     // (lane & 7), so the swizzle term is always (lane & 7).
     const int x = lane & 7;
@@ -442,9 +461,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_tile<BR, CPR, LAYOUT>(sQ, Qh, m0, M, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < n_tiles) {
-        load_tile<BC, CPR, LAYOUT>(sK + st * BC * LD, Kh, st * BC, N, tid);
-        load_tile<BC, CPR, LAYOUT>(sV + st * BC * LD, Vh, st * BC, N, tid);
+      if (jt_begin + st < jt_end) {
+        load_tile<BC, CPR, LAYOUT>(sK + st * BC * LD, Kh, (jt_begin + st) * BC, N, tid);
+        load_tile<BC, CPR, LAYOUT>(sV + st * BC * LD, Vh, (jt_begin + st) * BC, N, tid);
       }
       cp_async_commit();
     }
@@ -514,8 +533,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     };
 
-    int buf = 0;   // == jt % STAGES
-    for (int jt = 0; jt < n_tiles; ++jt) {
+    int buf = 0;   // == (jt - jt_begin) % STAGES
+    for (int jt = jt_begin; jt < jt_end; ++jt) {
       // STAGES - 2 groups were committed after tile j's, so this waits for tile j only. The barrier then
       // publishes every thread's copies, and proves that every warp has finished tile j - 1: its buffer
       // is free for the prefetch below. One barrier per tile.
@@ -523,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         // V6_BARRIERS=2 or one stage: the barrier at the end of tile j - 1 freed its buffer, so the
         // prefetch goes first; STAGES - 1 groups (this one included) were committed after tile j's.
         const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
-        if (jn < n_tiles) {
+        if (jn < jt_end) {
           load_tile<BC, CPR, LAYOUT>(sK + nbuf * BC * LD, Kh, jn * BC, N, tid);
           load_tile<BC, CPR, LAYOUT>(sV + nbuf * BC * LD, Vh, jn * BC, N, tid);
         }
@@ -534,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         const int jn = jt + STAGES - 1, nbuf = buf == 0 ? STAGES - 1 : buf - 1;   // (j - 1) % STAGES
-        if (jn < n_tiles) {
+        if (jn < jt_end) {
           load_tile<BC, CPR, LAYOUT>(sK + nbuf * BC * LD, Kh, jn * BC, N, tid);
           load_tile<BC, CPR, LAYOUT>(sV + nbuf * BC * LD, Vh, jn * BC, N, tid);
         }
@@ -544,13 +563,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int j0 = jt * BC;
       const uint32_t sV_addr = smem_addr(sV + buf * BC * LD) + (uint32_t)(a_row * RSB);
       const uint32_t sV_tile = smem_addr(sV + buf * BC * LD);   // V6_LDMATRIX=0
-      if (QKS > 0 && jt == 0) load_q_frags();
+      if (QKS > 0 && jt == jt_begin) load_q_frags();
       float s_acc[WM][NT][4];
       qk(s_acc, buf);
 
-      // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
+      // ---- mask: keys past N, and (causal, window) keys outside the window; only tiles that need it ----
+      // A tile crosses the window's right edge (causal: the diagonal) if its last key is past the first
+      // row's, and its left edge if its first key is before the last row's.
       const bool tail = j0 + BC > N;
-      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+      const bool diag = CAUSAL && ((j0 + BC - 1) - m0 > hi || j0 - m_last < lo);
       if (tail || diag) {
 #pragma unroll
         for (int s = 0; s < WM; ++s)
@@ -560,8 +581,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             for (int e = 0; e < 4; ++e) {
               const int row = m0 + (warp * WM + s) * 16 + g + 8 * (e >> 1);
               const int col = j0 + t * 8 + 2 * q + (e & 1);
-              // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-              if (col >= N || (CAUSAL && col - N > row - M)) s_acc[s][t][e] = -INFINITY;
+              if (col >= N || (CAUSAL && outside_band(col, row, lo, hi))) s_acc[s][t][e] = -INFINITY;
             }
       }
 
@@ -751,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <typename T, int D, int WM, int BC, int QKS, bool CAUSAL, int STAGES, bool LAZY, bool WITH_LSE>
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                   int M, int N, float scale, cudaStream_t stream) {
+                   int M, int N, float scale, int lo, int hi, cudaStream_t stream) {
   constexpr int BR = 16 * WM * kWarps;
   // Q_i + STAGES x (K_j, V_j), rows padded by 16 bytes in the V6_SMEM_LAYOUT=1 step, + P_ij for V6_P_SMEM
   constexpr bool kTF32 = sizeof(T) == 4;
@@ -774,7 +794,8 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
   kernel<<<(unsigned)blocks, kThreads, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                                         static_cast<const T*>(v), static_cast<T*>(o),
-                                                        lse, (int)BH, H / H_kv, M, N, m_blocks, scale_log2);
+                                                        lse, (int)BH, H / H_kv, M, N, m_blocks, scale_log2, lo,
+                                                        hi);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -782,42 +803,48 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
 // WITH_LSE: the instance that also writes lse (training); the forward-only instance stays as it was.
 template <typename T, bool CAUSAL, bool WITH_LSE>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
-                       int H_kv, int M, int N, int D, float scale, cudaStream_t stream) {
+                       int H_kv, int M, int N, int D, float scale, int lo, int hi, cudaStream_t stream) {
   constexpr bool kTF32 = sizeof(T) == 4;
   // TF32: one m16 slice per warp, all of Q_i in registers (16 k8 steps at D=128), two stages, lazy.
   if (D == 64) {
     if constexpr (kTF32) return launch<T, 64, 1, 64, 8, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M,
-                                                                                         N, scale, stream);
+                                                                                         N, scale, lo, hi,
+                                                                                         stream);
     else
       return launch<T, 64, V6_D64_WM, V6_D64_BC, V6_D64_QKS, CAUSAL, V6_D64_STAGES, (V6_D64_LAZY != 0),
-                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
+                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, stream);
   }
   if (D == 128) {
     if constexpr (kTF32) return launch<T, 128, 1, 32, 16, CAUSAL, 2, true, WITH_LSE>(q, k, v, o, lse, B, H, H_kv,
-                                                                                         M, N, scale, stream);
+                                                                                         M, N, scale, lo, hi,
+                                                                                         stream);
     else
       return launch<T, 128, V6_D128_WM, V6_D128_BC, V6_D128_QKS, CAUSAL, V6_D128_STAGES, (V6_D128_LAZY != 0),
-                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
+                    WITH_LSE>(q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, stream);
   }
   return "v6 supports head_dim 64 and 128 only";
 }
 
+// banded: causal or a window that bounds some row (the CAUSAL instance, see flash_fwd_mma).
 template <typename T>
 const char* dispatch_causal(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H,
-                            int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
+                            int H_kv, int M, int N, int D, bool banded, float scale, int lo, int hi,
+                            cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream);
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream);
+    return banded ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, stream);
+  return banded ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, stream);
 }
 
 }  // namespace v6
 
 // dtype: 0 = bfloat16, 1 = float16, 2 = float32 (TF32 mode). lse: nullptr (forward only) or float32
-// [B, H, M]. k and v have H_kv heads, H a multiple of H_kv. Returns nullptr or a message.
+// [B, H, M]. k and v have H_kv heads, H a multiple of H_kv. window_left, window_right: the sliding window
+// (-1: unbounded). Returns nullptr or a message.
 const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v6: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v6: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v6: scale must be a finite number > 0";
@@ -829,10 +856,19 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, flo
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (major < 8)
     return "v6 needs a GPU of compute capability 8.0 or newer (mma.sync bf16/tf32, ldmatrix, cp.async)";
+  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_fwd_mma): causal sets
+  // right = 0; -1, or a side that reaches past every key (left >= N) or every row (right >= M), is
+  // clamped to N or M, where it bounds nothing. A window that bounds no row runs the unmasked instance.
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > N ? N : (int)window_left;
+  const int right = window_right < 0 || window_right > M ? M : (int)window_right;
+  const int lo = N - M - left, hi = N - M + right;
+  const bool banded = left < N || right < M;
   switch (dtype) {
-    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
-    case 1: return v6::dispatch_causal<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
-    case 2: return v6::dispatch_causal<float>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
+    case 0: return v6::dispatch_causal<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi,
+                                                       stream);
+    case 1: return v6::dispatch_causal<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, stream);
+    case 2: return v6::dispatch_causal<float>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, stream);
     default: return "v6: dtype must be bfloat16, float16 or float32";
   }
 }
@@ -850,7 +886,8 @@ const char* v6_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <optional>
 
 const char* v6_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream);
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16, all
 // float16 or all float32 (TF32 mode), on one CUDA device; D in {64, 128}.
@@ -879,37 +916,41 @@ static void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
 }
 
-// Runs the kernel into o (and lse when it is defined); scale None means 1/sqrt(D).
+// Runs the kernel into o (and lse when it is defined); scale None means 1/sqrt(D), a window side -1 no
+// bound.
 static void run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-                        float* lse, bool causal, std::optional<double> scale) {
+                        float* lse, bool causal, std::optional<double> scale, int64_t window_left,
+                        int64_t window_right) {
   const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
   TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
   const auto dtype = q.scalar_type();
   const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
   const int code = dtype == at::kBFloat16 ? 0 : dtype == at::kHalf ? 1 : 2;
   const char* err = v6_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse, code, B, H, H_kv,
-                               M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
+                               M, N, D, causal, s, window_left, window_right, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
 }
 
 // Returns o like q (same dtype).
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale,
+                   int64_t window_left, int64_t window_right) {
   check_qkv(q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
-  run_forward(q, k, v, o, nullptr, causal, scale);
+  run_forward(q, k, v, o, nullptr, causal, scale, window_left, window_right);
   return o;
 }
 
 // The training forward: (o, lse) with lse float32 [B, H, M], lse_i = ln(sum_j exp(scale * q_i . k_j))
 // over the keys row i sees, -inf for a row that sees none. o is bit-identical to forward()'s.
 std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                               std::optional<double> scale) {
+                                               std::optional<double> scale, int64_t window_left,
+                                               int64_t window_right) {
   check_qkv(q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  run_forward(q, k, v, o, lse.data_ptr<float>(), causal, scale);
+  run_forward(q, k, v, o, lse.data_ptr<float>(), causal, scale, window_left, window_right);
   return {o, lse};
 }
 #endif

@@ -26,8 +26,9 @@
 //      atomic mode it also zeroes the fp32 dQ accumulator.
 //   2. bwd_dkdv: one block per key tile K_j, V_j (B_c = 16 keys per warp) of one (batch, kv head); it loops
 //      over the query tiles Q_i, dO_i (B_r = 64 rows) that see any of its keys (causal: it starts at the
-//      first such tile), of each query head of its group in turn. Per tile and warp (its 16 keys x B_r
-//      queries), everything in the transposed form, so that the key dimension is the m dimension of the mma:
+//      first such tile; a window also ends after the last), of each query head of its group in turn. Per
+//      tile and warp (its 16 keys x B_r queries), everything in the transposed form, so that the key
+//      dimension is the m dimension of the mma:
 //        S^T = K_j Q_i^T and dP^T = V_j dO_i^T      (A: K_j / V_j rows, ldmatrix; B: Q_i / dO_i, ldmatrix)
 //        P^T = exp2(S^T * scale_log2 - lse2_i), dS^T = P^T o (dP^T - D_i), both packed to 16 bits
 //        dV_j += P^T dO_i and dK_j += dS^T Q_i      (A: P^T / dS^T straight from the accumulator
@@ -67,8 +68,10 @@
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8)
 //   with the same scale; dk, dv come out like k, v. D in {64, 128}; any M, N >= 1 (M != N allowed).
 //   causal=True is bottom-right aligned exactly like the forward: query row i sees key j iff
-//   j <= i + (N - M); a row that sees no key (M > N) has O = 0 and gets dQ = 0 and adds nothing to dK,
-//   dV. Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer. dQ is summed in a
+//   j <= i + (N - M); a window (window_left, window_right), -1 leaving a side unbounded, too: row i sees
+//   key j iff i + (N - M) - window_left <= j <= i + (N - M) + window_right, and causal sets window_right
+//   to 0. A row that sees no key (M > N, or an empty window) has O = 0 and gets dQ = 0 and adds nothing to
+//   dK, dV. Keys that no query sees get dK = dV = 0. Needs compute capability 8.0 or newer. dQ is summed in a
 //   float32 accumulator: on sm_90 by one bulk reduction per tile (cp.reduce.async.bulk) by default, else
 //   by red.global.add.v2.f32 there and two scalar atomics on older GPUs.
 //
@@ -94,7 +97,8 @@
 //   writes that hit 32 distinct banks, and so do bwd_dkdv_split's stmatrix phases (all checked by the
 //   numpy emulation in tests/test_backward.py).
 //   Registers: every kernel sm_90 runs fits its warps' share of the register file without spills
-//   (ptxas -v); the split kernel's red.global path (older GPUs) spills a few bytes at D = 128, causal.
+//   (ptxas -v); on older GPUs the deterministic mode's bwd_dkdv spills a few bytes at D = 128, causal or
+//   windowed.
 //
 // Why these defaults (the backward chapter has the runs): the atomic mode is the default, determinism
 // costs time at most shapes; bwd_dkdv_split with stmatrix (layout 2) beat bwd_dkdv at every shape, the
@@ -260,6 +264,13 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Whether key j lies outside the window of query row i, the band of diagonals lo <= j - i <= hi: one
+// unsigned compare for both edges (below lo, j - i - lo wraps around past every band width hi - lo;
+// exact for any M, N < 2^31), so a window costs the mask no more than causal's one compare.
+__device__ __forceinline__ bool outside_band(int j, int i, int lo, int hi) {
+  return (unsigned)(j - i) - (unsigned)lo > (unsigned)hi - (unsigned)lo;
 }
 
 // Two floats -> one register of two 16-bit values (lower column in the low half: the mma A layout).
@@ -446,13 +457,19 @@ struct QueryTile {
   int bh, it;
 };
 
-// The first query tile (of B_R rows) that sees any key of the tile starting at n0: key j is seen by rows
-// i >= j - (N - M), so the tile's first key bounds them from below; m_tiles when no row sees it.
-template <int BR, bool CAUSAL>
-__device__ __forceinline__ int first_query_tile(int n0, int M, int N, int m_tiles) {
-  if (!CAUSAL) return 0;
-  const long long first = (long long)n0 - N + M;
-  return first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
+// The query tiles (of B_R rows) that see any key of the B_C keys from n0: [begin, end). Key j is seen by
+// rows j - hi ..= j - lo (CAUSAL: causal or a window, see bwd_dkdv; otherwise every row), so the tile's
+// first key bounds them from below and its last key from above; an empty range when no row sees the
+// tile.
+struct QueryTiles {
+  int begin, end;
+};
+template <int BR, int BC, bool CAUSAL>
+__device__ __forceinline__ QueryTiles query_tiles(int n0, int M, int N, int m_tiles, int lo, int hi) {
+  if (!CAUSAL) return {0, m_tiles};
+  const long long first = (long long)n0 - hi, last = (long long)min(n0 + BC, N) - 1 - lo;
+  return {first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR),
+          last < 0 ? 0 : (int)min((long long)m_tiles, last / BR + 1)};
 }
 
 // ---------------------------------------------------------------- 1. pre-pass -------------------------
@@ -492,12 +509,16 @@ __global__ void __launch_bounds__(kThreads)
 //
 // Warp w owns keys [16w, 16w + 16) of the block's tile. Accumulator element e of n8 tile t sits at key
 // row 16w + g + 8*(e/2) and column 8t + 2q + e%2 (a query for S^T/dP^T, a head-dim column for dK/dV).
+// CAUSAL: the instance for causal=True and for any sliding window, in which row i sees key j iff
+// lo <= j - i <= hi: a band of diagonals, lo = N - M - window_left, hi = N - M + window_right. The
+// launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
+// hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
 template <typename T, int D, int WARPS, bool CAUSAL, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
     bwd_dkdv(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
              T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH_kv, int group, int M,
-             int N, int n_blocks, float scale_log2, float scale) {
+             int N, int n_blocks, float scale_log2, float scale, int lo, int hi) {
   constexpr int THREADS = 32 * WARPS, BC = 16 * WARPS, BR = kBr;
   constexpr int CPR = D / 8;            // 16-byte chunks per row of Q, K, V, dO
   constexpr int ROWB = CPR * 16;        // bytes per row
@@ -526,13 +547,14 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 
   const T* Kh = K + (size_t)bh_kv * N * D;
   const T* Vh = V + (size_t)bh_kv * N * D;
-  const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
-  // Grouped-query attention: the loop below walks the query tiles it_begin .. m_tiles - 1 of each query
+  const QueryTiles range = query_tiles<BR, BC, CAUSAL>(n0, M, N, (M + BR - 1) / BR, lo, hi);
+  const int it_begin = range.begin, it_end = range.end;
+  // Grouped-query attention: the loop below walks the query tiles it_begin .. it_end - 1 of each query
   // head of the group (bh = b * H + h for h = h_kv * group .. h_kv * group + group - 1) in turn.
   const int bh_begin = bh_kv * group, bh_end = bh_begin + group;
   // the query tile k steps after tile it of head bh in that walk (bh_end and on: past the last)
   auto after = [&](int bh, int it, int k) {
-    for (it += k; it >= m_tiles; it -= m_tiles - it_begin) ++bh;
+    for (it += k; it >= it_end; it -= it_end - it_begin) ++bh;
     return QueryTile{bh, it};
   };
 
@@ -542,7 +564,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dv[t][e] = dk[t][e] = 0.f;
 
-  if (it_begin < m_tiles) {   // block-uniform
+  if (it_begin < it_end) {   // block-uniform
     const int x = lane & 7;
     const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;   // A operands, and .trans B operands
     const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;   // B operands, and .trans A (dS)
@@ -617,8 +639,10 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
       rows_times_tile(dp, sV_a, sdO_b);  // dP^T = V_j dO_i^T
 
       // ---- P^T and dS^T, masked where needed, packed to 16 bits ----
+      // the tile's last key past its first query's window (causal: the diagonal), or its first key before
+      // its last query's
       const bool tail = n0 + BC > N;
-      const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;   // last key vs first query of the tile
+      const bool diag = CAUSAL && ((n0 + BC - 1) - i0 > hi || n0 - (min(i0 + BR, M) - 1) < lo);
       uint32_t p_pk[NTQ][2], ds_pk[NTQ][2];
 #pragma unroll
       for (int t = 0; t < NTQ; ++t) {
@@ -632,8 +656,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
           if (tail || diag) {
             const int key = n0 + warp * 16 + g + 8 * (e >> 1);
             const int row = i0 + 8 * t + 2 * q + (e & 1);
-            // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-            if (key >= N || (CAUSAL && key - N > row - M)) p[e] = 0.f;
+            if (key >= N || (CAUSAL && outside_band(key, row, lo, hi))) p[e] = 0.f;
           }
           ds[e] = p[e] * (dp[t][e] - d_e);
         }
@@ -666,7 +689,7 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
       buf ^= 1;
     };
     for (int bh = bh_begin; bh < bh_end; ++bh)
-      for (int it = it_begin; it < m_tiles; ++it) step(bh, it);
+      for (int it = it_begin; it < it_end; ++it) step(bh, it);
   }
 
   // ---- dK_j (times scale) and dV_j straight from registers; also zeros for keys no query sees ----
@@ -702,13 +725,14 @@ __global__ void __launch_bounds__(32 * WARPS, 8 / WARPS)
 //     splits it 2 x 4 (32 queries x D/4 per warp) and stores P^T, dS^T with stmatrix (sm_90).
 // Accumulators per thread: S^T, dP^T B_r/2 floats each, dK_j and dV_j D/2 each.
 // Every operand sum runs in the order bwd_dkdv uses (k16 steps in the same order, query tiles in the same
-// order), so dK and dV come out bit-identical to it and to the deterministic mode.
+// order), so dK and dV come out bit-identical to it and to the deterministic mode. CAUSAL, lo and hi:
+// as in bwd_dkdv.
 template <typename T, int D, int BR, int LAYOUT, int STAGES, int DQ_SUM, bool CAUSAL>
 __global__ void __launch_bounds__(256, 1)
     bwd_dkdv_split(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                    const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
                    T* __restrict__ dK, T* __restrict__ dV, float* __restrict__ dq_acc, int BH_kv, int group,
-                   int M, int N, int n_blocks, float scale_log2, float scale) {
+                   int M, int N, int n_blocks, float scale_log2, float scale, int lo, int hi) {
   constexpr int WARPS = 8, THREADS = 32 * WARPS, BC = 128;
   constexpr bool BULK_DQ = DQ_SUM == kDqBulk;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, DT = D / 8;
@@ -742,13 +766,14 @@ __global__ void __launch_bounds__(256, 1)
 
   const T* Kh = K + (size_t)bh_kv * N * D;
   const T* Vh = V + (size_t)bh_kv * N * D;
-  const int m_tiles = (M + BR - 1) / BR, it_begin = first_query_tile<BR, CAUSAL>(n0, M, N, m_tiles);
-  // Grouped-query attention: the loop below walks the query tiles it_begin .. m_tiles - 1 of each query
+  const QueryTiles range = query_tiles<BR, BC, CAUSAL>(n0, M, N, (M + BR - 1) / BR, lo, hi);
+  const int it_begin = range.begin, it_end = range.end;
+  // Grouped-query attention: the loop below walks the query tiles it_begin .. it_end - 1 of each query
   // head of the group (bh = b * H + h for h = h_kv * group .. h_kv * group + group - 1) in turn.
   const int bh_begin = bh_kv * group, bh_end = bh_begin + group;
   // the query tile k steps after tile it of head bh in that walk (bh_end and on: past the last)
   auto after = [&](int bh, int it, int k) {
-    for (it += k; it >= m_tiles; it -= m_tiles - it_begin) ++bh;
+    for (it += k; it >= it_end; it -= it_end - it_begin) ++bh;
     return QueryTile{bh, it};
   };
 
@@ -760,7 +785,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dv[mi][t][e] = dk[mi][t][e] = 0.f;
 
-  if (it_begin < m_tiles) {   // block-uniform
+  if (it_begin < it_end) {   // block-uniform
     const int x = lane & 7;
     const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
     const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
@@ -842,7 +867,7 @@ __global__ void __launch_bounds__(256, 1)
       cp_async_commit();
       // BULK_DQ: dQ_{i-1}'s image is complete (the step before: tile it - 1, or the previous head's last)
       if (BULK_DQ && tid == 0 && it > it_begin) reduce_dq_tile(bh, it - 1);
-      if (BULK_DQ && tid == 0 && it == it_begin && bh > bh_begin) reduce_dq_tile(bh - 1, m_tiles - 1);
+      if (BULK_DQ && tid == 0 && it == it_begin && bh > bh_begin) reduce_dq_tile(bh - 1, it_end - 1);
 
       const int i0 = it * BR;
       const uint32_t sQ_b = smem_addr(sQ + buf * BR * D) + (uint32_t)((QW * wq + b_row) * ROWB);
@@ -873,7 +898,7 @@ __global__ void __launch_bounds__(256, 1)
       // ---- P^T and dS^T, masked where needed, packed, to shared memory ([key][query], 2 B_r-byte rows,
       //      16-byte chunk c of row r at chunk c ^ (r % 8)) ----
       const bool tail = n0 + BC > N;
-      const bool diag = CAUSAL && (n0 + BC - 1) - N > i0 - M;
+      const bool diag = CAUSAL && ((n0 + BC - 1) - i0 > hi || n0 - (min(i0 + BR, M) - 1) < lo);
       unsigned char* sPb = reinterpret_cast<unsigned char*>(sP);
       unsigned char* sdSb = reinterpret_cast<unsigned char*>(sdS);
       uint32_t p_pk[2][QT][2], ds_pk[2][QT][2];   // [m16 tile][n8 tile][key row g, g + 8]
@@ -891,7 +916,7 @@ __global__ void __launch_bounds__(256, 1)
             if (tail || diag) {
               const int key = n0 + KW * wk + 16 * mi + g + 8 * (e >> 1);
               const int row = i0 + QW * wq + 8 * t + 2 * q + (e & 1);
-              if (key >= N || (CAUSAL && key - N > row - M)) p[e] = 0.f;
+              if (key >= N || (CAUSAL && outside_band(key, row, lo, hi))) p[e] = 0.f;
             }
             ds[e] = p[e] * (dp[mi][t][e] - d_e);
           }
@@ -973,11 +998,11 @@ __global__ void __launch_bounds__(256, 1)
       buf = buf + 1 == STAGES ? 0 : buf + 1;
     };
     for (int bh = bh_begin; bh < bh_end; ++bh)
-      for (int it = it_begin; it < m_tiles; ++it) step(bh, it);
+      for (int it = it_begin; it < it_end; ++it) step(bh, it);
     if constexpr (BULK_DQ) {   // the last tile's dQ, and nothing may be in flight when the block exits
       __syncthreads();
       if (tid == 0) {
-        reduce_dq_tile(bh_end - 1, m_tiles - 1);
+        reduce_dq_tile(bh_end - 1, it_end - 1);
         bulk_wait_all();
       }
     }
@@ -1021,12 +1046,13 @@ __global__ void __launch_bounds__(kThreads)
 //
 // One block per query tile of one (batch, head); warp w owns query rows [16w, 16w + 16) of the tile.
 // Accumulator element e of n8 tile t: row 16w + g + 8*(e/2), column 8t + 2q + e%2 (a key for S and dP, a
-// head-dim column for dQ).
+// head-dim column for dQ). CAUSAL, lo and hi: as in bwd_dkdv.
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(kThreads, 2)
     bwd_dq(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
            const T* __restrict__ dO, const float* __restrict__ lse2, const float* __restrict__ Dvec,
-           T* __restrict__ dQ, int BH, int group, int M, int N, int m_blocks, float scale_log2, float scale) {
+           T* __restrict__ dQ, int BH, int group, int M, int N, int m_blocks, float scale_log2, float scale,
+           int lo, int hi) {
   constexpr int BR = kBr, BC = 64;
   constexpr int CPR = D / 8, ROWB = CPR * 16, KSTEPS = D / 16, NT = BC / 8, DT = D / 8;
 
@@ -1054,10 +1080,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* Vh = V + (size_t)bh_kv * N * D;
   const T* dOh = dO + (size_t)bh * M * D;
 
-  int n_tiles = (N + BC - 1) / BC;
+  // Key tiles [jt_begin, jt_end), as the forward bounds them: the tile's first row sees the lowest keys,
+  // its last row the highest.
+  const int m_last = min(M, m0 + BR) - 1;
+  int jt_begin = 0, jt_end = (N + BC - 1) / BC;
   if (CAUSAL) {
-    const long long last_key = (long long)min(M, m0 + BR) - 1 + N - M;
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+    const long long first_key = (long long)m0 + lo, last_key = (long long)m_last + hi;
+    jt_begin = first_key <= 0 ? 0 : (int)(first_key / BC);
+    jt_end = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
   }
 
   // this lane's two rows: lse2 and D_i (rows past M: 0, harmless, never written)
@@ -1075,7 +1105,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[t][e] = 0.f;
 
-  if (n_tiles > 0) {
+  if (jt_begin < jt_end) {
     const int x = lane & 7;
     const int a_row = x + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
     const int b_row = x + 8 * (lane >> 4), b_chunk = (lane >> 3) & 1;
@@ -1084,8 +1114,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     load_tile<BR, CPR>(sQ, Qh, m0, M, tid);
     load_tile<BR, CPR>(sdO, dOh, m0, M, tid);
-    load_tile<BC, CPR>(sK, Kh, 0, N, tid);
-    load_tile<BC, CPR>(sV, Vh, 0, N, tid);
+    load_tile<BC, CPR>(sK, Kh, jt_begin * BC, N, tid);
+    load_tile<BC, CPR>(sV, Vh, jt_begin * BC, N, tid);
     cp_async_commit();
 
     auto rows_times_tile = [&](float (&acc)[NT][4], uint32_t a_base, uint32_t b_base) {
@@ -1108,10 +1138,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
 
     int buf = 0;
-    for (int jt = 0; jt < n_tiles; ++jt) {
+    for (int jt = jt_begin; jt < jt_end; ++jt) {
       cp_async_wait<0>();
       __syncthreads();
-      if (jt + 1 < n_tiles) {
+      if (jt + 1 < jt_end) {
         load_tile<BC, CPR>(sK + (buf ^ 1) * BC * D, Kh, (jt + 1) * BC, N, tid);
         load_tile<BC, CPR>(sV + (buf ^ 1) * BC * D, Vh, (jt + 1) * BC, N, tid);
       }
@@ -1125,7 +1155,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       rows_times_tile(dp, sdO_a, sV_b);   // dP = dO_i V_j^T
 
       const bool tail = j0 + BC > N;
-      const bool diag = CAUSAL && (j0 + BC - 1) - N > m0 - M;
+      const bool diag = CAUSAL && ((j0 + BC - 1) - m0 > hi || j0 - m_last < lo);
       uint32_t ds_pk[NT][2];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -1137,7 +1167,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (tail || diag) {
             const int row = m0 + warp * 16 + g + 8 * h;
             const int col = j0 + 8 * t + 2 * q + (e & 1);
-            if (col >= N || (CAUSAL && col - N > row - M)) p = 0.f;
+            if (col >= N || (CAUSAL && outside_band(col, row, lo, hi))) p = 0.f;
           }
           ds[e] = p * (dp[t][e] - Dr[h]);
         }
@@ -1191,6 +1221,7 @@ struct Args {
   float *dvec, *lse2, *dq_acc;   // dq_acc: nullptr in deterministic mode
   int B, H, H_kv, M, N;   // q: H heads, k and v: H_kv
   float scale;
+  int lo, hi;   // the window as the kernels take it (see bwd_dkdv)
   bool sm90;   // compute capability 9.0 or newer: the bulk reduction of V6B_DQ_BULK, and B_r = SM90_BR
   cudaStream_t stream;
 };
@@ -1208,7 +1239,7 @@ const char* launch_dkdv(const Args& a, float scale_log2, float scale) {
   kernel<<<(unsigned)(n_blocks * BH_kv), 32 * WARPS, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
-      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale);
+      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale, a.lo, a.hi);
   return nullptr;
 }
 
@@ -1225,7 +1256,7 @@ const char* launch_dkdv_split(const Args& a, float scale_log2, float scale) {
   kernel<<<(unsigned)(n_blocks * BH_kv), 256, smem, a.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse2, a.dvec, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc,
-      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale);
+      (int)BH_kv, a.H / a.H_kv, a.M, a.N, n_blocks, scale_log2, scale, a.lo, a.hi);
   return nullptr;
 }
 
@@ -1283,19 +1314,20 @@ const char* run(const Args& a) {
     dq<<<(unsigned)(m_blocks * BH), kThreads, smem_dq, a.stream>>>(q, k, v, dout, a.lse2, a.dvec,
                                                                      static_cast<T*>(a.dq), (int)BH,
                                                                      a.H / a.H_kv, a.M, a.N, m_blocks,
-                                                                     scale_log2, scale);
+                                                                     scale_log2, scale, a.lo, a.hi);
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// banded: causal or a window that bounds some row (the CAUSAL instances).
 template <typename T>
-const char* dispatch(const Args& a, int D, bool causal) {
+const char* dispatch(const Args& a, int D, bool banded) {
   if (D == 64)
-    return causal ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, V6B_D64_BR, true>(a)
+    return banded ? run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, V6B_D64_BR, true>(a)
                   : run<T, 64, V6B_D64_WARPS, V6B_D64_DET_WARPS, V6B_D64_LAYOUT, V6B_D64_BR, false>(a);
   if (D == 128)
-    return causal ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, kBr, true>(a)
+    return banded ? run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, kBr, true>(a)
                   : run<T, 128, V6B_D128_WARPS, V6B_D128_DET_WARPS, V6B_D128_LAYOUT, kBr, false>(a);
   return "v6 backward supports head_dim 64 and 128 only";
 }
@@ -1304,11 +1336,11 @@ const char* dispatch(const Args& a, int D, bool causal) {
 
 // dtype: 0 = bfloat16, 1 = float16. dvec, lse2: float [B*H*M] scratch; dq_acc: float [B*H*M*D] scratch
 // (atomic mode) or nullptr (deterministic mode). k, v, dk and dv have H_kv heads, H a multiple of H_kv.
-// Returns nullptr or a message.
+// window_left, window_right: the sliding window (-1: unbounded). Returns nullptr or a message.
 const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
                         int dtype, int B, int H, int H_kv, int M, int N, int D, bool causal, float scale,
-                        cudaStream_t stream) {
+                        int64_t window_left, int64_t window_right, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v6 backward: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v6 backward: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v6 backward: scale must be a finite number > 0";
@@ -1317,11 +1349,19 @@ const char* v6_backward(const void* q, const void* k, const void* v, const void*
   if (err != cudaSuccess) return cudaGetErrorString(err);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (major < 8) return "v6 backward needs a GPU of compute capability 8.0 or newer (mma.sync, ldmatrix, cp.async)";
-  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, H_kv, M, N, scale, major >= 9,
-                    stream};
+  // The window as the kernels take it, the band lo <= j - i <= hi (see bwd_dkdv), exactly as the forward
+  // has it: causal sets right = 0; -1, or a side that reaches past every key (left >= N) or every row
+  // (right >= M), is clamped to N or M, where it bounds nothing. A window that bounds no row runs the
+  // unmasked instances.
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > N ? N : (int)window_left;
+  const int right = window_right < 0 || window_right > M ? M : (int)window_right;
+  const bool banded = left < N || right < M;
+  const v6b::Args a{q, k, v, o, lse, dout, dq, dk, dv, dvec, lse2, dq_acc, B, H, H_kv, M, N, scale,
+                    N - M - left, N - M + right, major >= 9, stream};
   switch (dtype) {
-    case 0: return v6b::dispatch<__nv_bfloat16>(a, D, causal);
-    case 1: return v6b::dispatch<__half>(a, D, causal);
+    case 0: return v6b::dispatch<__nv_bfloat16>(a, D, banded);
+    case 1: return v6b::dispatch<__half>(a, D, banded);
     default: return "v6 backward: dtype must be bfloat16 or float16";
   }
 }
@@ -1340,16 +1380,17 @@ const char* v6_backward(const void* q, const void* k, const void* v, const void*
 const char* v6_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* dvec, float* lse2, float* dq_acc,
                         int dtype, int B, int H, int H_kv, int M, int N, int D, bool causal, float scale,
-                        cudaStream_t stream);
+                        int64_t window_left, int64_t window_right, cudaStream_t stream);
 
 // q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
-// contiguous, one CUDA device; lse: float32 [B, H, M] from forward_lse with the same q, k, v, causal and
-// scale (None: 1/sqrt(D)). Returns (dq, dk, dv), dk and dv like k and v.
+// contiguous, one CUDA device; lse: float32 [B, H, M] from forward_lse with the same q, k, v, causal,
+// scale (None: 1/sqrt(D)) and window (a side -1: no bound). Returns (dq, dk, dv), dk and dv like k and v.
 // deterministic=false: dQ summed with fp32 atomics (fastest); true: a separate dQ kernel, bit-identical
 // from run to run. Messages carry no numbers (see v6.cu).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                                                         at::Tensor lse, at::Tensor dout, bool causal,
-                                                        bool deterministic, std::optional<double> scale) {
+                                                        bool deterministic, std::optional<double> scale,
+                                                        int64_t window_left, int64_t window_right) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
@@ -1386,7 +1427,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
                                 dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                 dvec.data_ptr<float>(), lse2.data_ptr<float>(),
                                 deterministic ? nullptr : dq_acc.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1,
-                                B, H, H_kv, M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
+                                B, H, H_kv, M, N, D, causal, s, window_left, window_right,
+                                c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {dq, dk, dv};
 }

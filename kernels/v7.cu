@@ -34,11 +34,15 @@
 //     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
+//   window (window_left, window_right), FlashAttention-2's window_size, aligned the same way: row i may
+//     attend key j iff i + (N - M) - window_left <= j <= i + (N - M) + window_right, -1 leaving that side
+//     unbounded; causal=True is the window (-1, 0) and sets window_right to 0. As with causal, only the
+//     key tiles some row of the block sees are loaded, and only tiles crossing an edge are masked.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
-//   Training: forward_lse(q, k, v, causal, scale) returns (o, lse), lse float32 [B, H, M] = m_i * scale +
-//     ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
-//     forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module),
-//     so the forward-only build and its machine code are as they were.
+//   Training: forward_lse(q, k, v, causal, scale, window_left, window_right) returns (o, lse), lse float32
+//     [B, H, M] = m_i * scale + ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu
+//     needs; o is bit-identical to forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1
+//     (flashattn.autograd.forward_module), so the forward-only build and its machine code are as they were.
 //
 // Tiles (per template instance; override with -D at build time, see the V7_* macros below):
 //   D=64 : 2 warpgroups (B_r = 128, 256 threads), B_c = 128, 2 stages. smem 16 KB Q_i + 2 x (16 KB K_j +
@@ -293,6 +297,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// Whether key j lies outside the window of query row i, the band of diagonals lo <= j - i <= hi: one
+// unsigned compare for both edges (below lo, j - i - lo wraps around past every band width hi - lo;
+// exact for any M, N < 2^31), so a window costs the mask no more than causal's one compare.
+__device__ __forceinline__ bool outside_band(int j, int i, int lo, int hi) {
+  return (unsigned)(j - i) - (unsigned)lo > (unsigned)hi - (unsigned)lo;
+}
+
 // Two floats -> one register of two 16-bit values, lower column in the low half (the A fragment order).
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
@@ -322,14 +333,18 @@ struct Layout {
 };
 
 // WITH_LSE (training, forward_lse): also write lse_i = ln(sum_j exp(S_ij * scale)), float32 [B*H][M], for
-// the backward (kernels/v6_backward.cu); LSE is the last parameter, so the forward-only instance keeps
+// the backward (kernels/v6_backward.cu); LSE and the window come last, so the forward-only instance keeps
 // its parameter layout and machine code.
+// CAUSAL: the instance for causal=True and for any sliding window, in which row i sees key j iff
+// lo <= j - i <= hi: a band of diagonals, lo = N - M - window_left, hi = N - M + window_right. The
+// launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
+// hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA, bool WITH_LSE>
 __global__ void __launch_bounds__(128 * NWG, MINB)
     flash_fwd_wgmma(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                     const __grid_constant__ CUtensorMap tmV, const T* __restrict__ Q, const T* __restrict__ K,
                     const T* __restrict__ V, T* __restrict__ O, int BH, int group, int M, int N, int m_blocks,
-                    float scale_log2, float* __restrict__ LSE) {
+                    float scale_log2, float* __restrict__ LSE, int lo, int hi) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr int BR = L::BR, PANELS = D / 64;
   constexpr int NT = BC / 8;   // n8 column groups of S_ij per thread row
@@ -363,11 +378,14 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
   // (b * H + h) / group = b * H_kv + h / group in the flat index.
   const int bh_kv = bh / group;
 
-  int n_tiles = (N + BC - 1) / BC;
+  // Key tiles kt0 .. kt0 + n_tiles - 1; the loop counts them from 0 (stages and phases run from there).
+  int kt0 = 0, n_tiles = (N + BC - 1) / BC;
   if (CAUSAL) {
-    // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M
-    const long long last_key = (long long)min(m0 + BR, M) - 1 + N - M;
-    n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+    // the block's first row m0 sees keys from m0 + lo on, its last row min(m0 + BR, M) - 1 up to that
+    // row + hi
+    const long long first_key = (long long)m0 + lo, last_key = (long long)min(m0 + BR, M) - 1 + hi;
+    kt0 = first_key <= 0 ? 0 : (int)(first_key / BC);
+    n_tiles = last_key < 0 ? 0 : max(0, (int)((min((long long)N, last_key + 1) + BC - 1) / BC) - kt0);
   }
   if (n_tiles == 0) {   // block-uniform: no row of this block sees a key, its output is 0
     for (int idx = tid; idx < BR * D / 8; idx += 128 * NWG) {
@@ -383,18 +401,20 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     const int s = t % STAGES;
     if constexpr (!TMA) {
       if (t < n_tiles) {
-        copy_tile<BC, D, 128 * NWG>(sK + s * L::KV_BYTES, K + (size_t)bh_kv * N * D, t * BC, N, tid);
-        copy_tile<BC, D, 128 * NWG>(sV + s * L::KV_BYTES, V + (size_t)bh_kv * N * D, t * BC, N, tid);
+        copy_tile<BC, D, 128 * NWG>(sK + s * L::KV_BYTES, K + (size_t)bh_kv * N * D, (kt0 + t) * BC, N, tid);
+        copy_tile<BC, D, 128 * NWG>(sV + s * L::KV_BYTES, V + (size_t)bh_kv * N * D, (kt0 + t) * BC, N, tid);
       }
       cp_async_commit();   // an empty group past the last tile keeps the wait_group count uniform
       return;
     }
     mbar_arrive_expect_tx(bar_k(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh_kv, bar_k(s));
+    for (int p = 0; p < PANELS; ++p)
+      tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, (kt0 + t) * BC, bh_kv, bar_k(s));
     mbar_arrive_expect_tx(bar_v(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh_kv, bar_v(s));
+    for (int p = 0; p < PANELS; ++p)
+      tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, (kt0 + t) * BC, bh_kv, bar_v(s));
   };
 
   if (tid == 0) {
@@ -474,10 +494,12 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
     wgmma_wait<0>();
     pin(s_acc);
 
-    // ---- mask: keys past N, and (causal) keys past the diagonal; only tiles that need it ----
-    const int j0 = jt * BC;
+    // ---- mask: keys past N, and (causal, window) keys outside the window; only tiles that need it ----
+    // A tile crosses the window's right edge (causal: the diagonal) if its last key is past the warp's
+    // first row's, and its left edge if its first key is before the warp's last row's.
+    const int j0 = (kt0 + jt) * BC;
     const bool tail = j0 + BC > N;
-    const bool diag = CAUSAL && (j0 + BC - 1) - N > warp_row0 - M;
+    const bool diag = CAUSAL && ((j0 + BC - 1) - warp_row0 > hi || j0 - min(warp_row0 + 15, M - 1) < lo);
     if (tail || diag) {
 #pragma unroll
       for (int t = 0; t < NT; ++t)
@@ -485,8 +507,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB)
         for (int e = 0; e < 4; ++e) {
           const int row = warp_row0 + g + 8 * (e >> 1);
           const int col = j0 + t * 8 + 2 * q + (e & 1);
-          // j <= i + N - M written as j - N <= i - M so that nothing can overflow
-          if (col >= N || (CAUSAL && col - N > row - M)) s_acc[4 * t + e] = -INFINITY;
+          if (col >= N || (CAUSAL && outside_band(col, row, lo, hi))) s_acc[4 * t + e] = -INFINITY;
         }
     }
 
@@ -594,7 +615,7 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, int MINB, bool TMA, bool WITH_LSE>
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
-                   int N, float scale, cudaStream_t stream) {
+                   int N, float scale, int lo, int hi, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES>;
   constexpr size_t smem = L::DYNAMIC + V7_SMEM_PAD;
   auto kernel = flash_fwd_wgmma<T, D, NWG, BC, CAUSAL, STAGES, MINB, TMA, WITH_LSE>;
@@ -619,35 +640,36 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   kernel<<<(unsigned)blocks, 128 * NWG, smem, stream>>>(tmQ, tmK, tmV, static_cast<const T*>(q),
                                                          static_cast<const T*>(k), static_cast<const T*>(v),
                                                          static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
-                                                         scale_log2, lse);
+                                                         scale_log2, lse, lo, hi);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, bool CAUSAL, bool WITH_LSE>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                       int M, int N, int D, float scale, cudaStream_t stream) {
+                       int M, int N, int D, float scale, int lo, int hi, cudaStream_t stream) {
   if (D == 64)
     return launch<T, 64, V7_D64_WG, V7_D64_BC, CAUSAL, V7_STAGES, V7_D64_MINB, (V7_TMA != 0), WITH_LSE>(
-        q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, stream);
   if (D == 128)
     return launch<T, 128, V7_D128_WG, V7_D128_BC, CAUSAL, V7_STAGES, V7_D128_MINB, (V7_TMA != 0), WITH_LSE>(
-        q, k, v, o, lse, B, H, H_kv, M, N, scale, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, stream);
   return "v7 supports head_dim 64 and 128 only";
 }
 
 // lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
 // only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
-// compiles no more kernels than before.
+// compiles no more kernels than before. banded: causal or a window that bounds some row (the CAUSAL
+// instance, see flash_fwd_wgmma).
 template <typename T>
 const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                         int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
+                         int M, int N, int D, bool banded, float scale, int lo, int hi, cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, stream);
+    return banded ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, stream);
 #if FLASHATTN_LSE
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, stream);
+  return banded ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, stream);
 #else
   return "v7: forward_lse needs a build with -DFLASHATTN_LSE=1";
 #endif
@@ -656,9 +678,11 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 }  // namespace v7
 
 // dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. k and v have H_kv heads,
-// H a multiple of H_kv. Returns nullptr or a message.
+// H a multiple of H_kv. window_left, window_right: the sliding window (-1: unbounded). Returns nullptr or a
+// message.
 const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream) {
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v7: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v7: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v7: scale must be a finite number > 0";
@@ -672,8 +696,16 @@ const char* v7_forward(const void* q, const void* k, const void* v, void* o, flo
     return "v7 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v7: dtype must be bfloat16 or float16";
-  return bf16 ? v7::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream)
-              : v7::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, stream);
+  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_fwd_wgmma): causal sets
+  // right = 0; -1, or a side that reaches past every key (left >= N) or every row (right >= M), is
+  // clamped to N or M, where it bounds nothing. A window that bounds no row runs the unmasked instance.
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > N ? N : (int)window_left;
+  const int right = window_right < 0 || window_right > M ? M : (int)window_right;
+  const int lo = N - M - left, hi = N - M + right;
+  const bool banded = left < N || right < M;
+  return bf16 ? v7::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, stream)
+              : v7::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -689,13 +721,16 @@ const char* v7_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <optional>
 
 const char* v7_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B,
-                       int H, int H_kv, int M, int N, int D, bool causal, float scale, cudaStream_t stream);
+                       int H, int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
-// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D).
-// Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no numbers (see v6.cu).
+// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D), a
+// window side -1 no bound. Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no
+// numbers (see v6.cu).
 static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                                      std::optional<double> scale, bool with_lse) {
+                                                      std::optional<double> scale, int64_t window_left,
+                                                      int64_t window_right, bool with_lse) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v7 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -723,18 +758,21 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
   if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
   const char* err = v7_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H,
-                               H_kv, M, N, D, causal, s, c10::cuda::getCurrentCUDAStream());
+                               H_kv, M, N, D, causal, s, window_left, window_right,
+                               c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
 }
 
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
-  return std::get<0>(run_forward(q, k, v, causal, scale, false));
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale,
+                   int64_t window_left, int64_t window_right) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, window_left, window_right, false));
 }
 
 // Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(scale * S_ij)), -inf for a row that sees no key.
 std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                               std::optional<double> scale) {
-  return run_forward(q, k, v, causal, scale, true);
+                                               std::optional<double> scale, int64_t window_left,
+                                               int64_t window_right) {
+  return run_forward(q, k, v, causal, scale, window_left, window_right, true);
 }
 #endif

@@ -34,7 +34,8 @@
 //     blocks' sums of key tiles where plain bands (block c: items c, G + c, ...) did not.
 //   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
 //   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
-//   masked; the row blocks with the most key tiles go first.
+//   masked; the row blocks with the most key tiles go first. A sliding window also starts the tiles at
+//   the block's first visible key, and masks the tiles its left edge crosses in a loop of their own.
 //   V8_SPECIALIZE=0 (the others then default to 0) is v7's loop on v8's barriers: every warpgroup
 //   computes and thread 0 also copies; v7's tiles (2 warpgroups and two blocks per SM at D=64, 3 at
 //   D=128).
@@ -49,11 +50,14 @@
 //     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
+//   window (window_left, window_right), FlashAttention-2's window_size, aligned the same way: row i may
+//     attend key j iff i + (N - M) - window_left <= j <= i + (N - M) + window_right, -1 leaving that side
+//     unbounded; causal=True is the window (-1, 0) and sets window_right to 0.
 //   Needs compute capability 9.0 exactly (sm_90a instructions); the launcher refuses anything else.
-//   Training: forward_lse(q, k, v, causal, scale) returns (o, lse), lse float32 [B, H, M] = m_i * scale +
-//     ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu needs; o is bit-identical to
-//     forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module),
-//     so the forward-only build and its machine code are as they were.
+//   Training: forward_lse(q, k, v, causal, scale, window_left, window_right) returns (o, lse), lse float32
+//     [B, H, M] = m_i * scale + ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu
+//     needs; o is bit-identical to forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1
+//     (flashattn.autograd.forward_module), so the forward-only build and its machine code are as they were.
 //
 // Tiles (per template instance; override with -D at build time, see the V8_* macros below):
 //   D=64 : 3 consumer warpgroups + 1 producer (B_r = 192, 512 threads), B_c = 128, 2 stages. smem 24 KB
@@ -482,15 +486,19 @@ struct Registers {
 };
 
 // WITH_LSE (training, forward_lse): also write lse_i = ln(sum_j exp(S_ij * scale)), float32 [B*H][M], for
-// the backward (kernels/v6_backward.cu); LSE comes after scale_log2, so the forward-only instance keeps
-// its parameter layout and machine code.
+// the backward (kernels/v6_backward.cu); LSE and the window come after scale_log2, so the forward-only
+// instance keeps its parameter layout and machine code.
+// CAUSAL: the instance for causal=True and for any sliding window, in which row i sees key j iff
+// lo <= j - i <= hi: a band of diagonals, lo = N - M - window_left, hi = N - M + window_right. The
+// launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
+// hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
 __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
                                   Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
-                 int m_blocks, float scale_log2, float* __restrict__ LSE V8_TRACE_PARAMS) {
+                 int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi V8_TRACE_PARAMS) {
   static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
@@ -514,9 +522,9 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
 
-  // One work item: Q_i's row block m_block of head bh. Causal: the items with the most key tiles (last
-  // row blocks) go first, as in v6.
-  int m_block = 0, bh = 0, bh_kv = 0, m0 = 0, n_tiles = 0;
+  // One work item: Q_i's row block m_block of head bh, and its key tiles kt0 .. kt0 + n_tiles - 1 (counted
+  // from 0 below). Causal: the items with the most key tiles (last row blocks) go first, as in v6.
+  int m_block = 0, bh = 0, bh_kv = 0, m0 = 0, kt0 = 0, n_tiles = 0;
   T* Oh = O;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
     if (CAUSAL) {
@@ -531,11 +539,14 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
     // (b * H + h) / group = b * H_kv + h / group in the flat index.
     bh_kv = bh / group;
+    kt0 = 0;
     n_tiles = (N + BC - 1) / BC;
     if (CAUSAL) {
-      // the block's last row min(m0 + BR, M) - 1 sees keys up to that row + N - M: later tiles are skipped
-      const long long last_key = (long long)min(m0 + BR, M) - 1 + N - M;
-      n_tiles = last_key < 0 ? 0 : (int)((min((long long)N, last_key + 1) + BC - 1) / BC);
+      // the block's first row m0 sees keys from m0 + lo on (earlier tiles are skipped), its last row
+      // min(m0 + BR, M) - 1 up to that row + hi (later tiles are skipped)
+      const long long first_key = (long long)m0 + lo, last_key = (long long)min(m0 + BR, M) - 1 + hi;
+      kt0 = first_key <= 0 ? 0 : (int)(first_key / BC);
+      n_tiles = last_key < 0 ? 0 : max(0, (int)((min((long long)N, last_key + 1) + BC - 1) / BC) - kt0);
     }
   };
   // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it), and
@@ -581,14 +592,16 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     if (u >= STAGES) mbar_wait(empty_k(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_k(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, t * BC, bh_kv, full_k(s));
+    for (int p = 0; p < PANELS; ++p)
+      tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, (kt0 + t) * BC, bh_kv, full_k(s));
   };
   auto load_v = [&](int t) {
     const int u = kv_base + t, s = u % STAGES;
     if (u >= STAGES) mbar_wait(empty_v(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_v(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, t * BC, bh_kv, full_v(s));
+    for (int p = 0; p < PANELS; ++p)
+      tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, (kt0 + t) * BC, bh_kv, full_v(s));
   };
   auto load_q = [&] {
     mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
@@ -620,13 +633,17 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     const int g = lane >> 2, q = lane & 3;
     const int warp_row0 = m0 + cwg * 64 + wq * 16;   // first of this warp's 16 rows
     const uint32_t q_base = sQ + cwg * 64 * 128;      // this warpgroup's rows start 64 x 128 bytes in
-    // The first key tile that needs a mask, the same for the whole block: the partial tile at the end
-    // of N, or (causal) the first tile whose last key lies past the diagonal of the block's first row
-    // (that row sees keys up to m0 + N - M). Tiles before it run the softmax without any mask.
-    int first_masked = N / BC;
+    // The tiles that need no mask, the same for the whole block: [first_unmasked, first_masked) of the
+    // item's tiles. first_masked: the partial tile at the end of N, or (causal, window) the first tile
+    // whose last key lies past the window of the block's first row (its keys end at m0 + hi).
+    // first_unmasked (window): the first tile that starts at or after the first key of the block's last
+    // row (0 for causal: every row's window starts at key 0 or before).
+    int first_masked = N / BC, first_unmasked = 0;
     if (CAUSAL) {
-      const long long seen = (long long)m0 + N - M + 1;   // keys the block's first row sees
-      first_masked = min(first_masked, seen <= 0 ? 0 : (int)(seen / BC));
+      const long long seen = (long long)m0 + hi + 1;   // keys up to the first row's last one
+      first_masked = min(first_masked, seen <= 0 ? 0 : (int)(seen / BC)) - kt0;
+      const long long first_key = (long long)min(m0 + BR, M) - 1 + lo;   // the last row's first key
+      first_unmasked = first_key <= 0 ? 0 : (int)((first_key + BC - 1) / BC) - kt0;
     }
     // Ping-pong: warpgroup c waits on barrier 1 + c and hands the turn to the next one, cyclically.
     // Each barrier completes when 128 threads wait and 128 arrive.
@@ -672,31 +689,38 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     auto wait_k = [&](int t) { mbar_wait(full_k((kv_base + t) % STAGES), ((kv_base + t) / STAGES) & 1); };
     auto wait_v = [&](int t) { mbar_wait(full_v((kv_base + t) % STAGES), ((kv_base + t) / STAGES) & 1); };
 
-    // Mask tile t (keys past N; causal: keys past the diagonal), then the online softmax, one row half
-    // (g or g + 8) at a time. MASK: Unmasked, Masked, or Checked (mask if t >= first_masked, a run-time
-    // branch). PACK_NOW: P goes to 16 bits at once (nothing reads p_pack now); otherwise P stays fp32
-    // in s_acc until the product reading p_pack has finished. With the overlap the mask must be a
-    // template choice: a branch between the two waits makes ptxas wait for the P V product before it
-    // (it keeps no wgmma in flight across a branch that may diverge), and the softmax would no longer
-    // overlap anything.
+    // Mask tile t (keys past N; causal, window: keys outside the window), then the online softmax, one row
+    // half (g or g + 8) at a time. MASK: Unmasked, Masked, or Checked (mask outside [first_unmasked,
+    // first_masked), a run-time branch). PACK_NOW: P goes to 16 bits at once (nothing reads p_pack now);
+    // otherwise P stays fp32 in s_acc until the product reading p_pack has finished. With the overlap the
+    // mask must be a template choice: a branch between the two waits makes ptxas wait for the P V product
+    // before it (it keeps no wgmma in flight across a branch that may diverge), and the softmax would no
+    // longer overlap anything.
     auto softmax = [&](int t, auto pack_now, auto mask) {
       constexpr int MASK = decltype(mask)::value;
-      if (MASK == 1 || (MASK == 2 && t >= first_masked)) {
-        // Row i sees keys up to min(N - 1, i + N - M). Measured from this thread's first column in the
-        // tile (t B_c + 2q), element (c, e) sits c * 8 + (e & 1) further on: one compare with a constant
-        // per element, against two per-thread limits (rows g and g + 8), keeps the mask cheap in registers.
-        int visible[2];
+      if (MASK == 1 || (MASK == 2 && (t >= first_masked || t < first_unmasked))) {
+        // Row i sees keys up to min(N - 1, i + hi) (CAUSAL: and from i + lo on). Measured from this
+        // thread's first column in the tile ((kt0 + t) B_c + 2q), element (c, e) sits c * 8 + (e & 1)
+        // further on: one compare with a constant per element and side, against two per-thread limits
+        // (rows g and g + 8) per side, keeps the mask cheap in registers.
+        int visible[2], before[2];   // from that column: the row's last key, the last key before its window
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = warp_row0 + g + 8 * h;
-          const int last = CAUSAL ? min(N - 1, (row - M) + N) : N - 1;   // row - M < 0: no overflow
-          visible[h] = last - (t * BC + 2 * q);
+          const int row = warp_row0 + g + 8 * h, col = (kt0 + t) * BC + 2 * q;
+          // min(N - 1, row + hi) and row + lo, summed so that no step can pass 2^31 (hi - N and lo + M
+          // are the window's sides less M and N: row + hi itself could, when M + N does)
+          const int last = CAUSAL ? N + min(-1, row + (hi - N)) : N - 1;
+          visible[h] = last - col;
+          before[h] = (row - M) + (lo + M) - 1 - col;
         }
 #pragma unroll
         for (int c = 0; c < NT; ++c)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s_acc[4 * c + e] = c * 8 + (e & 1) > visible[e >> 1] ? -INFINITY : s_acc[4 * c + e];
+          for (int e = 0; e < 4; ++e) {
+            const int at = c * 8 + (e & 1);
+            const bool outside = at > visible[e >> 1] || (CAUSAL && at <= before[e >> 1]);
+            s_acc[4 * c + e] = outside ? -INFINITY : s_acc[4 * c + e];
+          }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -852,6 +876,11 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     };
     int j = 0;
     if constexpr (OVERLAP) {   // the tiles without a mask, then those with one: no branch in either loop
+      // (a window's left edge first: the tiles it crosses are masked too, in a loop of their own that
+      // causal never enters)
+      if constexpr (CAUSAL)
+#pragma unroll 1
+        for (; j + 1 < min(n_tiles, first_unmasked); ++j) step(j, Masked{});
 #pragma unroll 1
       for (; j + 1 < min(n_tiles, first_masked); ++j) step(j, Unmasked{});
 #pragma unroll 1
@@ -1022,7 +1051,7 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
-                   int N, float scale, const Trace& trace, cudaStream_t stream) {
+                   int N, float scale, int lo, int hi, const Trace& trace, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
   auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
@@ -1056,39 +1085,45 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
     return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
   kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
-                                             scale_log2, lse V8_TRACE_ARGS(trace));
+                                             scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, bool CAUSAL, bool WITH_LSE>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                       int M, int N, int D, float scale, const Trace& trace, cudaStream_t stream) {
+                       int M, int N, int D, float scale, int lo, int hi, const Trace& trace,
+                       cudaStream_t stream) {
   constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
     return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
                   (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE>(
-        q, k, v, o, lse, B, H, H_kv, M, N, scale, trace, stream);
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE>(q, k, v, o, lse, B, H, H_kv,
-                                                                                       M, N, scale, trace, stream);
+                                                                                       M, N, scale, lo, hi,
+                                                                                       trace, stream);
   return "v8 supports head_dim 64 and 128 only";
 }
 
 // lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
 // only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
-// compiles no more kernels than before.
+// compiles no more kernels than before. banded: causal or a window that bounds some row (the CAUSAL
+// instance, see flash_fwd_ws).
 template <typename T>
 const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                         int M, int N, int D, bool causal, float scale, const Trace& trace, cudaStream_t stream) {
+                         int M, int N, int D, bool banded, float scale, int lo, int hi, const Trace& trace,
+                         cudaStream_t stream) {
   if (lse == nullptr)
-    return causal ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, trace, stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, trace, stream);
+    return banded ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, trace,
+                                               stream)
+                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, trace,
+                                                stream);
 #if FLASHATTN_LSE
-  return causal ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, trace, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, trace, stream);
+  return banded ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, trace, stream)
+                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, trace, stream);
 #else
   return "v8: forward_lse needs a build with -DFLASHATTN_LSE=1";
 #endif
@@ -1098,10 +1133,12 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 
 // dtype: 0 = bfloat16, 1 = float16. lse: nullptr, or float [B*H*M] for forward_lse. trace: null, or a
 // buffer [trace_items][TRACE_ROLES][1 + trace_tiles][TRACE_WORDS] of 64-bit words for a V8_TRACE build. k and
-// v have H_kv heads, H a multiple of H_kv. Returns nullptr or a message.
+// v have H_kv heads, H a multiple of H_kv. window_left, window_right: the sliding window (-1: unbounded).
+// Returns nullptr or a message.
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
-                       int H_kv, int M, int N, int D, bool causal, float scale, unsigned long long* trace,
-                       int trace_items, int trace_tiles, cudaStream_t stream) {
+                       int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, unsigned long long* trace, int trace_items, int trace_tiles,
+                       cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
@@ -1117,8 +1154,17 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
     return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
   if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
-  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, tr, stream)
-              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, causal, scale, tr, stream);
+  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_fwd_ws): causal sets
+  // right = 0; -1, or a side that reaches past every key (left >= N) or every row (right >= M), is
+  // clamped to N or M, where it bounds nothing. A window that bounds no row runs the unmasked instance.
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > N ? N : (int)window_left;
+  const int right = window_right < 0 || window_right > M ? M : (int)window_right;
+  const int lo = N - M - left, hi = N - M + right;
+  const bool banded = left < N || right < M;
+  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, tr,
+                                                stream)
+              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, tr, stream);
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -1134,15 +1180,18 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <optional>
 
 const char* v8_forward(const void* q, const void* k, const void* v, void* o, float* lse, int dtype, int B, int H,
-                       int H_kv, int M, int N, int D, bool causal, float scale, unsigned long long* trace,
-                       int trace_items, int trace_tiles, cudaStream_t stream);
+                       int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                       int64_t window_right, unsigned long long* trace, int trace_items, int trace_tiles,
+                       cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
-// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D).
-// Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no numbers (see v6.cu).
-// trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see flashattn/book/trace.py.
+// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D), a
+// window side -1 no bound. Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no
+// numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see
+// flashattn/book/trace.py.
 static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                                      std::optional<double> scale, at::Tensor* trace,
+                                                      std::optional<double> scale, int64_t window_left,
+                                                      int64_t window_right, at::Tensor* trace,
                                                       bool with_lse = false) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
@@ -1185,25 +1234,28 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
   if (with_lse) lse = at::empty({B, H, M}, q.options().dtype(at::kFloat));
   const char* err = v8_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                with_lse ? lse.data_ptr<float>() : nullptr, dtype == at::kBFloat16 ? 0 : 1, B, H,
-                               H_kv, M, N, D, causal, s, buffer, items, tiles, c10::cuda::getCurrentCUDAStream());
+                               H_kv, M, N, D, causal, s, window_left, window_right, buffer, items, tiles,
+                               c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
 }
 
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale) {
-  return std::get<0>(run_forward(q, k, v, causal, scale, nullptr));
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, std::optional<double> scale,
+                   int64_t window_left, int64_t window_right) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, window_left, window_right, nullptr));
 }
 
 // Training: (o, lse), lse float32 [B, H, M] = ln(sum_j exp(scale * S_ij)), -inf for a row that sees no key.
 std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
-                                               std::optional<double> scale) {
-  return run_forward(q, k, v, causal, scale, nullptr, true);
+                                               std::optional<double> scale, int64_t window_left,
+                                               int64_t window_right) {
+  return run_forward(q, k, v, causal, scale, window_left, window_right, nullptr, true);
 }
 
 // The same product (at scale 1/sqrt(D)), and clock stamps into `trace` (a build with -DV8_TRACE=1 only;
 // others refuse).
 at::Tensor forward_trace(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor trace) {
-  return std::get<0>(run_forward(q, k, v, causal, std::nullopt, &trace));
+  return std::get<0>(run_forward(q, k, v, causal, std::nullopt, -1, -1, &trace));
 }
 #endif
 

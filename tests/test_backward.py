@@ -23,7 +23,7 @@ from conftest import HALF_DTYPES, poison_allocator, run_sanitized
 from test_v6 import a16, halves, ldmatrix_x4
 from test_v7 import is_hopper
 
-from flashattn.reference import attention_reference, sdpa
+from flashattn.reference import attention_reference, sdpa, window_mask
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,17 +228,19 @@ def check_grads(fwd, bwd, B, H, M, N, D, dtype, causal, deterministic, seed, q_s
     return compare_grads(got, q, k, v, do, causal)
 
 
-def compare_grads(got, q, k, v, do, causal, scale=None):
+def compare_grads(got, q, k, v, do, causal, scale=None, window=(-1, -1)):
     """`got` = (dq, dk, dv) of attention(q, k, v) given do, against float64 autograd of the reference: each
-    relative error at most twice PyTorch's own (SDPA, grouped-query heads by its enable_gqa) in the same
-    dtype; every element written and finite; rows that see no key get dq = 0. Returns `got`."""
+    relative error at most twice PyTorch's own (SDPA, grouped-query heads by its enable_gqa, a sliding
+    window by an explicit boolean mask) in the same dtype; every element written and finite; rows that see
+    no key get dq = 0. Returns `got`."""
     M, N, dtype = q.shape[2], k.shape[2], q.dtype
-    ref = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, scale=scale), q.double(),
-                         k.double(), v.double(), do.double())
-    torch_grads = autograd_grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale), q, k, v, do)
+    ref = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, scale=scale, window=window),
+                         q.double(), k.double(), v.double(), do.double())
+    torch_grads = autograd_grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale, window=window), q, k, v,
+                                 do)
     if not all(torch.isfinite(t).all() for t in torch_grads):   # SDPA's NaN for rows with no key (M > N)
         torch_grads = autograd_grads(lambda a, b, c: attention_reference(a, b, c, causal=causal, dtype=dtype,
-                                                                         scale=scale), q, k, v, do)
+                                                                         scale=scale, window=window), q, k, v, do)
     floor = 1e-3 * torch.linalg.vector_norm(do.double()).item()
     for name, g, r, t in zip(("dq", "dk", "dv"), got, ref, torch_grads):
         assert g.dtype == dtype and g.shape == r.shape
@@ -250,8 +252,9 @@ def compare_grads(got, q, k, v, do, causal, scale=None):
         # leaves fp32 rounding noise there that PyTorch's kernel happens not to.
         slack = 0.5 * torch.finfo(dtype).eps * floor / max(torch.linalg.vector_norm(r).item(), floor)
         assert e_ours <= 2 * e_torch + slack, f"{name}: relative error {e_ours:.3e} > 2 x PyTorch's {e_torch:.3e}"
-    if causal and M > N:   # rows with no visible key: zero gradient
-        assert (got[0][:, :, :M - N] == 0).all()
+    mask = window_mask(M, N, causal, window, q.device)
+    if mask is not None:   # rows with no visible key (causal with M > N, a window past the keys): zero gradient
+        assert (got[0][:, :, ~mask.any(1)] == 0).all()
     return got
 
 

@@ -192,17 +192,18 @@ def draw(*key):
     return seed, (1, 2)[seed % 2], (torch.bfloat16, torch.float16)[(seed >> 1) % 2]
 
 
-def run_forward(version, q, k, v, causal, scale):
+def run_forward(version, q, k, v, causal, scale, window=(-1, -1)):
     poison_allocator(q)   # the output's future memory holds NaN: a forgotten element stays NaN
-    out = flashattn.forward(q, k, v, version=version, causal=causal, scale=scale)
+    out = flashattn.forward(q, k, v, version=version, causal=causal, scale=scale, window=window)
     torch.cuda.synchronize()
     return out
 
 
-def gradients(version, q, k, v, do, causal, scale, deterministic=False):
+def gradients(version, q, k, v, do, causal, scale, deterministic=False, window=(-1, -1)):
     """(o, (dq, dk, dv)) through flashattn.attention, the gradients' memory poisoned first."""
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    o = flashattn.attention(*leaves, causal=causal, version=version, deterministic=deterministic, scale=scale)
+    o = flashattn.attention(*leaves, causal=causal, version=version, deterministic=deterministic, scale=scale,
+                            window=window)
     poison_allocator(q, k, v, q.float(), q.float())   # dq, dk, dv and the float32 dQ accumulator
     grads = torch.autograd.grad(o, leaves, do)
     torch.cuda.synchronize()

@@ -134,15 +134,18 @@ def test_module_def_names_every_parameter_of_the_binding(kernel):
         assert f"torch::wrap_pybind_function({name})" in line
         signature = re.search(rf"^[\w:<>, ]+\b{name}\(([^)]*)\)", src, re.M).group(1)
         assert re.findall(r'py::arg\("(\w+)"\)', line) == [re.findall(r"\w+", p)[-1] for p in signature.split(",")]
-        if name.startswith("forward") and name != "forward_trace":   # v6 to v8 also take the softmax scale
-            takes_scale = kernel in flashattn.INFO and flashattn.INFO[kernel].scale
-            assert line.endswith(SEED_CALL[:-2] + ', py::arg("scale") = py::none());' if takes_scale else SEED_CALL)
+        if name.startswith("forward") and name != "forward_trace":   # v6 to v8 also take the scale and window
+            info = flashattn.INFO.get(kernel)
+            tail = SEED_CALL[:-2] + (', py::arg("scale") = py::none()' if info and info.scale else "")
+            tail += ', py::arg("window_left") = -1, py::arg("window_right") = -1' if info and info.window else ""
+            assert line.endswith(tail + ");")
 
 
 def test_defaults_only_where_every_later_parameter_has_one():
     backward = loader.module_def(loader.source("v6_backward"), ("backward",))
     assert backward.count(" = false") == 2
-    assert 'py::arg("causal") = false, py::arg("deterministic") = false, py::arg("scale") = py::none())' in backward
+    assert ('py::arg("causal") = false, py::arg("deterministic") = false, py::arg("scale") = py::none(), '
+            'py::arg("window_left") = -1, py::arg("window_right") = -1)') in backward
     trace = loader.module_def(loader.source("v8"), ("forward_trace",))
     assert " = false" not in trace and trace.rstrip().endswith('py::arg("causal"), py::arg("trace"));\n}')
     with pytest.raises(ValueError, match="defines no binding kernel_info"):

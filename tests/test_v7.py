@@ -34,7 +34,7 @@ import conftest  # noqa: E402
 from flashattn.measure.resources import nvcc  # noqa: E402
 from flashattn.measure.sass import find_tool  # noqa: E402
 from flashattn.measure.variants import SETS  # noqa: E402
-from flashattn.reference import attention_reference, causal_mask  # noqa: E402
+from flashattn.reference import attention_reference, window_mask  # noqa: E402
 
 GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 # The builds checked here: the default and one build per kind of step the chapter times (both head dims each).
@@ -123,7 +123,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
     q = torch.randn(2, 3, 113, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 3, 203, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 3, 203, 128, device="cuda", dtype=torch.bfloat16)
-    out = mod.forward(q, k, v, False, None)   # causal, scale (None: 1/sqrt(D))
+    out = mod.forward(q, k, v, False, None, -1, -1)   # causal, scale (None: 1/sqrt(D)), window (-1: no bound)
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 128 ** 0.5, -1) @ v.double()
     err = ((out.double() - ref).norm() / ref.norm()).item()
     print("RELERR", err)
@@ -168,10 +168,11 @@ def v7():
     return build_v7()
 
 
-def sdpa(q, k, v, causal, scale=None):
+def sdpa(q, k, v, causal, scale=None, window=(-1, -1)):
     """PyTorch's own result in the input dtype (its default backend choice; k and v with fewer heads than
-    q through its enable_gqa); rows with no key -> 0."""
-    mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+    q through its enable_gqa; causal and a sliding window as an explicit boolean mask); rows with no key
+    -> 0."""
+    mask = window_mask(q.shape[2], k.shape[2], causal, window, q.device)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
     return torch.nan_to_num(out, nan=0.0)
@@ -188,18 +189,20 @@ def check(v7, B, H, M, N, D, dtype, causal, seed, q_scale=1.0):
     return check_output(out, q, k, v, causal)
 
 
-def check_output(out, q, k, v, causal, scale=None):
-    """`out`, an attention output of q, k, v, against float64: max abs error at most twice SDPA's in the same
-    dtype + 1e-5, every element written and finite, rows that see no key 0. Returns (ours, SDPA's)."""
+def check_output(out, q, k, v, causal, scale=None, window=(-1, -1)):
+    """`out`, an attention output of q, k, v (causal, softmax scale, sliding window), against float64: max
+    abs error at most twice SDPA's in the same dtype + 1e-5, every element written and finite, rows that
+    see no key 0. Returns (ours, SDPA's)."""
     M, N = q.shape[2], k.shape[2]
     assert out.dtype == q.dtype and out.shape == q.shape
     assert torch.isfinite(out).all(), "non-finite output (unwritten or NaN element)"
-    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64, scale=scale)
+    ref = attention_reference(q, k, v, causal=causal, dtype=torch.float64, scale=scale, window=window)
     ours = (out.double() - ref).abs().max().item()
-    theirs = (sdpa(q, k, v, causal, scale).double() - ref).abs().max().item()
+    theirs = (sdpa(q, k, v, causal, scale, window).double() - ref).abs().max().item()
     assert ours <= 2 * theirs + 1e-5, f"max abs error {ours:.3e} > 2 x SDPA's {theirs:.3e} + 1e-5"
-    if causal and M > N:   # the first M - N rows see no key: defined as 0
-        assert (out[:, :, :M - N] == 0).all()
+    mask = window_mask(M, N, causal, window, q.device)
+    if mask is not None:   # rows that see no key (causal with M > N, or a window past the keys): 0
+        assert (out[:, :, ~mask.any(1)] == 0).all()
     return ours, theirs
 
 

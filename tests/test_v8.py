@@ -153,8 +153,8 @@ def test_trace_build_stamps_only_where_asked(tmp_path):
     from flashattn.book import trace
     report, sass = compile_v8(tmp_path, ["-DV8_TRACE=1"])
     names = re.findall(r"Compiling entry function '(\S+)'", report)
-    # (..., scale_log2, LSE, then the trace buffer, items, tiles)
-    assert len(names) == 8 and all(n.endswith("ifPfPyii") for n in names), names
+    # (..., scale_log2, LSE, the window's band lo, hi, then the trace buffer, items, tiles)
+    assert len(names) == 8 and all(n.endswith("ifPfiiPyii") for n in names), names
     for name, text in sass_functions(sass).items():
         assert text.count("SR_CLOCKLO") >= 10, f"{name}: stamps missing"
         assert re.search(r"@P\d+ STG\.E\.64", text), f"{name}: no predicated stamp store"

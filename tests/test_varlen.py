@@ -1,11 +1,12 @@
 """flashattn.attention_varlen: packed sequences of different lengths in FlashAttention-2's conventions.
 
 CPU: every bad argument (cu_seqlens not int32, decreasing, not starting at 0, not ending at the packed length,
-of a different batch than the other; max_seqlen too small; a window; heads that do not divide; a CPU tensor
-among CUDA ones) raises before any launch, naming it. GPU: each sequence's rows of the output and of dq, dk,
-dv against float64 on that sequence alone, within twice SDPA's own error (tests/test_v7.py's check_output,
-tests/test_backward.py's compare_grads): lengths 0, 1, 17, 113, 203 and 1023 in one batch, M != N both ways,
-causal and not, grouped heads, a scale; sequences without keys give 0 and gradient 0.
+of a different batch than the other; max_seqlen too small; a bad window; heads that do not divide; a CPU
+tensor among CUDA ones) raises before any launch, naming it. GPU: each sequence's rows of the output and of
+dq, dk, dv against float64 on that sequence alone, within twice SDPA's own error (tests/test_v7.py's
+check_output, tests/test_backward.py's compare_grads): lengths 0, 1, 17, 113, 203 and 1023 in one batch,
+M != N both ways, causal and not, grouped heads, a scale; sequences without keys give 0 and gradient 0.
+Windows per sequence: tests/test_window.py.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ BAD = [
     (dict(cu_seqlens_q=torch.tensor([[0, 3, 10]], dtype=torch.int32)), ValueError, "^cu_seqlens_q must be 1-D"),
     (dict(max_seqlen_q=6), ValueError, r"^max_seqlen_q must be an int at least the longest sequence \(7\)"),
     (dict(max_seqlen_k=7.0), ValueError, "^max_seqlen_k must be an int"),
-    (dict(window=(128, 0)), ValueError, r"^window must be \(-1, -1\)"),
+    (dict(window=(128, -2)), ValueError, r"^window sides must be -1"),
     (dict(scale=-1.0), ValueError, "^scale must be a finite number > 0"),
     (dict(causal=1), TypeError, "^causal must be a bool"),
     (dict(version="v4"), ValueError, "^version must be one of v6, v7, v8"),
