@@ -1,0 +1,930 @@
+// v8 backward: the FlashAttention backward pass on Hopper -- every matrix product on wgmma, Q_i, dO_i
+// and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
+// moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
+// sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). First version:
+// not yet measured on a GPU, nor run on one (it was written and compiled on a machine without a GPU;
+// tests/test_v8_backward.py holds the GPU checks it has still to pass).
+//
+// What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
+// With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
+//   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D_i)   with D_i = rowsum(dO_i o O_i),
+//   dQ = scale * dS K,   dK = scale * dS^T Q,
+// P recomputed per tile from the forward's log-sum-exp: P_ij = exp2(S_ij * scale * log2(e) - lse_i * log2(e)).
+//
+// What changed from v6's backward (same algorithm, same K/V-stationary walk, same pre-pass and dQ sum):
+//   * the five products are wgmma (warpgroup-wide, async, operands from swizzled shared memory) instead
+//     of mma.sync fed by ldmatrix: a consumer warpgroup owns 64 of the block's B_c = 128 keys and computes
+//       S^T = K_j Q_i^T and dP^T = V_j dO_i^T, transposed (keys are the wgmma's M: 64 rows per warpgroup;
+//         A = its 64 rows of K_j / V_j, B = Q_i / dO_i, both K-major, both straight from the TMA tiles),
+//       dV_j += P^T dO_i and dK_j += dS^T Q_i with P^T, dS^T as the A operand *in registers*: the
+//         accumulator of S^T is, fragment for fragment, the A operand of an m64 wgmma (the layout v8's
+//         forward uses for P V), so P and dS never go through shared memory for these two; B = dO_i / Q_i
+//         MN-major (the head dim is contiguous, imm-trans-b = 1), as V_j in the forward;
+//       dQ_i += dS K_j needs dS with the queries as M, i.e. the other warpgroup's keys too: each warpgroup
+//         stores its dS^T [64 keys][B_r queries] to shared memory (bf16/fp16, 128-byte swizzle, the
+//         queries contiguous), the two meet at a named barrier, and each computes half of dQ_i's tile
+//         from the whole dS: A = dS read M-major (imm-trans-a = 1) from that tile, B = K_j MN-major;
+//   * Q_i, dO_i (2-D TMA boxes, 128-byte swizzle) and lse2_i, D_i (1-D bulk copies of B_r floats) arrive
+//     in a ring of V8B_STAGES slots, each with a "full" mbarrier (transaction bytes) and an "empty" one
+//     (the 8 consumer warps let go of the slot after their last product reading it); K_j, V_j arrive once;
+//   * a producer warpgroup whose first thread issues every copy (setmaxnreg.dec to 24 registers), two
+//     consumer warpgroups at 240 (setmaxnreg.inc), as in v8's forward at D=128;
+//   * within a step the products are issued as commit groups and waited for one at a time: S^T and dP^T
+//     (two groups: P is computed while dP^T is still on the tensor cores), then dQ's and dV/dK's (two
+//     groups: the dQ atomics run while dV_j, dK_j accumulate);
+//   * dQ: red.global.add.v2.f32 straight from the accumulator registers into an fp32 accumulator padded
+//     to whole query tiles (so no row test: rows past M add zeros), like v6's non-bulk path; bwd_convert
+//     scales and rounds it. (v6's sm_90 default stages dQ in shared memory and adds it with one bulk
+//     reduction per tile; the same is the first item of the next steps below.)
+//   * the row terms are padded too: lse2 = +inf and D_i = 0 past M, so a 1-D bulk copy never reads past
+//     the end and padded query rows get P = exp2(-inf) = 0 without a mask.
+//   GQA, the causal / window band, the pre-pass and the conversion are v6's (one block per key tile of a kv
+//   head walks the query tiles of every query head of its group in turn; dK_j, dV_j stay in registers and
+//   are written once; no atomics for them). Masks: only the query tiles the band's edges cross (or every
+//   tile of a key tile that runs past N) take the masked step, a template copy of the plain one (no branch
+//   between a wgmma and its wait); a window's tiles come as masked, plain, masked.
+//   Deterministic mode: not implemented. The binding refuses deterministic=True with a RuntimeError that
+//   names v6's backward (its bwd_dq kernel sums dQ without atomics); dK and dV here are deterministic
+//   already, only dQ's float32 atomics are not.
+//
+// Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
+//   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with
+//   the same scale; dk, dv come out like k, v. D in {64, 128}; any M, N >= 1 (M != N allowed).
+//   causal=True is bottom-right aligned as in the forward: query row i sees key j iff j <= i + (N - M); a
+//   window (window_left, window_right), -1 leaving a side unbounded, too: row i sees key j iff i + (N - M)
+//   - window_left <= j <= i + (N - M) + window_right, and causal sets window_right to 0. A row that sees no
+//   key (M > N, or an empty window) gets dQ = 0 and adds nothing to dK, dV; keys no row sees get dK = dV
+//   = 0. Needs compute capability 9.0.
+//
+// Tiles (per head dim; 3 warpgroups = 384 threads, one block per SM):
+//   D=128: B_c = 128 keys, B_r = 64 queries (FlashAttention-3's tile at this head dim). Shared memory:
+//          K_j, V_j 2 x 32 KB; Q_i, dO_i 2 stages x 2 x 16 KB; dS^T 2 buffers x 16 KB; lse2, D_i 2 x 2 x
+//          256 B; barriers: 161 KB + 1 KB to align the base (3 stages: 194 KB). dQ_i is split by columns:
+//          consumer c computes dQ_i[:, 64c .. 64c + 63] (one 64-column panel of K_j).
+//   D=64 : B_c = 128, B_r = 128 (FlashAttention-3's tile at D=64). Shared memory: K_j, V_j 2 x 16 KB;
+//          Q_i, dO_i 2 x 2 x 16 KB; dS^T 2 x 32 KB; row terms 2 x 2 x 512 B: 162 KB + 1 KB. dQ_i is split
+//          by rows: consumer c computes dQ_i[64c .. 64c + 63, :], panel c of the stored dS^T.
+//          B_r = 64 at D=64 would leave each consumer 32 of dQ's 64 columns, half a 128-byte swizzle
+//          atom of K_j as the B operand (a descriptor start inside an atom, nowhere else used in this
+//          project), or both consumers adding a whole 64 x 64 partial dQ (twice the atomics); with B_r =
+//          128 both splits are whole panels and each key tile's loop has half the steps.
+//   Registers per consumer thread at the widest point (after S^T, dP^T): dK_j and dV_j D/2 floats each,
+//   S^T and dP^T B_r/2 each -- 192 at both head dims (128 + 64 at D=128, 64 + 128 at D=64); later dQ's
+//   32 floats and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 / 384), producer
+//   24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168), the split of v8's forward at D=128; the consumers
+//   fit their share with no spills and no stack frame (tests/test_v8_backward.py checks the split, the
+//   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
+//   distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
+//
+// Next steps, in the order of what each should gain: dQ by bulk reduction (cp.reduce.async.bulk .add.f32
+// from a shared-memory dQ tile, issued by a producer warp, as v6 on sm_90 and FlashAttention-3 do; v6's
+// chapter measured that step on the H200, results/h200/backward_dq.json), a deterministic mode,
+// overlapping the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and
+// causal scheduling.
+//
+// Results: none yet. When measured: results/h200/ (python -m flashattn.measure.bench), as for v6's backward.
+#ifdef __CUDACC__
+#include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <type_traits>
+
+// Q_i / dO_i / row-term slots in shared memory (at least 2: the producer fills slot u + 1 while the
+// consumers compute on slot u). 3 fits at both head dims (194 KB at D=128, 195 KB at D=64, Layout below),
+// 4 does not (227 KB + the 1 KB to align the base); 3 is not measured yet.
+#ifndef V8B_STAGES
+#define V8B_STAGES 2
+#endif
+// A clock read between P^T's exponentials and the wait for dP^T (a point ptxas schedules nothing across,
+// v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above the exponentials and none of them runs
+// while dP^T is on the tensor cores (0 to 9 of B_r / 2 per thread in the SASS); with it all do. Not
+// measured yet (v8's forward found the same fence no faster there, where part of the softmax already
+// overlapped); 0 builds the kernel without it.
+#ifndef V8B_EXP_FENCE
+#define V8B_EXP_FENCE 1
+#endif
+
+namespace v8b {
+
+constexpr int kThreads = 128;   // bwd_prep, bwd_convert: 4 warps
+
+// ---------------------------------------------------------------- PTX wrappers (sm_90a) ---------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// mbarrier: a 64-bit shared-memory word counting arrivals and (for TMA) expected bytes; its phase bit
+// flips when both reach zero. Waiters poll for the phase they expect ("parity").
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// One box of a 3-D tensor map (coordinates innermost first: column, row, head) into shared memory;
+// completes on `bar` by the box's byte count, zero-filling whatever lies outside the tensor.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// A plain 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory,
+// completing on `bar` like a TMA box: the row terms lse2_i and D_i of a query tile.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Named barrier 1 (0 is __syncthreads): the two consumer warpgroups meet there once per query tile, when
+// both halves of dS^T are in shared memory.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Stores by ordinary instructions (the generic proxy) become visible to wgmma's operand reads (the async
+// proxy) only after this fence: dS^T, written with st.shared, is read by the dQ wgmma.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// setmaxnreg: a whole warpgroup changes its per-thread register allotment (a multiple of 8, 24 to 256).
+// dec returns registers to the SM's pool; inc blocks until the pool has them.
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+// wgmma's ordering instructions. fence: registers written by ordinary instructions (the accumulators,
+// P^T and dS^T) are ready for the next wgmma; commit: close the group of wgmma issued so far; wait<n>: at
+// most n groups still in flight.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// The compiler sees a wgmma's accumulators as written when the asm statement issues, not when the
+// tensor core finishes. Passing them through an empty asm after the wait pins every later read behind it.
+template <int R>
+__device__ __forceinline__ void pin(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63). Addresses and offsets are
+// encoded in 16-byte units. Every tile base is 1024-byte aligned, so the "base offset" field stays 0.
+//   K-major (the k index contiguous: K_j, V_j, Q_i, dO_i as S^T's and dP^T's operands): SBO = 1024, the
+//     distance between 8-row atoms; LBO unused (1); a k16 step inside a 64-column panel is a start
+//     address 32, 64 or 96 bytes further on, the next panel R x 128 bytes further.
+//   MN-major (the m or n index contiguous: dO_i, Q_i, K_j as B of dV, dK, dQ; dS^T as A of dQ): LBO = the
+//     distance between 64-wide panels of that index, SBO = 1024, the distance between groups of 8 k rows;
+//     a k16 step is 16 rows = 2048 bytes further on.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+#define V8B_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                       "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define V8B_ACC64(d) V8B_ACC8(d, 0), V8B_ACC8(d, 8), V8B_ACC8(d, 16), V8B_ACC8(d, 24)
+#define V8B_ACC128(d) V8B_ACC64(d), V8B_ACC8(d, 32), V8B_ACC8(d, 40), V8B_ACC8(d, 48), V8B_ACC8(d, 56)
+#define V8B_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define V8B_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+                   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+                   "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// One warpgroup-wide product D (64 x N, fp32, N / 2 registers per thread) += A (64 x 16) B (16 x N).
+// Accumulator register 4t + i of lane (g = lane / 4, q = lane % 4) of warp w holds row 16w + g + 8(i / 2),
+// column 8t + 2q + (i % 2). Written out per N and element type (the asm text must be a literal):
+//   ss<TA, TB>: A and B from shared memory; TA / TB = 0 K-major, 1 MN-major (imm-trans-a / -b); the first
+//               k step passes accumulate = 0 (D = A B, the registers' old values ignored);
+//   rs:         A (64 x 16) from registers (4 per thread, the mma.sync A fragment), B MN-major; accumulates.
+template <int N, typename T> struct Wgmma;
+#define V8B_WGMMA_N64(CTYPE, PTXTYPE)                                                                        \
+  template <> struct Wgmma<64, CTYPE> {                                                                      \
+    template <int TA, int TB>                                                                                \
+    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {      \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS32           \
+                   ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                                     \
+                   : V8B_ACC64(d)                                                                            \
+                   : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));                                     \
+    }                                                                                                        \
+    static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {          \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS32          \
+                   ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                              \
+                   : V8B_ACC64(d)                                                                            \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
+    }                                                                                                        \
+  };
+#define V8B_WGMMA_N128(CTYPE, PTXTYPE)                                                                       \
+  template <> struct Wgmma<128, CTYPE> {                                                                     \
+    template <int TA, int TB>                                                                                \
+    static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {      \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS64          \
+                   ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                                     \
+                   : V8B_ACC128(d)                                                                           \
+                   : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));                                     \
+    }                                                                                                        \
+    static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {          \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS64         \
+                   ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                              \
+                   : V8B_ACC128(d)                                                                           \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
+    }                                                                                                        \
+  };
+V8B_WGMMA_N64(__nv_bfloat16, "bf16")
+V8B_WGMMA_N64(__half, "f16")
+V8B_WGMMA_N128(__nv_bfloat16, "bf16")
+V8B_WGMMA_N128(__half, "f16")
+
+// A clock read whose value is stored never (`never` is false at run time, a predicate rather than a branch:
+// ptxas keeps no wgmma in flight across a branch that may diverge); ptxas does not move instructions
+// across it, so what comes before stays before (V8B_EXP_FENCE).
+__device__ __forceinline__ void schedule_fence(void* sink, bool never) {
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.u64 [%0], %1;\n}\n" ::"l"(sink), "l"(c),
+               "r"((int)never)
+               : "memory");
+}
+
+// 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats -> one register of two 16-bit values, lower column in the low half (the A fragment order).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+
+// dst[0] += a, dst[1] += b in global memory, without a return value (a reduction, not an atomic that
+// reads back): one instruction, one L2 transaction for both.
+__device__ __forceinline__ void red_add2(float* dst, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
+// ---------------------------------------------------------------- tiles and shared memory --------------
+//
+// Every tile 1024-byte aligned, each a stack of 64-column panels of [rows][128 bytes] (one TMA box per
+// panel; the 128-byte swizzle allows at most 128 bytes per box row): K_j, V_j; STAGES x Q_i, STAGES x
+// dO_i; 2 x dS^T ([B_r / 64 panels][B_c keys][64 queries]); STAGES x lse2_i, STAGES x D_i (B_r floats
+// each); the mbarriers (K/V; full and empty per stage).
+template <int D, int STAGES>
+struct Layout {
+  static constexpr int BC = 128, NWG = 2, THREADS = 128 * (NWG + 1);
+  static constexpr int BR = D == 64 ? 128 : 64;
+  // dQ_i's tile [B_r][D] splits into two m64 x n64 halves: by rows (B_r = 128, D = 64) or by columns
+  // (B_r = 64, D = 128), so that every wgmma operand is whole 64-wide panels.
+  static constexpr bool SPLIT_ROWS = BR == 128;
+  static_assert(BR * D == 64 * 128, "dQ_i's tile must split into two 64 x 64 consumer halves");
+  static constexpr uint32_t KV_BYTES = BC * D * 2, QO_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
+  static constexpr uint32_t ROW_BYTES = BR * 4;
+  static constexpr uint32_t K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
+  static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QO_BYTES, DS_OFF = DO_OFF + STAGES * QO_BYTES;
+  static constexpr uint32_t LSE_OFF = DS_OFF + 2 * DS_BYTES, DVEC_OFF = LSE_OFF + STAGES * ROW_BYTES;
+  static constexpr uint32_t BAR_OFF = DVEC_OFF + STAGES * ROW_BYTES;
+  static constexpr uint32_t BYTES = BAR_OFF + 8 * (1 + 2 * STAGES);
+  static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
+  // what one stage's full barrier waits for: Q_i, dO_i, lse2_i, D_i
+  static constexpr uint32_t STAGE_TX = 2 * QO_BYTES + 2 * ROW_BYTES;
+};
+
+// The register split (v8's at D=128): 168 per thread at entry (65,536 / 384 down to a multiple of 8); the
+// producer keeps 24 and the two consumer warpgroups share what it gives back.
+struct Registers {
+  static constexpr int ENTRY = 65536 / 384 / 8 * 8, PRODUCER = 24, CONSUMER = 240;
+  static_assert(PRODUCER + 2 * CONSUMER <= 3 * ENTRY, "the split must fit the launch allotment");
+};
+
+// ---------------------------------------------------------------- 1. pre-pass -------------------------
+// Rows r = bh * M_pad + i of the padded row terms: D_i = rowsum(dO_i o O_i) in fp32 and lse2_i = lse_i *
+// log2(e) (-inf, a row with no visible key, becomes +inf: P = exp2(-inf) = 0); rows i >= M get D_i = 0,
+// lse2_i = +inf. Also zeroes the fp32 dQ accumulator [B*H*M_pad][D]. CPR threads per row (16-byte chunks).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    bwd_prep(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
+             float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, long long rows, int M,
+             int M_pad) {
+  constexpr int CPR = D / 8;
+  const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR;
+  const int c = threadIdx.x % CPR;
+  const long long bh = row / M_pad;
+  const int i = (int)(row % M_pad);
+  const bool valid = row < rows && i < M;
+  const long long src = bh * M + i;   // the row in the unpadded [B*H*M] tensors
+  float sum = 0.f;
+  if (valid) {
+    const uint4 o4 = *reinterpret_cast<const uint4*>(O + src * D + c * 8);
+    const uint4 d4 = *reinterpret_cast<const uint4*>(dO + src * D + c * 8);
+    const T* o8 = reinterpret_cast<const T*>(&o4);
+    const T* d8 = reinterpret_cast<const T*>(&d4);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum = fmaf(to_float<T>(o8[e]), to_float<T>(d8[e]), sum);
+  }
+  if (row < rows) {
+    float4* acc = reinterpret_cast<float4*>(dq_acc + row * D + c * 8);
+    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  // the CPR lanes of a row are consecutive lanes of one warp (CPR divides 32)
+#pragma unroll
+  for (int off = CPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (row < rows && c == 0) {
+    Dvec[row] = sum;   // 0 for padded rows
+    const float l = valid ? lse[src] : -INFINITY;
+    lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+  }
+}
+
+// ---------------------------------------------------------------- 2. dK, dV and the dQ atomics -------
+//
+// One block per key tile K_j, V_j (B_c = 128 keys) of one (batch, kv head), heads fastest (blockIdx.x =
+// tile * B * H_kv + bh_kv): the first key tiles, which see the most query tiles under the causal mask,
+// start first, and the blocks running at one time add into the dQ rows of many heads. The block walks the
+// query tiles that see any of its keys of each query head of its group, one step per (head, query tile),
+// in the same order in the producer and in the consumers.
+// BANDED: the instance for causal=True and for any sliding window, in which row i sees key j iff lo <= j -
+// i <= hi, a band of diagonals: lo = N - M - window_left, hi = N - M + window_right (causal: window_right =
+// 0). The launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >=
+// -M and hi <= N (causal: lo = -M, hi = N - M), as v6's backward and v8's forward take it.
+template <typename T, int D, bool BANDED, int STAGES>
+__global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
+    flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                 const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                 const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
+                 T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M, int N, int M_pad,
+                 float scale_log2, float scale, int lo, int hi) {
+  static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
+  using L = Layout<D, STAGES>;
+  constexpr int BR = L::BR, BC = L::BC, PANELS = D / 64;
+  constexpr int NT = BR / 8;   // n8 column groups (query columns) of S^T and dP^T per thread row
+  constexpr int DT = D / 8;    // n8 column groups of dK_j, dV_j
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  unsigned char* const gbase = smem_raw + (base - smem_addr(smem_raw));   // the same byte, generic address
+  const uint32_t sK = base + L::K_OFF, sV = base + L::V_OFF;
+  auto sQ = [&](int s) { return base + L::Q_OFF + s * L::QO_BYTES; };
+  auto sdO = [&](int s) { return base + L::DO_OFF + s * L::QO_BYTES; };
+  auto sdS = [&](int b) { return base + L::DS_OFF + b * L::DS_BYTES; };
+  const uint32_t bar_kv = base + L::BAR_OFF;
+  auto full = [&](int s) { return bar_kv + 8u * (1 + s); };
+  auto empty = [&](int s) { return bar_kv + 8u * (1 + STAGES + s); };
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
+
+  // The block's key tile and the query tiles it visits (the same for every query head of the group).
+  const int bh_kv = (int)(blockIdx.x % (unsigned)BH_kv), n0 = (int)(blockIdx.x / (unsigned)BH_kv) * BC;
+  const int m_tiles = M_pad / BR;
+  // The query tiles [it_begin, it_end) that see any key of the tile: key j is seen by rows j - hi ..= j - lo,
+  // so the tile's first key bounds them from below (causal: that is all) and its last key from above.
+  int it_begin = 0, it_end = m_tiles;
+  if (BANDED) {
+    const long long first = (long long)n0 - hi, last = (long long)min(n0 + BC, N) - 1 - lo;
+    it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);
+    it_end = last < 0 ? 0 : (int)min((long long)m_tiles, last / BR + 1);
+  }
+  // Inside them, the tiles [plain_begin, plain_end) none of whose elements needs a mask: none when the key
+  // tile runs past N (keys >= N must get P = 0); banded, those whose first row (i0) sees the tile's last
+  // key, i0 >= n0 + B_c - 1 - hi, and whose last row (min(i0 + B_r, M) - 1) its first, <= n0 - lo. Rows past
+  // M need no mask: their lse2 is +inf. The others are masked: the band's upper edge crosses the first ones
+  // (causal: the diagonal), its lower edge (a window's left side) the last ones.
+  int plain_begin = it_begin, plain_end = it_end;
+  if (n0 + BC > N) {
+    plain_begin = plain_end = it_end;
+  } else if (BANDED) {
+    const long long x = (long long)n0 + BC - 1 - hi, y = (long long)n0 - lo;
+    plain_begin = x <= 0 ? 0 : (int)min((long long)m_tiles, (x + BR - 1) / BR);
+    plain_end = y >= M - 1 ? m_tiles : y + 1 <= 0 ? 0 : (int)((y + 1) / BR);
+    plain_begin = min(max(plain_begin, it_begin), it_end);
+    plain_end = min(max(plain_end, plain_begin), it_end);
+  }
+
+  // Keys [n0, min(n0 + B_c, N)) of dK and dV from threads `first`, `first` + `count`, ... (a tile no query
+  // sees: its gradients are 0).
+  auto write_zeros = [&](int first, int count) {
+    for (int idx = first; idx < BC * D / 8; idx += count) {
+      const int key = n0 + idx / (D / 8);
+      if (key < N) {
+        const size_t off = ((size_t)bh_kv * N + key) * D + (idx % (D / 8)) * 8;
+        *reinterpret_cast<uint4*>(dK + off) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(dV + off) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  if (it_begin >= it_end) {   // block-uniform: a window no row's band reaches (never for causal)
+    write_zeros(tid, L::THREADS);
+    return;
+  }
+
+  if (tid == 0) {
+    mbar_init(bar_kv, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 4 * L::NWG);   // lane 0 of every consumer warp
+    }
+    // make the initialised barriers visible to the copy engine (the async proxy)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- the producer: warpgroup 0, one thread issues every copy ----------------
+    setmaxnreg_dec<Registers::PRODUCER>();
+    if (tid == 0) {
+      mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
+#pragma unroll
+      for (int p = 0; p < PANELS; ++p) {
+        tma_load_3d(sK + p * BC * 128, &tmK, p * 64, n0, bh_kv, bar_kv);
+        tma_load_3d(sV + p * BC * 128, &tmV, p * 64, n0, bh_kv, bar_kv);
+      }
+      // step u: query tile `it` of query head bh = bh_kv * group + gi (grouped-query attention: b * H + h
+      // with h = h_kv * group + gi) into slot u % STAGES, once the consumers let go of step u - STAGES
+      int u = 0;
+      for (int gi = 0; gi < group; ++gi) {
+        const int bh = bh_kv * group + gi;
+        for (int it = it_begin; it < it_end; ++it, ++u) {
+          const int s = u % STAGES;
+          if (u >= STAGES) mbar_wait(empty(s), ((u / STAGES) - 1) & 1);
+          mbar_arrive_expect_tx(full(s), L::STAGE_TX);
+#pragma unroll
+          for (int p = 0; p < PANELS; ++p) {
+            tma_load_3d(sQ(s) + p * BR * 128, &tmQ, p * 64, it * BR, bh, full(s));
+            tma_load_3d(sdO(s) + p * BR * 128, &tmdO, p * 64, it * BR, bh, full(s));
+          }
+          const size_t row = (size_t)bh * M_pad + (size_t)it * BR;
+          bulk_load(base + L::LSE_OFF + s * L::ROW_BYTES, lse2 + row, L::ROW_BYTES, full(s));
+          bulk_load(base + L::DVEC_OFF + s * L::ROW_BYTES, Dvec + row, L::ROW_BYTES, full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- the consumers: warpgroups 1 and 2, 64 keys each ----------------
+  setmaxnreg_inc<Registers::CONSUMER>();
+  const int cwg = wg - 1;
+  const int g = lane >> 2, q = lane & 3;
+  const int key_row0 = 64 * cwg + 16 * wq;   // first of this warp's 16 key rows in the tile
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float s_acc[BR / 2], dp[BR / 2];   // S^T, then P^T in place; dP^T
+  float dq[32];                      // this warpgroup's 64 x 64 half of dQ_i's tile
+  uint32_t p_pack[NT][2], ds_pack[NT][2];
+
+  // S^T = K_j Q_i^T and dP^T = V_j dO_i^T for this warpgroup's 64 keys: D / 16 k steps each, A = its rows
+  // of K_j / V_j (64 x 128 bytes into every panel), B = Q_i / dO_i; two commit groups.
+  auto issue_sdp = [&](int st) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      Wgmma<BR, T>::template ss<0, 0>(s_acc, make_desc(sK + panel * BC * 128 + cwg * 64 * 128 + within, 16, 1024),
+                                      make_desc(sQ(st) + panel * BR * 128 + within, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      Wgmma<BR, T>::template ss<0, 0>(dp, make_desc(sV + panel * BC * 128 + cwg * 64 * 128 + within, 16, 1024),
+                                      make_desc(sdO(st) + panel * BR * 128 + within, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+  };
+  // dQ's half: A = dS (queries x all B_c keys) read M-major from the stored dS^T, B = K_j MN-major; then
+  // dV_j += P^T dO_i and dK_j += dS^T Q_i with P^T, dS^T from registers (A fragments of keys x 16
+  // queries: rows g / g + 8, queries 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)). Two commit groups.
+  auto issue_grads = [&](int st, int buf) {
+    const uint32_t a_base = sdS(buf) + (L::SPLIT_ROWS ? cwg * BC * 128 : 0);   // dS^T panel of my queries
+    const uint32_t b_base = sK + (L::SPLIT_ROWS ? 0 : cwg * BC * 128);         // K_j panel of my columns
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      Wgmma<64, T>::template ss<1, 1>(dq, make_desc(a_base + kk * 16 * 128, BC * 128, 1024),
+                                      make_desc(b_base + kk * 16 * 128, BC * 128, 1024), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
+      Wgmma<D, T>::rs(dv, a, make_desc(sdO(st) + kk * 16 * 128, BR * 128, 1024));
+    }
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      const uint32_t a[4] = {ds_pack[2 * kk][0], ds_pack[2 * kk][1], ds_pack[2 * kk + 1][0], ds_pack[2 * kk + 1][1]};
+      Wgmma<D, T>::rs(dk, a, make_desc(sQ(st) + kk * 16 * 128, BR * 128, 1024));
+    }
+    wgmma_commit();
+  };
+
+  // One step: query tile `it` of head bh, the u-th of the block. MASKED (a template choice, so that no
+  // branch sits between a wgmma and its wait: ptxas keeps no wgmma in flight across a branch that may
+  // diverge): keys >= N and (banded) keys outside a row's band get P = 0.
+  auto step = [&](const int bh, const int it, const int u, auto masked) {
+    constexpr bool MASKED = decltype(masked)::value;
+    const int st = u % STAGES, buf = u & 1;
+    const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
+    const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
+
+    mbar_wait(full(st), (u / STAGES) & 1);
+    wgmma_fence();
+    issue_sdp(st);
+
+    // Per key row (g, g + 8): measured from this thread's first query column (i0 + 2q), element (t, e)
+    // sits 8t + e further on and is masked iff 8t + e < first[h] or 8t + e > last[h] -- compares with a
+    // constant per element. Key j is seen by rows j - hi ..= j - lo (banded; otherwise by every row), and a
+    // key >= N by none. Both limits are clamped to [-1, B_r + 8], where they already mask all or nothing.
+    int first[2] = {0, 0}, last[2] = {0, 0};
+    if constexpr (MASKED) {
+      auto clamp = [](long long x) { return (int)(x < -1 ? -1 : x > BR + 8 ? BR + 8 : x); };
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = n0 + key_row0 + g + 8 * h;
+        const long long col0 = (long long)it * BR + 2 * q;
+        first[h] = clamp(key >= N ? (long long)M_pad + BR : BANDED ? (long long)key - hi - col0 : -1);
+        last[h] = clamp(BANDED ? (long long)key - lo - col0 : (long long)BR + 8);
+      }
+    }
+
+    // P^T = exp2(S^T * scale_log2 - lse2_i) while dP^T is still on the tensor cores. Columns are queries:
+    // thread columns 8t + 2q, +1 read lse2 pairs from the stage's row terms.
+    wgmma_wait<1>();
+    pin(s_acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = i & 1;
+        float x = s_acc[4 * t + i];
+        if constexpr (MASKED) x = 8 * t + e < first[i >> 1] || 8 * t + e > last[i >> 1] ? -INFINITY : x;
+        s_acc[4 * t + i] = ex2(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
+      }
+    }
+    pin(s_acc);   // keep the exponentials ahead of the wait below (in the PTX; V8B_EXP_FENCE in the SASS)
+    if constexpr (V8B_EXP_FENCE != 0) schedule_fence(dq_acc, M < 0);
+    wgmma_wait<0>();
+    pin(dp);
+
+    // dS^T = P^T o (dP^T - D_i); both packed to 16 bits as A fragments, and dS^T also into shared memory
+    // for dQ: key row r (128 bytes per row of a 64-query panel), query pair 8t + 2q in panel t / 8, chunk
+    // (t % 8) ^ (r % 8) -- the 128-byte swizzle the descriptor reads, TMA's own -- byte 4q; per store
+    // instruction the 8 rows g x 4 lanes q hit 32 distinct banks.
+    unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float2 d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = s_acc[4 * t + 2 * h], p1 = s_acc[4 * t + 2 * h + 1];
+        const float ds0 = p0 * (dp[4 * t + 2 * h] - d2.x), ds1 = p1 * (dp[4 * t + 2 * h + 1] - d2.y);
+        p_pack[t][h] = pack2<T>(p0, p1);
+        ds_pack[t][h] = pack2<T>(ds0, ds1);
+        const int r = key_row0 + g + 8 * h;   // r % 8 == g
+        *reinterpret_cast<uint32_t*>(ds_tile + (t / 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q) =
+            ds_pack[t][h];
+      }
+    }
+    // both warpgroups' dS^T halves stored and visible to the tensor cores before either reads the whole
+    fence_proxy_async_smem();
+    named_bar_sync(1, 256);
+
+    wgmma_fence();
+    issue_grads(st, buf);
+    // dQ's half done (dV_j, dK_j may still run): add it into the accumulator, no row test (padded rows)
+    wgmma_wait<1>();
+    pin(dq);
+    {
+      const int r0 = it * BR + (L::SPLIT_ROWS ? 64 * cwg : 0) + 16 * wq + g;
+      float* dst = dq_acc + ((size_t)bh * M_pad + r0) * D + (L::SPLIT_ROWS ? 0 : 64 * cwg) + 2 * q;
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) red_add2(dst + (size_t)h * 8 * D + 8 * t, dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
+    }
+    wgmma_wait<0>();
+    pin(dk);
+    pin(dv);
+    if (lane == 0) mbar_arrive(empty(st));   // Q_i, dO_i and the row terms of slot st are free
+  };
+
+  using Masked = std::true_type;
+  using Plain = std::false_type;
+  mbar_wait(bar_kv, 0);
+  int u = 0;
+  for (int gi = 0; gi < group; ++gi) {
+    const int bh = bh_kv * group + gi;
+    // the branch sits between steps, where no wgmma is in flight: two copies of the step, not three loops
+#pragma unroll 1
+    for (int it = it_begin; it < it_end; ++it, ++u) {
+      if (it >= plain_begin && it < plain_end)
+        step(bh, it, u, Plain{});
+      else
+        step(bh, it, u, Masked{});
+    }
+  }
+
+  // ---- dK_j (times scale) and dV_j straight from registers, keys < N only ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + key_row0 + g + 8 * h;
+    if (key < N) {
+      const size_t off = ((size_t)bh_kv * N + key) * D + 2 * q;
+#pragma unroll
+      for (int t = 0; t < DT; ++t) {
+        const float* k2 = dk + 4 * t + 2 * h;
+        const float* v2 = dv + 4 * t + 2 * h;
+        *reinterpret_cast<uint32_t*>(dK + off + 8 * t) = pack2<T>(k2[0] * scale, k2[1] * scale);
+        *reinterpret_cast<uint32_t*>(dV + off + 8 * t) = pack2<T>(v2[0], v2[1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 3. dQ = scale * accumulator --------
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, int M, int M_pad, float scale) {
+  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
+  if (i >= n4) return;
+  const long long row = i / (D / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
+  const int c = (int)(i % (D / 4));
+  const long long src = (row / M) * M_pad + row % M;
+  const float4 a = reinterpret_cast<const float4*>(acc)[src * (D / 4) + c];
+  uint2 out;
+  out.x = pack2<T>(a.x * scale, a.y * scale);
+  out.y = pack2<T>(a.z * scale, a.w * scale);
+  reinterpret_cast<uint2*>(dQ)[i] = out;
+}
+
+// ---------------------------------------------------------------- launcher ----------------------------
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled lives in the driver library; asking the runtime for it avoids linking -lcuda.
+inline EncodeTiled encoder() {
+  static EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// [BH][L][D] as a 3-D map (innermost first), boxes of 64 columns x `box_rows` rows x 1 head, 128-byte
+// swizzle, zero fill out of bounds (rows past L of a head read as zeros, never the next head's).
+template <typename T>
+bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_rows) {
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH};
+  const cuuint64_t strides[2] = {(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)};
+  const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encoder()(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Query rows per tile at head dim D (Layout's B_r), and M rounded up to whole tiles: the padded length of
+// the row terms and of the dQ accumulator.
+inline int query_tile(int D) { return D == 64 ? Layout<64, V8B_STAGES>::BR : Layout<128, V8B_STAGES>::BR; }
+inline long long padded_rows(int M, int D) {
+  return ((long long)M + query_tile(D) - 1) / query_tile(D) * query_tile(D);
+}
+
+struct Args {
+  const void *q, *k, *v, *o, *lse, *dout;
+  void *dq, *dk, *dv;
+  float* workspace;   // dq_acc [B*H*M_pad*D], then lse2 and D_i [B*H*M_pad] each
+  int B, H, H_kv, M, N;
+  float scale;
+  int lo, hi;   // the band as the kernel takes it (see flash_bwd_ws)
+  cudaStream_t stream;
+};
+
+template <typename T, int D, bool BANDED>
+const char* run(const Args& a) {
+  constexpr int STAGES = V8B_STAGES;
+  using L = Layout<D, STAGES>;
+  const long long BH = (long long)a.B * a.H, BH_kv = (long long)a.B * a.H_kv;
+  const long long M_pad = padded_rows(a.M, D), rows = BH * M_pad;
+  float* dq_acc = a.workspace;
+  float* lse2 = dq_acc + rows * D;
+  float* dvec = lse2 + rows;
+  const float scale_log2 = a.scale * 1.4426950408889634f;   // log2(e) * scale
+
+  // 1. row terms, zeroed accumulator
+  constexpr int rows_per_block = kThreads / (D / 8);
+  const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
+  if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
+  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
+      dq_acc, rows, a.M, (int)M_pad);
+
+  // 2. dK, dV, dQ atomics
+  const int n_blocks = (a.N + L::BC - 1) / L::BC;
+  if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v8 backward: B * H_kv * ceil(N / 128) must be below 2^31";
+  auto kernel = flash_bwd_ws<T, D, BANDED, STAGES>;
+  constexpr size_t smem = L::DYNAMIC;
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if ((size_t)optin < smem) return "v8 backward: this GPU has too little shared memory per block for this tile";
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (encoder() == nullptr) return "v8 backward: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
+  CUtensorMap tmQ, tmK, tmV, tmdO;
+  if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, D, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, D, L::BR) ||
+      !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, D, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, D, L::BC))
+    return "v8 backward: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
+  kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
+      tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
+      a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+
+  // 3. dQ = scale * accumulator, in the input dtype
+  const long long n4 = BH * a.M * D / 4;
+  const long long blocks = (n4 + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
+  bwd_convert<T, D><<<(unsigned)blocks, kThreads, 0, a.stream>>>(dq_acc, static_cast<T*>(a.dq), n4, a.M,
+                                                                  (int)M_pad, a.scale);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// banded: causal or a window that bounds some row (the BANDED instances).
+template <typename T>
+const char* dispatch(const Args& a, int D, bool banded) {
+  if (D == 64) return banded ? run<T, 64, true>(a) : run<T, 64, false>(a);
+  if (D == 128) return banded ? run<T, 128, true>(a) : run<T, 128, false>(a);
+  return "v8 backward supports head_dim 64 and 128 only";
+}
+
+}  // namespace v8b
+
+// Bytes of float32 scratch the launcher needs: the dQ accumulator and the two row terms, each padded to
+// whole query tiles (B_r rows); 0 for a head dim it does not take.
+size_t v8_backward_workspace_bytes(int B, int H, int M, int D) {
+  if (D != 64 && D != 128) return 0;
+  return (size_t)B * H * (size_t)v8b::padded_rows(M, D) * (D + 2) * sizeof(float);
+}
+
+// dtype: 0 = bfloat16, 1 = float16. workspace: v8_backward_workspace_bytes of float32 scratch. k, v, dk and dv
+// have H_kv heads, H a multiple of H_kv. window_left, window_right: the sliding window (-1: unbounded).
+// Returns nullptr or a message.
+const char* v8_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                        const void* dout, void* dq, void* dk, void* dv, float* workspace, int dtype, int B, int H,
+                        int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                        int64_t window_right, cudaStream_t stream) {
+  if (B < 1 || H < 1 || M < 1 || N < 1) return "v8 backward: B, H, M and N must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
+  if (D != 64 && D != 128) return "v8 backward supports head_dim 64 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return "v8 backward needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_bwd_ws), exactly as the
+  // forward has it: causal sets right = 0; -1, or a side that reaches past every key (left >= N) or every
+  // row (right >= M), is clamped to N or M, where it bounds nothing. A window that bounds no row runs the
+  // unmasked instances.
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > N ? N : (int)window_left;
+  const int right = window_right < 0 || window_right > M ? M : (int)window_right;
+  const bool banded = left < N || right < M;
+  const v8b::Args a{q, k, v, o, lse, dout, dq, dk, dv, workspace, B, H, H_kv, M, N, scale,
+                    N - M - left, N - M + right, stream};
+  switch (dtype) {
+    case 0: return v8b::dispatch<__nv_bfloat16>(a, D, banded);
+    case 1: return v8b::dispatch<__half>(a, D, banded);
+    default: return "v8 backward: dtype must be bfloat16 or float16";
+  }
+}
+
+#else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
+// Only the headers the binding uses: <torch/extension.h> would double this half's build time.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
+#include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <cmath>
+#include <optional>
+
+size_t v8_backward_workspace_bytes(int B, int H, int M, int D);
+const char* v8_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                        const void* dout, void* dq, void* dk, void* dv, float* workspace, int dtype, int B, int H,
+                        int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
+                        int64_t window_right, cudaStream_t stream);
+
+// q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
+// contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 128}; lse: float32
+// [B, H, M] from forward_lse with the same q, k, v, causal, scale (None: 1/sqrt(D)) and window (a side -1:
+// no bound). Returns (dq, dk, dv), dk and dv like k and v. The parameters are kernels/v6_backward.cu's, so
+// that either file serves flashattn.autograd. deterministic=true is refused: dQ is summed with float32
+// atomics here (v6's backward has the deterministic mode). Messages carry no numbers (see v6.cu).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                                                        at::Tensor lse, at::Tensor dout, bool causal,
+                                                        bool deterministic, std::optional<double> scale,
+                                                        int64_t window_left, int64_t window_right) {
+  TORCH_CHECK(!deterministic,
+              "deterministic: the v8 backward has no deterministic mode yet (it sums dQ with float32 atomics); "
+              "pass deterministic=False, or train with v6's backward (kernels/v6_backward.cu), whose deterministic "
+              "mode is bit-identical from run to run");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
+                         {"dout", &dout}, {"lse", &lse}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == (t == &lse ? at::kFloat : dtype), name,
+                t == &lse ? " must be float32" : " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == (t == &lse ? 3 : 4), name, t == &lse ? " must have rank 3 [B, H, M]"
+                                                                 : " must have rank 4 [B, H, L, D]");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
+    for (int d = 0; d < t->dim(); ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v8 backward supports head_dim 64 and 128 only");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
+  TORCH_CHECK(o.sizes() == q.sizes(), "o must have the shape of q [B, H, M, D]");
+  TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have the shape of q [B, H, M, D]");
+  TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              "lse must have shape [B, H, M]");
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(3)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = q.size(0), H = q.size(1), H_kv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  const int64_t floats = (int64_t)(v8_backward_workspace_bytes(B, H, M, D) / sizeof(float));
+  auto workspace = at::empty({floats}, q.options().dtype(at::kFloat));
+  const char* err = v8_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                workspace.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv, M, N, D,
+                                causal, s, window_left, window_right, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return {dq, dk, dv};
+}
+#endif

@@ -1,0 +1,637 @@
+"""v8 backward (kernels/v8_backward.cu: wgmma, TMA, warp specialization; sm_90a): what the compiler made of
+it, the layouts and the tile walk emulated on the CPU, and what it computes on a Hopper GPU.
+
+CPU tests (no GPU):
+  * nvcc on the kernel half for sm_90a (tests/test_v7.py's run): 16 kernels, no spills, no stack frame, no
+    warning (C7510 would be a serialised wgmma, C7508 an ignored setmaxnreg); the dK/dV kernels: the
+    producer releases to 24 registers and the consumers claim 240 and use fewer, HGMMA with shared-memory
+    and register A operands, TMA (UTMALDG) and bulk (UBLKCP) loads, no local memory, no mma.sync; per
+    step exactly four wgmma waits (1, 0, 1, 0: nothing waits more than the source asks), P^T's
+    exponentials between the first pair (V8B_EXP_FENCE) and dQ's 16 red.global between the second;
+  * the binding has v6_backward.cu's parameters, so flashattn.autograd can take either file; and the
+    file builds through flashattn.loader.build (load_inline, both halves);
+  * the operand layouts in numpy, byte for byte: TMA's 128-byte swizzle as the tiles are written, the
+    descriptors' start addresses and LBO/SBO as the kernel passes them, read back with the canonical K-major
+    and MN-major layouts of the PTX ISA (the model under v7/v8's working descriptors), and the dS^T tile as
+    the consumer threads store it from their accumulator registers (values and bank conflicts);
+  * the block walk in float64: every key tile of every kv head walks the query tiles [it_begin, it_end)
+    of its group's heads, masks only outside [plain_begin, plain_end), with the kernel's per-thread limits
+    and padded row terms; the sum of its steps is the float64 gradient (no mask, causal, sliding windows).
+    The formulas are the kernel's, written again in Python; a test checks that the kernel still has every
+    line they mirror.
+GPU tests (compute capability 9.0 only): o and lse from v8's forward_lse, then the backward binding
+directly; dq, dk, dv against float64 autograd of flashattn.reference within twice the error of PyTorch's
+SDPA backward in the same dtype (tests/test_backward.py's compare_grads: also finite, rows with no key get
+dq = 0), poisoned outputs and workspace; odd sizes, M != N both ways, several B and H, grouped-query heads,
+the softmax scale, large logits, bf16 and fp16, D 64 and 128; sliding windows (window_left, window_right,
+the parameters v6_backward.cu gained meanwhile) against a band-masked float64 reference and SDPA with the
+band as its mask; dK and dV bit-identical from run to run; refusals naming the argument (deterministic=True
+included: not implemented); compute-sanitizer (memcheck, racecheck, synccheck) with this file as the driver
+(`python tests/test_v8_backward.py --sanitize`).
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+import zlib
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL = ROOT / "kernels" / "v8_backward.cu"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import conftest  # noqa: E402
+import test_v7  # noqa: E402
+from test_backward import compare_grads, rel_err  # noqa: E402
+from test_gqa import make  # noqa: E402
+from test_v7 import is_hopper, sass_functions  # noqa: E402
+
+from flashattn.loader import binding_params, source  # noqa: E402
+from flashattn.measure import sass as sass_tools  # noqa: E402
+from flashattn.reference import attention_gradients  # noqa: E402
+
+needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the v8 backward needs a GPU of compute capability 9.0 "
+                                                          "(an sm_90a build: wgmma, TMA)")
+BC = 128   # keys per block (Layout::BC)
+
+
+def query_tile(D: int) -> int:
+    """Layout::BR: query rows per step at head dim D."""
+    return 128 if D == 64 else 64
+
+
+# ================================================================ CPU: what nvcc made of it
+def compile_v8b(tmp_path: Path, flags: list[str] | None = None) -> tuple[str, str]:
+    """test_v7's nvcc + cuobjdump run, on kernels/v8_backward.cu."""
+    with mock.patch.object(test_v7, "KERNEL", KERNEL):
+        return test_v7.compile_v7(tmp_path, list(flags or []))
+
+
+def waits(text: str) -> list[int]:
+    """The wgmma waits of a kernel in order: N of each WARPGROUP.DEPBAR.LE gsb0, N."""
+    return [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", text)]
+
+
+def windows(text: str) -> list[dict[str, int]]:
+    """Per wait for one group of two (DEPBAR.LE 0x1), what runs before the wait for the last (0x0): the
+    exponentials (MUFU.EX2) and global reductions (REDG) ptxas scheduled while a product was in flight."""
+    out, inside = [], None
+    for line in text.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            inside = {"EX2": 0, "REDG": 0}
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
+            out.append(inside)
+            inside = None
+        elif inside is not None:
+            inside["EX2"] += "MUFU.EX2" in line
+            inside["REDG"] += bool(re.search(r"\bREDG\b", line))
+    return out
+
+
+def head_dim(kernel: str) -> int:
+    return int(re.search(r"flash_bwd_wsI\w+?Li(\d+)E", kernel).group(1))
+
+
+@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"]],
+                         ids=["default", "stages3", "nofence"])
+def test_compiles_for_sm90a_without_spills(flags, tmp_path):
+    report, sass = compile_v8b(tmp_path, flags)
+    entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
+    # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 128); flash_bwd_ws also x causal
+    assert len(entries) == 16, entries
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
+    for line in report.splitlines():
+        assert "warning" not in line.lower(), line
+    main = {name: int(regs) for name, regs in entries if "flash_bwd_ws" in name}
+    assert len(main) == 8
+    # with setmaxnreg ptxas reports the launch allotment: 65,536 / 384 threads, down to a multiple of 8
+    assert set(main.values()) == {168}, main
+
+    funcs = {name: text for name, text in sass_functions(sass).items() if "flash_bwd_ws" in name}
+    assert sorted(funcs) == sorted(main)
+    fence = "-DV8B_EXP_FENCE=0" not in flags
+    for name, text in funcs.items():
+        D = head_dim(name)
+        assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA (dV, dK)"
+        assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA (S^T, dP^T, dQ)"
+        # two copies of the step (masked, plain), each with D/16 + D/16 + 8 + 2 B_r/16 wgmma
+        assert text.count("HGMMA") == 2 * (D // 8 + 8 + query_tile(D) // 8), f"{name}: wgmma count"
+        assert "UTMALDG" in text and "UBLKCP" in text, f"{name}: no TMA box or bulk copy"
+        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        assert "HMMA" not in text.replace("HGMMA", ""), f"{name} has mma.sync"
+        moves = sass_tools.register_moves(text.splitlines())
+        assert moves["release"] == [24] and moves["claim"] == [240], f"{name}: setmaxnreg {moves}"
+        top = max(int(r) for r in re.findall(r"\bR(\d+)\b", text))
+        assert top < 240, f"{name}: register R{top} past the 240 claimed"
+        # the waits the source asks for and no more (ptxas adds a full wait where it serialises)
+        assert waits(text) == [1, 0, 1, 0] * 2, f"{name}: waits {waits(text)}"
+        wins = windows(text)
+        assert [w["REDG"] for w in wins] == [0, 16, 0, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
+        if fence:
+            assert [w["EX2"] for w in wins] == [query_tile(D) // 2, 0] * 2, f"{name}: P^T left dP^T's window {wins}"
+        assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
+
+
+def test_binding_takes_v6_backward_parameters():
+    """The same names in the same order as v6_backward.cu's binding, whatever that file takes now (it grew
+    window_left, window_right while this kernel was written), so that flashattn can use either file."""
+    ours = binding_params(source("v8_backward"), "backward")
+    assert ours == binding_params(source("v6_backward"), "backward")
+    assert ours[:9] == ["q", "k", "v", "o", "lse", "dout", "causal", "deterministic", "scale"]
+
+
+def test_builds_through_the_loader():
+    """Both halves through load_inline (flashattn.loader.build), as flashattn.autograd would build it."""
+    from flashattn.loader import build
+    mod = build("v8_backward", archs=["9.0a"], functions=("backward",))
+    assert mod.backward.__doc__.startswith("backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, "
+                                           "o: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor, causal: bool "
+                                           "= False, deterministic: bool = False, scale:")
+
+
+# ================================================================ CPU: operand layouts, byte for byte
+def swizzle(addr: np.ndarray) -> np.ndarray:
+    """128-byte swizzle of a byte address in a 1024-byte-aligned tile: 16-byte chunk bits 4-6 ^= row bits 7-9."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def tma_write(mem: np.ndarray, base: int, mat: np.ndarray) -> None:
+    """A [rows][D] tile as the kernel's TMA boxes leave it: D / 64 panels of [rows][128 bytes], swizzled."""
+    rows, d = mat.shape
+    r, c = np.meshgrid(np.arange(rows), np.arange(d), indexing="ij")
+    addr = base + (c // 64) * rows * 128 + r * 128 + (c % 64) * 2
+    mem[swizzle(addr) // 2] = mat.view(np.uint16)
+
+
+def read_k_major(mem, start, mn: int) -> np.ndarray:
+    """[mn][16] operand of a K-major descriptor (SBO 1024; LBO unused): element (i, k) at start + (i / 8) SBO +
+    (i % 8) 128 + 2k, then the swizzle (the start may sit 32, 64 or 96 bytes into a row: a k16 step)."""
+    i, k = np.meshgrid(np.arange(mn), np.arange(16), indexing="ij")
+    return mem[swizzle(start + (i // 8) * 1024 + (i % 8) * 128 + 2 * k) // 2].view(np.float16)
+
+
+def read_mn_major(mem, start, lbo, mn: int) -> np.ndarray:
+    """[mn][16] operand of an MN-major descriptor (LBO between 64-wide panels, SBO 1024 between 8-row k
+    groups): element (i, k) at start + (i / 64) LBO + (k / 8) 1024 + (k % 8) 128 + 2 (i % 64), swizzled."""
+    i, k = np.meshgrid(np.arange(mn), np.arange(16), indexing="ij")
+    return mem[swizzle(start + (i // 64) * lbo + (k // 8) * 1024 + (k % 8) * 128 + 2 * (i % 64)) // 2].view(np.float16)
+
+
+def store_ds_tile(mem, base, dsT: np.ndarray) -> list[list[int]]:
+    """Both consumer warpgroups store dS^T [B_c keys][B_r queries] from their accumulator registers as the
+    kernel does (its `ds_tile + (t / 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q`, r = key_row0
+    + g + 8h); returns each store instruction's 32 byte addresses."""
+    BR = dsT.shape[1]
+    bits = dsT.view(np.uint16)
+    instructions = []
+    for cwg in range(2):
+        for wq in range(4):
+            key_row0 = 64 * cwg + 16 * wq
+            for t in range(BR // 8):
+                for h in range(2):
+                    addrs = []
+                    for lane in range(32):
+                        g, q = divmod(lane, 4)
+                        r = key_row0 + g + 8 * h
+                        byte = base + (t // 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q
+                        # accumulator elements (row r, columns 8t + 2q, +1): the low half is the lower column
+                        mem[byte // 2], mem[byte // 2 + 1] = bits[r, 8 * t + 2 * q], bits[r, 8 * t + 2 * q + 1]
+                        addrs.append(byte)
+                    instructions.append(addrs)
+    return instructions
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_operand_layouts_emulated(D):
+    """Each wgmma operand the kernel describes, read back through its descriptor, is the matrix it means."""
+    BR = query_tile(D)
+    rng = np.random.default_rng(D)
+    K, V = (rng.integers(-8, 9, (BC, D)).astype(np.float16) for _ in range(2))
+    Q, dO = (rng.integers(-8, 9, (BR, D)).astype(np.float16) for _ in range(2))
+    dsT = rng.integers(-8, 9, (BC, BR)).astype(np.float16)
+    # Layout's offsets (1024-byte aligned; the stage and buffer indices only add whole tiles)
+    sK, sV, sQ, sdO = 0, BC * D * 2, 2 * BC * D * 2, 2 * BC * D * 2 + BR * D * 2
+    sdS = sdO + BR * D * 2
+    mem = np.zeros((sdS + BC * BR * 2) // 2, np.uint16)
+    for base, mat in ((sK, K), (sV, V), (sQ, Q), (sdO, dO)):
+        tma_write(mem, base, mat)
+    stores = store_ds_tile(mem, sdS, dsT)
+    for addrs in stores:   # 4-byte stores of 32 lanes: 32 distinct banks, one wavefront
+        assert len({(a // 4) % 32 for a in addrs}) == 32, "dS^T store has a bank conflict"
+
+    split_rows = BR == 128
+    for cwg in range(2):
+        # S^T = K_j Q_i^T, dP^T = V_j dO_i^T: issue_sdp's make_desc(sK + panel * BC * 128 + cwg * 64 * 128 +
+        # within, 16, 1024) and make_desc(sQ(st) + panel * BR * 128 + within, 16, 1024)
+        for kk in range(D // 16):
+            panel, within = kk // 4, (kk % 4) * 32
+            cols = slice(16 * kk, 16 * kk + 16)
+            for sA, sB, A, Bm in ((sK, sQ, K, Q), (sV, sdO, V, dO)):
+                a = read_k_major(mem, sA + panel * BC * 128 + cwg * 64 * 128 + within, 64)
+                b = read_k_major(mem, sB + panel * BR * 128 + within, BR)
+                assert np.array_equal(a, A[64 * cwg:64 * cwg + 64, cols]) and np.array_equal(b, Bm[:, cols])
+        # dV += P^T dO_i, dK += dS^T Q_i: B = make_desc(sdO(st) + kk * 16 * 128, BR * 128, 1024), [n = D][k]
+        for kk in range(BR // 16):
+            for s, Bm in ((sdO, dO), (sQ, Q)):
+                b = read_mn_major(mem, s + kk * 16 * 128, BR * 128, D)
+                assert np.array_equal(b, Bm[16 * kk:16 * kk + 16, :].T)
+        # dQ's half: A = dS [queries][keys] from the stored dS^T, B = K_j [n = head-dim columns][k = keys]
+        a_base = sdS + (cwg * BC * 128 if split_rows else 0)
+        b_base = sK + (0 if split_rows else cwg * BC * 128)
+        rows = slice(64 * cwg, 64 * cwg + 64) if split_rows else slice(0, 64)
+        cols = slice(0, 64) if split_rows else slice(64 * cwg, 64 * cwg + 64)
+        for kk in range(BC // 16):
+            keys = slice(16 * kk, 16 * kk + 16)
+            a = read_mn_major(mem, a_base + kk * 16 * 128, BC * 128, 64)
+            b = read_mn_major(mem, b_base + kk * 16 * 128, BC * 128, 64)
+            assert np.array_equal(a, dsT[keys, rows].T), (cwg, kk)
+            assert np.array_equal(b, K[keys, cols].T), (cwg, kk)
+
+
+# ================================================================ CPU: the tile walk in float64
+def band(M: int, N: int, causal: bool, window_left: int = -1, window_right: int = -1) -> tuple[bool, int, int]:
+    """(banded, lo, hi) as v8_backward() derives them: row i sees key j iff lo <= j - i <= hi."""
+    if causal:
+        window_right = 0
+    left = N if window_left < 0 or window_left > N else window_left
+    right = M if window_right < 0 or window_right > M else window_right
+    return left < N or right < M, N - M - left, N - M + right
+
+
+def visible(M: int, N: int, causal: bool, window_left: int = -1, window_right: int = -1) -> torch.Tensor:
+    """[M, N] True where row i sees key j (bottom-right aligned; causal is the window (-1, 0))."""
+    _, lo, hi = band(M, N, causal, window_left, window_right)
+    d = torch.arange(N)[None, :] - torch.arange(M)[:, None]
+    return (d >= lo) & (d <= hi)
+
+
+def walk(n0: int, M: int, N: int, BR: int, banded: bool, lo: int, hi: int) -> tuple[int, int, int, int]:
+    """(it_begin, it_end, plain_begin, plain_end) of the block whose key tile starts at n0 (flash_bwd_ws)."""
+    m_tiles = -(-M // BR)
+    it_begin, it_end = 0, m_tiles
+    if banded:
+        first, last = n0 - hi, min(n0 + BC, N) - 1 - lo
+        it_begin = 0 if first <= 0 else m_tiles if first >= M else first // BR
+        it_end = 0 if last < 0 else min(m_tiles, last // BR + 1)
+    plain_begin, plain_end = it_begin, it_end
+    if n0 + BC > N:
+        plain_begin = plain_end = it_end
+    elif banded:
+        x, y = n0 + BC - 1 - hi, n0 - lo
+        plain_begin = 0 if x <= 0 else min(m_tiles, -(-x // BR))
+        plain_end = m_tiles if y >= M - 1 else 0 if y + 1 <= 0 else (y + 1) // BR
+        plain_begin = min(max(plain_begin, it_begin), it_end)
+        plain_end = min(max(plain_end, plain_begin), it_end)
+    return it_begin, it_end, plain_begin, plain_end
+
+
+def masked(n0: int, it: int, M: int, N: int, BR: int, banded: bool, lo: int, hi: int) -> np.ndarray:
+    """[B_c keys][B_r queries] True where the kernel's MASKED step sets P = 0: row key, column 8t + 2q + e
+    masked iff 8t + e < first[h] or 8t + e > last[h] (the step's limit lines)."""
+    M_pad = -(-M // BR) * BR
+    key = n0 + np.arange(BC)[:, None]              # the thread's key row
+    col = np.arange(BR)[None, :]
+    q = (col % 8) // 2                             # the lane's quad index; its first column is it * B_r + 2q
+    col0 = it * BR + 2 * q
+    first = np.where(key >= N, M_pad + BR, key - hi - col0 if banded else -1).clip(-1, BR + 8)
+    last = np.broadcast_to(key - lo - col0 if banded else BR + 8, first.shape).clip(-1, BR + 8)
+    return (col - 2 * q < first) | (col - 2 * q > last)   # 8t + e = col - 2q
+
+
+def emulate(q, k, v, do, causal: bool, scale: float, window_left: int = -1, window_right: int = -1):
+    """(dq, dk, dv) summed step by step as the kernel's blocks do, in float64, from the same lse and D_i."""
+    B, H, M, D = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    group, BR = H // H_kv, query_tile(D)
+    M_pad = -(-M // BR) * BR
+    banded, lo, hi = band(M, N, causal, window_left, window_right)
+    s = torch.einsum("bhmd,bhnd->bhmn", q, k.repeat_interleave(group, 1)) * scale
+    s = s.masked_fill(~visible(M, N, causal, window_left, window_right), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    o = p @ v.repeat_interleave(group, 1)
+    # bwd_prep: padded row terms
+    lse2 = torch.full((B, H, M_pad), math.inf, dtype=torch.float64)
+    lse2[:, :, :M] = torch.where(lse == -math.inf, math.inf, lse * math.log2(math.e))
+    dvec = torch.zeros(B, H, M_pad, dtype=torch.float64)
+    dvec[:, :, :M] = (do * o).sum(-1)
+    n_blocks = -(-N // BC)
+    pad = lambda t, L: torch.cat([t, t.new_zeros(*t.shape[:2], L - t.shape[2], D)], 2)   # TMA's zero fill
+    qp, dop, kp, vp = pad(q, M_pad), pad(do, M_pad), pad(k, n_blocks * BC), pad(v, n_blocks * BC)
+    dq_acc = torch.zeros(B, H, M_pad, D, dtype=torch.float64)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    scale_log2 = scale * math.log2(math.e)
+    for b in range(B):
+        for hk in range(H_kv):
+            for j in range(n_blocks):
+                n0 = j * BC
+                it_begin, it_end, plain_begin, plain_end = walk(n0, M, N, BR, banded, lo, hi)
+                K_j, V_j = kp[b, hk, n0:n0 + BC], vp[b, hk, n0:n0 + BC]
+                dk_j, dv_j = torch.zeros(BC, D, dtype=torch.float64), torch.zeros(BC, D, dtype=torch.float64)
+                for h in range(hk * group, hk * group + group):
+                    for it in range(it_begin, it_end):
+                        rows = slice(it * BR, it * BR + BR)
+                        Q_i, dO_i = qp[b, h, rows], dop[b, h, rows]
+                        sT = K_j @ Q_i.T
+                        if not plain_begin <= it < plain_end:
+                            mask = masked(n0, it, M, N, BR, banded, lo, hi)
+                            sT = sT.masked_fill(torch.from_numpy(mask), -math.inf)
+                        pT = torch.exp2(sT * scale_log2 - lse2[b, h, rows][None, :])
+                        dsT = pT * (V_j @ dO_i.T - dvec[b, h, rows][None, :])
+                        dv_j += pT @ dO_i
+                        dk_j += dsT @ Q_i
+                        dq_acc[b, h, rows] += dsT.T @ K_j
+                keys = min(BC, N - n0)
+                dk[b, hk, n0:n0 + keys], dv[b, hk, n0:n0 + keys] = dk_j[:keys] * scale, dv_j[:keys]
+    return dq_acc[:, :, :M] * scale, dk, dv
+
+
+def band_gradients(q, k, v, do, visible_mask, scale):
+    """float64 (dq, dk, dv) of softmax(scale q k^T, masked) v by autograd (rows with no key: P = 0)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    s = leaves[0] @ leaves[1].repeat_interleave(group, 1).transpose(-1, -2) * scale
+    p = torch.nan_to_num(torch.softmax(s.masked_fill(~visible_mask, float("-inf")), -1), nan=0.0)
+    return torch.autograd.grad(p @ leaves[2].repeat_interleave(group, 1), leaves, do)
+
+
+WALK_SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1, 203), (203, 1), (130, 129), (300, 257), (257, 300)]
+# (causal, window_left, window_right): none, causal, and windows that cut tiles on one side, both, or every
+# row down to one key (0, 0), a key tile no row sees (right = 0 with M < N: keys past the last row's), and
+# sides past every key or row (no bound)
+BANDS = [(False, -1, -1), (True, -1, -1), (False, 40, 0), (False, 100, 50), (False, 0, 0), (False, 7, -1),
+         (False, -1, 7), (True, 150, 9), (False, 1000, 1000)]
+
+
+@pytest.mark.parametrize("M,N", WALK_SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal,window_left,window_right", BANDS)
+def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M, N):
+    """The blocks' steps (the query tiles a key tile visits, the masked / plain split, per-thread limits,
+    padded lse2 and D_i, grouped heads) sum to the float64 gradients; no plain step has an element the mask
+    would change, no skipped tile one it would keep, and every visited tile one."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((causal, window_left, window_right, D, M, N)).encode()))
+    B, H, H_kv = 1, 4, 2
+    q, do = (torch.randn(B, H, M, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, H_kv, N, D, generator=g, dtype=torch.float64) for _ in range(2))
+    scale = 0.3
+    got = emulate(q, k, v, do, causal, scale, window_left, window_right)
+    if window_left < 0 and window_right < 0:
+        ref = attention_gradients(q, k, v, do, causal, scale=scale)
+    else:
+        ref = band_gradients(q, k, v, do, visible(M, N, causal, window_left, window_right), scale)
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.allclose(a, r, rtol=1e-9, atol=1e-9), f"{name}: {(a - r).abs().max().item():.3e}"
+    BR = query_tile(D)
+    banded, lo, hi = band(M, N, causal, window_left, window_right)
+    m_tiles = -(-M // BR)
+    for n0 in range(0, N, BC):
+        it_begin, it_end, plain_begin, plain_end = walk(n0, M, N, BR, banded, lo, hi)
+        assert 0 <= it_begin and it_end <= m_tiles
+        assert it_begin >= it_end or it_begin <= plain_begin <= plain_end <= it_end
+        for it in range(m_tiles):
+            mask = masked(n0, it, M, N, BR, banded, lo, hi)[:, :max(0, min(BR, M - it * BR))]   # rows < M
+            if not it_begin <= it < it_end:
+                assert mask.all(), f"query tile {it} sees a key of tile {n0} but is skipped"
+            else:
+                assert not mask.all(), f"query tile {it} sees no key of tile {n0} but is visited"
+            if plain_begin <= it < plain_end:
+                assert not mask.any(), f"query tile {it} of key tile {n0} runs unmasked but needs a mask"
+
+
+# the kernel's lines that walk(), masked() and band() above write again in Python: if one changes, so must they
+MIRRORED = [
+    "const long long first = (long long)n0 - hi, last = (long long)min(n0 + BC, N) - 1 - lo;",
+    "it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);",
+    "it_end = last < 0 ? 0 : (int)min((long long)m_tiles, last / BR + 1);",
+    "const long long x = (long long)n0 + BC - 1 - hi, y = (long long)n0 - lo;",
+    "plain_begin = x <= 0 ? 0 : (int)min((long long)m_tiles, (x + BR - 1) / BR);",
+    "plain_end = y >= M - 1 ? m_tiles : y + 1 <= 0 ? 0 : (int)((y + 1) / BR);",
+    "plain_begin = min(max(plain_begin, it_begin), it_end);",
+    "plain_end = min(max(plain_end, plain_begin), it_end);",
+    "auto clamp = [](long long x) { return (int)(x < -1 ? -1 : x > BR + 8 ? BR + 8 : x); };",
+    "const long long col0 = (long long)it * BR + 2 * q;",
+    "first[h] = clamp(key >= N ? (long long)M_pad + BR : BANDED ? (long long)key - hi - col0 : -1);",
+    "last[h] = clamp(BANDED ? (long long)key - lo - col0 : (long long)BR + 8);",
+    "if constexpr (MASKED) x = 8 * t + e < first[i >> 1] || 8 * t + e > last[i >> 1] ? -INFINITY : x;",
+    "const int left = window_left < 0 || window_left > N ? N : (int)window_left;",
+    "const int right = window_right < 0 || window_right > M ? M : (int)window_right;",
+    "const bool banded = left < N || right < M;",
+    "N - M - left, N - M + right, stream};",
+]
+
+
+def test_mirrored_lines_are_the_kernels():
+    text = " ".join(KERNEL.read_text().split())
+    for line in MIRRORED:
+        assert " ".join(line.split()) in text, f"kernels/v8_backward.cu changed: update the Python mirror of {line!r}"
+
+
+# ================================================================ GPU
+@pytest.fixture(scope="module")
+def bwd():
+    if not is_hopper():
+        pytest.skip("the v8 backward needs a GPU of compute capability 9.0 (an sm_90a build: wgmma, TMA)")
+    from flashattn.loader import build
+    return build("v8_backward", archs=["9.0a"], functions=("backward",))
+
+
+def forward_lse(q, k, v, causal, scale, window=(-1, -1)):
+    """(o, lse) of v8's forward_lse; with a window, from it where its binding takes one (kernels/v8.cu was
+    gaining window_left, window_right as this file was written), else the float64 reference's, rounded."""
+    from flashattn.autograd import forward_module
+    if window == (-1, -1):
+        return forward_module("v8").forward_lse(q, k, v, causal, scale)
+    if "window_left" in binding_params(source("v8"), "forward_lse"):
+        return forward_module("v8").forward_lse(q, k, v, causal, scale, *window)
+    M, N, group = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+    s = s.masked_fill(~visible(M, N, causal, *window).to(q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0) @ v.double().repeat_interleave(group, 1)
+    return o.to(q.dtype), lse.float()
+
+
+def workspace_like(q) -> torch.Tensor:
+    """A float32 tensor of the binding's workspace size (dQ accumulator and row terms, padded)."""
+    B, H, M, D = q.shape
+    BR = query_tile(D)
+    return q.new_empty(B * H * (-(-M // BR) * BR) * (D + 2), dtype=torch.float32)
+
+
+def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1)):
+    """(dq, dk, dv) of v8's forward_lse and the v8 backward, the memory they get poisoned with NaN first."""
+    o, lse = forward_lse(q, k, v, causal, scale, window)
+    conftest.poison_allocator(q, k, v, workspace_like(q))   # dq, dk, dv and the workspace
+    if window == (-1, -1):   # the binding's own parameters, as v6's backward has them without a window
+        got = bwd.backward(q, k, v, o, lse, do, causal, False, scale)
+    else:
+        got = bwd.backward(q, k, v, o, lse, do, causal, False, scale, *window)
+    torch.cuda.synchronize()
+    return got
+
+
+def check(bwd, B, H, H_kv, M, N, D, dtype, causal, seed, scale=None, q_scale=1.0):
+    q, k, v, do = make(B, H, H_kv, M, N, D, dtype, seed, q_scale)
+    return compare_grads(ours(bwd, q, k, v, do, causal, scale), q, k, v, do, causal, scale)
+
+
+DTYPES = conftest.HALF_DTYPES
+SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1, 203), (203, 1), (1023, 1025), (1025, 1023), (128, 128),
+          (1, 1025), (1025, 17)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("M,N", SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_gradients_match(bwd, dtype, causal, D, M, N):
+    seed = zlib.crc32(repr(("v8b", dtype, causal, D, M, N)).encode())
+    B, H = ((1, 1), (2, 3), (3, 2))[seed % 3]
+    check(bwd, B, H, H, M, N, D, DTYPES[dtype], causal, seed)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("scale", [None, 0.3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("M,N", [(113, 203), (203, 113), (1, 203), (1025, 1023)])
+@pytest.mark.parametrize("H,H_kv", [(8, 1), (6, 2), (32, 8)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_grouped_query_heads(bwd, D, H, H_kv, M, N, causal, scale):
+    """dk, dv shaped like k, v: each kv head's sum over the query heads of its group (one block walks them)."""
+    seed = zlib.crc32(repr(("v8b gqa", D, H, H_kv, M, N, causal, scale)).encode())
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    check(bwd, (1, 2)[(seed >> 1) % 2], H, H_kv, M, N, D, dtype, causal, seed, scale)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("q_scale,scale", [(8.0, None), (1.0, 2.5)])   # scores of magnitude ~30 and more
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_large_logits(bwd, dtype, D, causal, q_scale, scale):
+    check(bwd, 2, 4, 2, 300, 517, D, DTYPES[dtype], causal, seed=11 + D, scale=scale, q_scale=q_scale)
+
+
+def compare_band_grads(got, q, k, v, do, vis, scale):
+    """compare_grads' rule for a sliding window: each relative error against float64 autograd at most twice
+    PyTorch's own (SDPA with the band as a boolean mask, or the masked math in the same dtype where SDPA
+    gives NaN for rows with no key), plus its slack; finite; rows with no key get dq = 0."""
+    import torch.nn.functional as F
+    dtype = q.dtype
+    ref = band_gradients(q.double(), k.double(), v.double(), do.double(), vis, scale)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, attn_mask=vis, scale=scale, enable_gqa=True)
+    torch_grads = torch.autograd.grad(out, leaves, do)
+    if not all(torch.isfinite(t).all() for t in torch_grads):
+        torch_grads = band_gradients(q, k, v, do, vis, scale)
+    floor = 1e-3 * torch.linalg.vector_norm(do.double()).item()
+    for name, g, r, t in zip(("dq", "dk", "dv"), got, ref, torch_grads):
+        assert g.dtype == dtype and g.shape == r.shape
+        assert torch.isfinite(g).all(), f"{name}: non-finite element (unwritten or NaN)"
+        e_ours, e_torch = rel_err(g, r, floor), rel_err(t, r, floor)
+        slack = 0.5 * torch.finfo(dtype).eps * floor / max(torch.linalg.vector_norm(r).item(), floor)
+        assert e_ours <= 2 * e_torch + slack, f"{name}: relative error {e_ours:.3e} > 2 x PyTorch's {e_torch:.3e}"
+    assert (got[0][:, :, ~vis.any(-1)] == 0).all(), "rows with no key in their window must get dq = 0"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal,window", [(False, (40, 0)), (False, (100, 50)), (False, (0, 0)), (False, (7, -1)),
+                                           (False, (-1, 7)), (True, (150, -1)), (False, (1000, 1000))])
+@pytest.mark.parametrize("M,N", [(113, 203), (203, 113), (1025, 1023), (300, 300)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_sliding_window(bwd, D, M, N, causal, window):
+    """window_left, window_right (v6_backward's parameters, -1 no bound): masked tiles on both edges of
+    the band, tiles no row sees skipped, key tiles no row sees at all get dK = dV = 0."""
+    seed = zlib.crc32(repr(("v8b window", D, M, N, causal, window)).encode())
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    q, k, v, do = make(2, 4, 2, M, N, D, dtype, seed)
+    scale = 0.2
+    got = ours(bwd, q, k, v, do, causal, scale, window)
+    compare_band_grads(got, q, k, v, do, visible(M, N, causal, *window).to(q.device), scale)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_dk_dv_repeat_bit_for_bit(bwd, D, causal):
+    """dK and dV never go through atomics (a block sums its key tile over the group in registers): the same
+    bits on every run. dQ's float32 atomics may add in another order: close, not necessarily equal."""
+    q, k, v, do = make(2, 6, 2, 1025, 777, D, torch.bfloat16, seed=D + causal)
+    first = ours(bwd, q, k, v, do, causal)
+    second = ours(bwd, q, k, v, do, causal)
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+    assert torch.allclose(first[0].float(), second[0].float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_bad_inputs_refused(bwd):
+    """RuntimeError naming the argument, before any launch; a good call still works afterwards."""
+    q, k, v, do = make(1, 2, 1, 33, 40, 64, torch.bfloat16, seed=3)
+    o, lse = forward_lse(q, k, v, False, None)
+    good = dict(q=q, k=k, v=v, o=o, lse=lse, dout=do)
+    r96 = lambda L: torch.randn(1, 2, L, 96, device="cuda", dtype=torch.bfloat16)
+    bad = [("q", dict(q=q.cpu())), ("k", dict(k=k.cpu())), ("o", dict(o=o.cpu())), ("dout", dict(dout=do.cpu())),
+           ("lse", dict(lse=lse.cpu())), ("q", dict(q=q.float())), ("k", dict(k=k.half())), ("v", dict(v=v.half())),
+           ("o", dict(o=o.half())), ("dout", dict(dout=do.half())), ("lse", dict(lse=lse.double())),
+           ("q", dict(q=r96(33), k=r96(40)[:, :1], v=r96(40)[:, :1], o=r96(33), dout=r96(33))),
+           ("dout", dict(dout=do.transpose(2, 3).contiguous().transpose(2, 3))), ("lse", dict(lse=lse[..., :-1]))]
+    for name, change in bad:
+        args = dict(good, **change)
+        with pytest.raises(RuntimeError, match=rf"\b{name}\b"):
+            bwd.backward(args["q"], args["k"], args["v"], args["o"], args["lse"], args["dout"], False, False, None)
+    with pytest.raises(RuntimeError, match="deterministic"):
+        bwd.backward(q, k, v, o, lse, do, False, True, None)
+    dq, dk, dv = bwd.backward(q, k, v, o, lse, do, False, False, None)
+    assert torch.isfinite(dq).all() and dk.shape == k.shape and dv.shape == v.shape
+
+
+# ================================================================ GPU: compute-sanitizer
+# B, H, H_kv, M, N: a square one, M > N with rows that see no key (causal), odd tails both ways, grouped heads
+SANITIZE_SHAPES = [(1, 2, 2, 64, 64), (1, 1, 1, 300, 20), (2, 4, 2, 200, 333), (1, 3, 1, 129, 257)]
+
+
+SANITIZE_MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 8))]   # (causal, window)
+
+
+def sanitize_target() -> None:
+    """What the sanitizer runs: every shape at both head dims, no mask, causal and a window, bf16, one line
+    per call."""
+    from flashattn.loader import build
+    mod = build("v8_backward", archs=["9.0a"], functions=("backward",))
+    for B, H, H_kv, M, N in SANITIZE_SHAPES:
+        for D in (64, 128):
+            for causal, window in SANITIZE_MASKS:
+                q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
+                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window)
+                assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
+                print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window}",
+                      flush=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_clean(bwd, tool):
+    forward_lse(*make(1, 1, 1, 8, 8, 64, torch.bfloat16, seed=0)[:3], False, None)   # build outside the sanitizer
+    out, ran = conftest.run_sanitized(tool, Path(__file__).resolve(), "--sanitize", tag="ran v8b ")
+    assert len(ran) == len(SANITIZE_SHAPES) * 2 * len(SANITIZE_MASKS), out[-4000:]
+
+
+if __name__ == "__main__" and "--sanitize" in sys.argv:
+    sanitize_target()
