@@ -1,0 +1,167 @@
+"""The chapter "Attention in real models" (book/real_models.ipynb): its concept figures and the arithmetic
+they draw, and the tables of its records.
+
+- `window_tiles`, `tile_counts`: which (query tile, key tile) pairs a sliding window skips, runs unmasked or
+  masks, by the bounds the kernels use (tests/test_real_models_notes.py checks them against the
+  element-wise mask of flashattn.reference);
+- `fig_gqa`, `fig_window`, `fig_varlen`: grouped heads, the window's band over the tile grid, a packed batch
+  against the same batch padded;
+- `prefill_table`, `varlen_table`: results/h200/prefill.json and varlen.json, every column of one run.
+"""
+from __future__ import annotations
+
+import itertools
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from flashattn.book.figures import show_or_return
+from flashattn.book.notebook import md
+from flashattn.measure import results
+from flashattn.measure.results import H200
+
+SKIP, FULL, MASKED = 0, 1, 2
+PREFILL = H200 / "prefill.json"
+VARLEN = H200 / "varlen.json"
+
+
+def key_range(i: int, M: int, N: int, left: int, right: int) -> tuple[int, int]:
+    """Keys [lo, hi] that query row i sees under window (left, right), bottom-right aligned (-1: unbounded)."""
+    diag = i + N - M
+    lo = 0 if left < 0 else max(0, diag - left)
+    hi = N - 1 if right < 0 else min(N - 1, diag + right)
+    return lo, hi
+
+
+def window_tiles(M: int, N: int, B_r: int, B_c: int, left: int, right: int) -> np.ndarray:
+    """[query tiles, key tiles] of SKIP (no row sees any key of the tile), FULL (every row sees every key:
+    no mask needed) or MASKED. A row's range only moves right as the row grows, so the first and last rows
+    of a tile bound it."""
+    grid = np.zeros((-(-M // B_r), -(-N // B_c)), dtype=int)
+    for ti, tj in itertools.product(range(grid.shape[0]), range(grid.shape[1])):
+        r0, r1 = ti * B_r, min(M, (ti + 1) * B_r) - 1
+        c0, c1 = tj * B_c, min(N, (tj + 1) * B_c) - 1
+        lo0, hi0 = key_range(r0, M, N, left, right)
+        lo1, hi1 = key_range(r1, M, N, left, right)
+        if c1 < lo0 or c0 > hi1:
+            grid[ti, tj] = SKIP
+        elif c0 >= lo1 and c1 <= hi0 and (tj + 1) * B_c <= N:
+            grid[ti, tj] = FULL
+        else:
+            grid[ti, tj] = MASKED
+    return grid
+
+
+def tile_counts(grid: np.ndarray) -> dict[str, int]:
+    return {"skipped": int((grid == SKIP).sum()), "unmasked": int((grid == FULL).sum()),
+            "masked": int((grid == MASKED).sum())}
+
+
+def _arrow(ax, a, b, color="0.35"):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=10, color=color, lw=1))
+
+
+def fig_gqa(H_q: int = 8, H_kv: int = 2, show: bool = False):
+    """Query heads h (top) reading kv head h // G (bottom), G = H_q / H_kv: K and V are stored and read once
+    per group."""
+    G = H_q // H_kv
+    fig, ax = plt.subplots(figsize=(7.5, 2.6))
+    for h in range(H_q):
+        ax.add_patch(Rectangle((h, 2), 0.8, 0.6, fc=f"C{h // G}", alpha=0.35, ec="0.3"))
+        ax.text(h + 0.4, 2.3, f"Q{h}", ha="center", va="center", fontsize=9)
+    width = H_q / H_kv
+    for g in range(H_kv):
+        x = g * width + width / 2 - 0.6
+        ax.add_patch(Rectangle((x, 0), 1.2, 0.6, fc=f"C{g}", alpha=0.7, ec="0.3"))
+        ax.text(x + 0.6, 0.3, f"K{g}, V{g}", ha="center", va="center", fontsize=9)
+        for h in range(g * G, (g + 1) * G):
+            _arrow(ax, (h + 0.4, 2), (x + 0.6, 0.62))
+    ax.text(H_q + 0.2, 2.3, f"H_q = {H_q} query heads", va="center", fontsize=9)
+    ax.text(H_q + 0.2, 0.3, f"H_kv = {H_kv} kv heads, G = {G}", va="center", fontsize=9)
+    ax.set(xlim=(-0.3, H_q + 3.2), ylim=(-0.2, 2.8))
+    ax.axis("off")
+    ax.set_title("Grouped-query attention: query head h reads kv head h // G", fontsize=10)
+    return show_or_return(fig, show)
+
+
+def fig_window(M: int = 2048, N: int = 2048, B_r: int = 128, B_c: int = 128, left: int = 300, show: bool = False):
+    """The causal tile grid beside a sliding window of `left` keys: skipped, unmasked and masked tiles."""
+    cmap = ListedColormap(["white", "#9ecae1", "#fdae6b"])
+    cases = [("causal", -1, 0), (f"window ({left}, 0)", left, 0)]
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 4.0), constrained_layout=True)
+    for ax, (title, lo, hi) in zip(axes, cases):
+        grid = window_tiles(M, N, B_r, B_c, lo, hi)
+        ax.imshow(grid, cmap=cmap, vmin=0, vmax=2)
+        ax.set_xticks(np.arange(-0.5, grid.shape[1], 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, grid.shape[0], 1), minor=True)
+        ax.grid(which="minor", color="0.75", lw=0.5)
+        ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
+        c = tile_counts(grid)
+        ax.set_title(f"{title}: {c['unmasked'] + c['masked']} of {grid.size} tiles run", fontsize=10)
+        ax.set(xlabel=f"key tiles K_j ({B_c} keys)", ylabel=f"query tiles Q_i ({B_r} rows)")
+    handles = [Rectangle((0, 0), 1, 1, fc=cmap(i), ec="0.5") for i in (FULL, MASKED, SKIP)]
+    fig.legend(handles, ["runs unmasked", "runs with the mask", "skipped: never loaded"], loc="lower center",
+               ncol=3, fontsize=9, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(f"M = N = {N}: the loop over j starts and ends at the window's first and last tile", fontsize=10)
+    return show_or_return(fig, show)
+
+
+def fig_varlen(lengths=(8192, 4096, 1000, 513, 17, 1, 2048, 300), show: bool = False):
+    """The batch padded to its longest sequence (each row a sequence) above the same batch packed into one run of
+    tokens, cu_seqlens marking where each sequence starts."""
+    longest, total = max(lengths), sum(lengths)
+    cu = [0, *itertools.accumulate(lengths)]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.4, 3.8), gridspec_kw={"height_ratios": [2.2, 1]},
+                                      constrained_layout=True)
+    for i, n in enumerate(lengths):
+        top.add_patch(Rectangle((0, i), n, 0.8, fc=f"C{i % 10}", alpha=0.75))
+        top.add_patch(Rectangle((n, i), longest - n, 0.8, fc="0.92", ec="0.8", lw=0.3))
+    top.set(xlim=(0, longest), ylim=(len(lengths), -0.2), yticks=[], xlabel="position in the padded batch")
+    top.set_title(f"padded: {len(lengths)} × {longest} = {len(lengths) * longest:,} token slots for {total:,} "
+                  f"tokens (grey: padding)", fontsize=10)
+    for i, n in enumerate(lengths):
+        bottom.add_patch(Rectangle((cu[i], 0), n, 0.8, fc=f"C{i % 10}", alpha=0.75))
+    bottom.set_xticks(cu[:3] + [cu[-1]])
+    bottom.set(xlim=(0, total), ylim=(0, 1), yticks=[], xlabel="cu_seqlens (int32): where each sequence starts")
+    bottom.set_title(f"packed: [total = {total:,}, H, D], cu_seqlens = {cu}", fontsize=9)
+    return show_or_return(fig, show)
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "—"
+    return f"{r['median_us']:,.1f}" if r["status"] == "ok" else "refused"
+
+
+def prefill_table(path=PREFILL, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
+    doc = results.read_if_exists(path, "prefill")
+    if doc is None:
+        return md("*Not recorded yet: `python -m flashattn.measure.prefill_bench --out results/h200`.*")
+    rows = [r for r in doc["rows"] if r["part"] == "forward"]
+    shapes = list(dict.fromkeys((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]) for r in rows))
+    by = {((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]), r["column"]): r for r in rows}
+    lines = ["| B, H_q / H_kv, N, D | causal | " + " | ".join(columns) + " | v8 / fa4 |",
+             "|---|---|" + "--:|" * (len(columns) + 1)]
+    for s in shapes:
+        ours, fa4 = by.get((s, "v8")), by.get((s, "fa4"))
+        ratio = (f"{fa4['median_us'] / ours['median_us']:.2f}×" if ours and fa4 and ours["status"] == "ok"
+                 and fa4["status"] == "ok" else "—")
+        lines.append(f"| {s[0]}, {s[1]} / {s[2]}, {s[3]}, {s[4]} | {'yes' if s[5] else 'no'} | "
+                     + " | ".join(_cell(by.get((s, c))) for c in columns) + f" | {ratio} |")
+    return md("\n".join(lines) + "\n\nMedian µs of one interleaved run per shape (bf16); v8 / fa4: FlashAttention-4's "
+              "time over ours, above 1 when ours is faster. Refused: the column cannot take the shape.")
+
+
+def varlen_table(path=VARLEN):
+    doc = results.read_if_exists(path, "prefill")
+    if doc is None:
+        return md("*Not recorded yet: `python -m flashattn.measure.varlen_bench --out results/h200`.*")
+    lines = ["| part | column | µs | TFLOP/s (the packed batch's work) |", "|---|---|--:|--:|"]
+    for r in doc["rows"]:
+        tf = f"{r['tflops']:.0f}" if r["status"] == "ok" else r.get("message", "")[:60]
+        lines.append(f"| {r['part'].removeprefix('varlen_')} | {r['column']} | {_cell(r)} | {tf} |")
+    lengths = doc["rows"][0]["lengths"]
+    return md("\n".join(lines) + f"\n\nLengths {lengths}, {doc['rows'][0]['H_q']} / {doc['rows'][0]['H_kv']} heads, "
+              f"D = {doc['rows'][0]['D']}, causal, bf16; backward through autograd for every column.")
