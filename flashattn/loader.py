@@ -27,7 +27,10 @@ NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 ARG_DEFAULTS = {"causal": ("false", "False"), "deterministic": ("false", "False"), "scale": ("py::none()", "None"),
                 "window_left": ("-1", "-1"), "window_right": ("-1", "-1")}
 # Kernel files whose bindings are not `forward` (nor a version's `backward`): the functions they export.
-KERNEL_FUNCTIONS = {"decode": ("decode", "tile_keys")}
+KERNEL_FUNCTIONS = {"decode": ("decode", "tile_keys"), "v8_backward": ("backward",)}
+# Kernel files no version names yet (flashattn.versions) that must be built for exact architectures: a
+# Hopper backward written before its GPU tests, which is no version's backward until it passes them.
+KERNEL_ARCHS = {"v8_backward": ("9.0a",)}
 
 
 class _NoRuntimeNotice(logging.Filter):
@@ -123,6 +126,8 @@ def _owner(kernel: str):
 def version_archs(kernel: str) -> list[str] | None:
     """The exact architectures kernel file `kernel` must be built for, or None for arch_list()."""
     owner = _owner(kernel)
+    if owner is None and kernel in KERNEL_ARCHS:
+        return list(KERNEL_ARCHS[kernel])
     return list(owner.archs) if owner is not None and owner.archs else None
 
 

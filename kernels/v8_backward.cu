@@ -212,13 +212,13 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes
          ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
-#define V8B_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+#define BWD_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                        "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define V8B_ACC64(d) V8B_ACC8(d, 0), V8B_ACC8(d, 8), V8B_ACC8(d, 16), V8B_ACC8(d, 24)
-#define V8B_ACC128(d) V8B_ACC64(d), V8B_ACC8(d, 32), V8B_ACC8(d, 40), V8B_ACC8(d, 48), V8B_ACC8(d, 56)
-#define V8B_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+#define BWD_ACC64(d) BWD_ACC8(d, 0), BWD_ACC8(d, 8), BWD_ACC8(d, 16), BWD_ACC8(d, 24)
+#define BWD_ACC128(d) BWD_ACC64(d), BWD_ACC8(d, 32), BWD_ACC8(d, 40), BWD_ACC8(d, 48), BWD_ACC8(d, 56)
+#define BWD_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define V8B_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+#define BWD_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
                    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
                    "%56, %57, %58, %59, %60, %61, %62, %63}"
@@ -230,44 +230,44 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes
 //               k step passes accumulate = 0 (D = A B, the registers' old values ignored);
 //   rs:         A (64 x 16) from registers (4 per thread, the mma.sync A fragment), B MN-major; accumulates.
 template <int N, typename T> struct Wgmma;
-#define V8B_WGMMA_N64(CTYPE, PTXTYPE)                                                                        \
+#define BWD_WGMMA_N64(CTYPE, PTXTYPE)                                                                        \
   template <> struct Wgmma<64, CTYPE> {                                                                      \
     template <int TA, int TB>                                                                                \
     static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {      \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS32           \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " BWD_REGS32           \
                    ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                                     \
-                   : V8B_ACC64(d)                                                                            \
+                   : BWD_ACC64(d)                                                                            \
                    : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));                                     \
     }                                                                                                        \
     static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {          \
-      asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS32          \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTYPE "." PTXTYPE " " BWD_REGS32          \
                    ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                              \
-                   : V8B_ACC64(d)                                                                            \
+                   : BWD_ACC64(d)                                                                            \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
     }                                                                                                        \
   };
-#define V8B_WGMMA_N128(CTYPE, PTXTYPE)                                                                       \
+#define BWD_WGMMA_N128(CTYPE, PTXTYPE)                                                                       \
   template <> struct Wgmma<128, CTYPE> {                                                                     \
     template <int TA, int TB>                                                                                \
     static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {      \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS64          \
+                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " BWD_REGS64          \
                    ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                                     \
-                   : V8B_ACC128(d)                                                                           \
+                   : BWD_ACC128(d)                                                                           \
                    : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));                                     \
     }                                                                                                        \
     static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {          \
-      asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " V8B_REGS64         \
+      asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXTYPE "." PTXTYPE " " BWD_REGS64         \
                    ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                              \
-                   : V8B_ACC128(d)                                                                           \
+                   : BWD_ACC128(d)                                                                           \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
     }                                                                                                        \
   };
-V8B_WGMMA_N64(__nv_bfloat16, "bf16")
-V8B_WGMMA_N64(__half, "f16")
-V8B_WGMMA_N128(__nv_bfloat16, "bf16")
-V8B_WGMMA_N128(__half, "f16")
+BWD_WGMMA_N64(__nv_bfloat16, "bf16")
+BWD_WGMMA_N64(__half, "f16")
+BWD_WGMMA_N128(__nv_bfloat16, "bf16")
+BWD_WGMMA_N128(__half, "f16")
 
 // A clock read whose value is stored never (`never` is false at run time, a predicate rather than a branch:
 // ptxas keeps no wgmma in flight across a branch that may diverge); ptxas does not move instructions

@@ -30,6 +30,7 @@ from matplotlib.patches import FancyBboxPatch
 
 from flashattn.book.figures import show_or_return
 from flashattn.loader import KERNELS_DIR
+from flashattn.versions import INFO, KERNEL_VERSIONS
 
 FENCE = "fence.proxy.async"
 ASYNC_OPS = ("cp.async.bulk", "cp.reduce.async.bulk", "wgmma.mma_async")
@@ -111,10 +112,18 @@ def _statement(lines: list[str], i: int, step: int) -> str:
     return " ".join(parts)
 
 
+def taught() -> list[str]:
+    """The kernel files the book's chapters walk through: every version's, its backward's and decode's (a file
+    written but not yet part of any chapter, such as a backward still waiting for its GPU tests, is left out)."""
+    names = set(KERNEL_VERSIONS) | {i.backward for i in INFO.values() if i.backward} | {"decode"}
+    return sorted(n for n in names if (KERNELS_DIR / f"{n}.cu").is_file())
+
+
 def fence_sites(names=None) -> list[FenceSite]:
-    """Every call of a `fence.proxy.async` wrapper in kernels/*.cu (or in the files `names`), in file order."""
+    """Every call of a `fence.proxy.async` wrapper in the taught kernel files (or in the files `names`), in
+    file order."""
     sites = []
-    for path in sorted(KERNELS_DIR.glob("*.cu")) if names is None else [KERNELS_DIR / f"{n}.cu" for n in names]:
+    for path in [KERNELS_DIR / f"{n}.cu" for n in (taught() if names is None else names)]:
         text = path.read_text()
         functions = _bodies(text, _FUNCTION)
         wrappers = {name for name, start, end in functions if FENCE in text[start:end]}
@@ -181,8 +190,8 @@ def fig_proxies(show: bool = True):
         _box(ax, 6.8, 0, 4.2, "async read: " + _short(site.reader, 30) + f"\n-> {site.reader_op}", "#fce5cd")
         ax.annotate("", xy=(6.8, 0.1), xytext=(6.5, 0.9), arrowprops={"arrowstyle": "->"})
     ax = axes[-1]
-    no_fence = [p.name for p in sorted(KERNELS_DIR.glob("*.cu"))
-                if "wgmma.mma_async" in (t := p.read_text()) and FENCE not in t]
+    no_fence = [f"{n}.cu" for n in taught()
+                if "wgmma.mma_async" in (t := (KERNELS_DIR / f"{n}.cu").read_text()) and FENCE not in t]
     ax.set_title("the TMA path (" + ", ".join(f"kernels/{n}" for n in no_fence) + " has no fence; V7 with TMA "
                  "neither): both sides are async proxy", fontsize=10, loc="left")
     _box(ax, 0.0, 0, 3.3, "TMA: cp.async.bulk.tensor\n(complete_tx on full[s])", "#fce5cd")
