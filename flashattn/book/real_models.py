@@ -130,9 +130,13 @@ def fig_varlen(lengths=(8192, 4096, 1000, 513, 17, 1, 2048, 300), show: bool = F
 
 
 def _cell(r: dict | None) -> str:
+    """A row's median µs; "not run" when its library did not import in that run, "refused" when the column
+    could not take the shape."""
     if r is None:
         return "—"
-    return f"{r['median_us']:,.1f}" if r["status"] == "ok" else "refused"
+    if r["status"] == "ok":
+        return f"{r['median_us']:,.1f}"
+    return "not run" if "does not import" in r.get("message", "") else "refused"
 
 
 def prefill_table(path=PREFILL, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
@@ -151,7 +155,8 @@ def prefill_table(path=PREFILL, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash"
         lines.append(f"| {s[0]}, {s[1]} / {s[2]}, {s[3]}, {s[4]} | {'yes' if s[5] else 'no'} | "
                      + " | ".join(_cell(by.get((s, c))) for c in columns) + f" | {ratio} |")
     return md("\n".join(lines) + "\n\nMedian µs of one interleaved run per shape (bf16); v8 / fa4: FlashAttention-4's "
-              "time over ours, above 1 when ours is faster. Refused: the column cannot take the shape.")
+              "time over ours, above 1 when ours is faster. Refused: the column cannot take the shape; not run: its "
+              "library did not import in that run.")
 
 
 def varlen_table(path=VARLEN):
