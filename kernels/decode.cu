@@ -56,7 +56,14 @@
 // had executed 225 M warp instructions where the contiguous one executed 139 M, and ran 30% slower).
 // Missed: one sequence of 32k keys (16 new rows, 32 heads, 8 splits: one wave of blocks, each streaming
 // 2 MB) takes 130 us in the split kernel against a floor of 112 us, 86% of the floor's speed, where
-// batch8_16k's kernel, whose blocks stream four times as much, reaches 93%.
+// batch8_16k's kernel, whose blocks stream four times as much, reaches 93%. A DECODE_TRACE build timed
+// every block (results/h200/decode_timeline.json, flashattn.measure.decode_timeline): the blocks start
+// within 0.1 us of each other, the first tile lands after about 4 us, the median block then streams for
+// about 120 us (4.45 TB/s for the call's bytes at that pace; batch8_16k's blocks reach 4.59), the last
+// block ends about 4 us after the median one stops streaming, and the merge about 4 us after that (the
+// lab notes' table: medians of five traced calls). The streaming alone takes most of the 125 us
+// target; fusing the merge into the last split's block, the step left, would save its launch gap and part
+// of its 2.7 us, not enough by itself.
 //
 // Compile-time settings (-D at build time, for the chapter's sweep):
 //   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)
@@ -642,8 +649,11 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
 // One warp per output row: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Lane s reads lse_s
 // (32 splits at a time) and turns it into its weight, so the partial outputs' loads depend on nothing but
 // a shuffle and DECODE_MERGE_UNROLL of them are in flight at once; one at a time, each split's load waited
-// for the last (the merge kernel took 3.6 us at rows16_32k's eight splits, for 2 MB). A split that saw no
-// key has lse_s = -inf and weight 0, and its O_s was never written: it is read but never used.
+// for the last. At rows16_32k's eight splits (2 MB) the merge kernel took 3.6 us the old way
+// (results/h200/decode.json, anatomy) and 2.7 us this way (results/h200/logs/decode_anatomy_merge.log,
+// another run; decode_bench's variant "merge reading one split at a time", DECODE_MERGE_UNROLL=1, is to
+// time the two side by side and has not run yet). A split that saw no key has lse_s = -inf and weight 0,
+// and its O_s was never written: it is read but never used.
 #ifndef DECODE_MERGE_UNROLL
 #define DECODE_MERGE_UNROLL 8
 #endif

@@ -45,7 +45,7 @@ from flashattn.measure import decode_profile, peers, results
 from flashattn.measure.kernel_trace import profile_spans
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.table import update_readme
-from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
 
 DATASHEET_BYTES_PER_S = 4.8e12
 # (name, B, H_q, H_kv, M, N, D): the targets and two neighbours
@@ -121,9 +121,7 @@ def sdpa_call(q, k, v):
 
 
 def timed(calls, args):
-    table = {name: (fn, ctx or contextlib.nullcontext) for name, (fn, ctx) in calls.items()}
-    return time_interleaved(table, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
-                            max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+    return interleaved_args({name: (fn, ctx or contextlib.nullcontext) for name, (fn, ctx) in calls.items()}, args)
 
 
 def at_shape(part: str, name: str, dims, calls: dict, args, **per_column) -> list[dict]:
@@ -299,13 +297,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--parts", default="ceiling,variants,peers,splits,paged,lengths,anatomy")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repetitions", type=int, default=60)
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--max-seconds", type=float, default=2.0)
-    p.add_argument("--host-slack-us", type=float, default=1000.0,
-                   help="GPU spin queued before each timed call, so that no column's Python time is timed "
-                        "(flashattn.measure.timing; default: %(default)s)")
+    add_interleaved_arguments(p, repetitions=60, rounds=6, max_seconds=2.0)
     p.add_argument("--profile", action="store_true", help="also record Nsight Compute reports (needs ncu)")
     p.add_argument("--ncu", default="ncu")
     p.add_argument("--target", help=argparse.SUPPRESS)      # internal: the program ncu profiles
@@ -340,9 +332,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**results.environment(argv), "peers": peers.versions(),
             "sms": torch.cuda.get_device_properties(0).multi_processor_count, "tile_keys": decode.module().tile_keys()}
-    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
-                    host_slack_us=args.host_slack_us,
-                    dtype="bfloat16", causal=False, datasheet_bytes_per_s=DATASHEET_BYTES_PER_S)
+    settings = dict(interleaved_settings(args), dtype="bfloat16", causal=False,
+                    datasheet_bytes_per_s=DATASHEET_BYTES_PER_S)
     path = results.write(args.out / "decode.json", "decode", rows, meta, settings) and args.out / "decode.json"
     print(f"wrote {path}")
     if args.profile:

@@ -28,7 +28,7 @@ import torch
 from flashattn.measure import peers, results
 from flashattn.measure.backward import backward_call, backward_flops
 from flashattn.measure.bench import attention_flops, make_call
-from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
 
 # (B, H_q, H_kv, N, D, causal): M = N
 FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2, 16, 16, 8192, 128, False),
@@ -76,7 +76,7 @@ def forward_part(args) -> list[dict]:
     for shape in FORWARD_SHAPES:
         q, k, v = inputs(*shape[:5])
         calls = {name: column(make_call, name, q, k, v, shape[5]) for name in FORWARD_COLUMNS}
-        rows += rows_of("forward", shape, timed(calls, args))
+        rows += rows_of("forward", shape, interleaved_args(calls, args))
     return rows
 
 
@@ -86,13 +86,8 @@ def backward_part(args) -> list[dict]:
         q, k, v = inputs(*shape[:5])
         do = torch.randn_like(q)
         calls = {name: column(backward_call, name, q, k, v, do, shape[5]) for name in BACKWARD_COLUMNS}
-        rows += rows_of("backward", shape, timed(calls, args))
+        rows += rows_of("backward", shape, interleaved_args(calls, args))
     return rows
-
-
-def timed(calls, args):
-    return time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
-                            max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
 
 
 def main(argv=None) -> int:
@@ -100,11 +95,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--parts", default="forward,backward")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repetitions", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--max-seconds", type=float, default=1.0)
-    p.add_argument("--host-slack-us", type=float, default=1000.0)
+    add_interleaved_arguments(p, repetitions=40, rounds=4, max_seconds=1.0)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.prefill_bench needs a CUDA GPU")
@@ -112,8 +103,7 @@ def main(argv=None) -> int:
     rows = [r for name in args.parts.split(",") for r in parts[name](args)]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**results.environment(argv), "peers": peers.versions()}
-    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
-                    host_slack_us=args.host_slack_us, dtype="bfloat16")
+    settings = dict(interleaved_settings(args), dtype="bfloat16")
     print(f"wrote {results.write(args.out / 'prefill.json', 'prefill', rows, meta, settings) and args.out}")
     return 0
 

@@ -222,3 +222,28 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
             if part.calls < share:
                 t.stopped_early = True
     return results
+
+
+def add_interleaved_arguments(parser, *, repetitions: int, rounds: int, max_seconds: float,
+                              host_slack_us: float = 1000.0, warmup: int = 10, slack_help: str = "") -> None:
+    """The command-line options of a benchmark that times with time_interleaved (`interleaved_args` reads
+    them back), each benchmark with its own defaults."""
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--repetitions", type=int, default=repetitions)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--max-seconds", type=float, default=max_seconds)
+    parser.add_argument("--host-slack-us", type=float, default=host_slack_us,
+                        help="GPU spin queued before each timed call, so that no column's Python time is timed"
+                             f"{slack_help} (default: %(default)s)")
+
+
+def interleaved_args(calls: dict, args) -> dict:
+    """time_interleaved(calls) with the options add_interleaved_arguments defined."""
+    return time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
+                            max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+
+
+def interleaved_settings(args) -> dict:
+    """Those options as a record's settings."""
+    return dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
+                host_slack_us=args.host_slack_us)

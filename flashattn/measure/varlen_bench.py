@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from flashattn.measure import peers, results
 from flashattn.measure.sdpa_backends import sdpa_backend_context
-from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
 from flashattn.varlen import attention_varlen
 
 LENGTHS = (8192, 4096, 1000, 513, 17, 1, 2048, 300)
@@ -103,8 +103,7 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
     for name in COLUMNS:
         made = guarded(make, name, q, k, v, cu, lengths, causal)
         calls[name] = made if isinstance(made, tuple) else (made, contextlib.nullcontext)
-    timings = time_interleaved(calls, warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds,
-                               max_seconds=args.max_seconds, host_slack_us=args.host_slack_us)
+    timings = interleaved_args(calls, args)
     rows = []
     for name, t in timings.items():
         r = dict(part=part, column=name, lengths=list(lengths), H_q=H_Q, H_kv=H_KV, D=D, causal=causal)
@@ -124,21 +123,16 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--parts", default="varlen_forward,varlen_backward")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repetitions", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--max-seconds", type=float, default=1.0)
-    p.add_argument("--host-slack-us", type=float, default=3000.0,
-                   help="GPU spin before each timed call; ours loops over the sequences in Python, so the "
-                        "default is longer than the other benches' (default: %(default)s)")
+    add_interleaved_arguments(p, repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
+                              slack_help="; ours loops over the sequences in Python, so the default is longer "
+                                         "than the other benches'")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
     rows = [r for part in args.parts.split(",") for r in part_rows(part, LENGTHS, True, args)]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**results.environment(argv), "peers": peers.versions()}
-    settings = dict(warmup=args.warmup, repetitions=args.repetitions, rounds=args.rounds, l2_flush=True,
-                    host_slack_us=args.host_slack_us, dtype="bfloat16")
+    settings = dict(interleaved_settings(args), dtype="bfloat16")
     print(f"wrote {results.write(args.out / 'varlen.json', 'prefill', rows, meta, settings) and args.out}")
     return 0
 
