@@ -58,6 +58,20 @@
 //     [B, H, M] = m_i * scale + ln(l_i) (-inf for a row that sees no key), what kernels/v6_backward.cu
 //     needs; o is bit-identical to forward's. Its kernels are compiled only with -DFLASHATTN_LSE=1
 //     (flashattn.autograd.forward_module), so the forward-only build and its machine code are as they were.
+//   Packed batches (flashattn.attention_varlen): forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+//     max_seqlen_q, causal, scale, window_left, window_right) takes FlashAttention-2's varlen layout: q and o
+//     [total_q, H, D], k and v [total_k, H_kv, D], sequence b owning tokens cu_seqlens_q[b] ..
+//     cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v (int32, on the
+//     GPU: the kernel reads them, so one launch serves the batch and nothing is copied to the host). A work
+//     item is (sequence, query head, row block), over the row blocks of the longest sequence, max_seqlen_q
+//     (causal: the last row blocks first, as above; persistent blocks as configured); the items past their
+//     sequence's end do nothing. Each item takes its M and N, and its band, from its sequence: causal and the
+//     window are aligned per sequence, as above. The tiles are the same; a Q_i box may run into the next
+//     sequence's rows (never stored) and the last key tile into its keys (masked: the mask's end of N is the
+//     sequence's). forward_varlen_lse also returns lse float32 [H, total_q], FlashAttention-2's varlen
+//     layout. Its kernels (flash_fwd_varlen) are compiled only with -DFLASHATTN_VARLEN=1
+//     (flashattn.varlen_kernel) and share flash_fwd_ws's code (flash_fwd_body, VARLEN a template constant):
+//     the other kernels' machine code is as it was (tests/test_v8.py). Not yet run on a GPU.
 //
 // Tiles (per template instance; override with -D at build time, see the V8_* macros below):
 //   D=64 : 3 consumer warpgroups + 1 producer (B_r = 192, 512 threads), B_c = 128, 2 stages. smem 24 KB
@@ -168,6 +182,11 @@
 // forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).
 #ifndef FLASHATTN_LSE
 #define FLASHATTN_LSE 0
+#endif
+// FLASHATTN_VARLEN=1 (the packed batches of flashattn.attention_varlen, flashattn.varlen_kernel): also compile
+// the instances of forward_varlen (and, with FLASHATTN_LSE, of forward_varlen_lse), flash_fwd_varlen.
+#ifndef FLASHATTN_VARLEN
+#define FLASHATTN_VARLEN 0
 #endif
 // V8_TRACE=1: the instrumented build (the trace section below).
 #ifndef V8_TRACE
@@ -404,6 +423,8 @@ __device__ __forceinline__ uint32_t sm_id() {
 // The kernel's extra parameters, and the launcher's arguments for them (a Trace `tr`).
 #define V8_TRACE_PARAMS , unsigned long long* trace, int trace_items, int trace_tiles
 #define V8_TRACE_ARGS(tr) , (tr).buffer, (tr).items, (tr).tiles
+// The kernels' own trace parameters, passed on to their shared code.
+#define V8_TRACE_FORWARD , trace, trace_items, trace_tiles
 // In a role's code: its row of the buffer for `item`, and whether this thread writes (`on`).
 #define V8_TRACE_ROW(role, item, on)                                                                     \
   unsigned long long* const trace_row =                                                                  \
@@ -426,6 +447,7 @@ __device__ __forceinline__ uint32_t sm_id() {
 constexpr bool kTraceBuild = false;
 #define V8_TRACE_PARAMS
 #define V8_TRACE_ARGS(tr)
+#define V8_TRACE_FORWARD
 #define V8_TRACE_ROW(role, item, on) ((void)0)
 #define V8_STAMP(t, ev) ((void)0)
 #define V8_HEAD(field, value) ((void)0)
@@ -485,6 +507,18 @@ struct Registers {
   static_assert(PRODUCER + NWG * CONSUMER <= (NWG + 1) * ENTRY, "the split must fit the launch allotment");
 };
 
+// A packed batch (VARLEN, forward_varlen): sequence b's queries are tokens cu_q[b] .. cu_q[b + 1] - 1 of q and o
+// ([total_q][H][D]), its keys tokens cu_k[b] .. cu_k[b + 1] - 1 of k and v ([total_k][H_kv][D]); H query heads;
+// total_q, also the row length of lse ([H][total_q]); the window's sides as the caller gave them (-1: no bound;
+// causal has set the right one to 0), which each item clamps to its own sequence.
+struct Varlen {
+  const int* cu_q;
+  const int* cu_k;
+  int H, total_q, total_k, window_left, window_right;
+};
+
+// The kernel's code, shared by flash_fwd_ws (fixed length, below: its machine code is what it was before the
+// packed batches) and flash_fwd_varlen (VARLEN: a packed batch, whose items read M, N and the band from va).
 // WITH_LSE (training, forward_lse): also write lse_i = ln(sum_j exp(S_ij * scale)), float32 [B*H][M], for
 // the backward (kernels/v6_backward.cu); LSE and the window come after scale_log2, so the forward-only
 // instance keeps its parameter layout and machine code.
@@ -493,12 +527,11 @@ struct Registers {
 // launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
 // hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
-__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
-                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
-    flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                 const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
-                 int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi V8_TRACE_PARAMS) {
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE, bool VARLEN>
+__device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                               T* __restrict__ O, int BH, int group, int M, int N, int m_blocks,
+                                               float scale_log2, float* __restrict__ LSE, int lo, int hi,
+                                               const Varlen& va V8_TRACE_PARAMS) {
   static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
@@ -526,6 +559,10 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
   // from 0 below). Causal: the items with the most key tiles (last row blocks) go first, as in v6.
   int m_block = 0, bh = 0, bh_kv = 0, m0 = 0, kt0 = 0, n_tiles = 0;
   T* Oh = O;
+  // VARLEN: bh = b * H + q_head, query head q_head of sequence b, whose rows start at token q_tok of q and o and
+  // whose keys at token k_tok of k and v (0 otherwise); o's rows are H * D apart in the packed layout.
+  int q_tok = 0, k_tok = 0, q_head = 0;
+  const size_t o_row = VARLEN ? (size_t)va.H * D : D;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
     if (CAUSAL) {
       bh = item % BH;
@@ -539,6 +576,22 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
     // (b * H + h) / group = b * H_kv + h / group in the flat index.
     bh_kv = bh / group;
+    if constexpr (VARLEN) {
+      // the item's sequence, from the lengths in global memory: M, N, where its rows and keys start, and its
+      // band (lo, hi), which the launcher computes for one fixed-length call (v8_forward) as here
+      const int b = bh / va.H;
+      q_head = bh - b * va.H;
+      q_tok = va.cu_q[b];
+      M = va.cu_q[b + 1] - q_tok;
+      k_tok = va.cu_k[b];
+      N = va.cu_k[b + 1] - k_tok;
+      const int left = va.window_left < 0 || va.window_left > N ? N : va.window_left;
+      const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;
+      lo = N - M - left;
+      hi = N - M + right;
+      Oh = O + ((size_t)q_tok * va.H + q_head) * D;   // row r at (q_tok + r) * H * D + q_head * D
+      bh_kv = q_head / group;                        // the kv head's index in k and v [total_k][H_kv][D]
+    }
     kt0 = 0;
     n_tiles = (N + BC - 1) / BC;
     if (CAUSAL) {
@@ -548,16 +601,24 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       kt0 = first_key <= 0 ? 0 : (int)(first_key / BC);
       n_tiles = last_key < 0 ? 0 : max(0, (int)((min((long long)N, last_key + 1) + BC - 1) / BC) - kt0);
     }
+    if constexpr (VARLEN)
+      if (m0 >= M) n_tiles = 0;   // a row block past the end of its sequence: nothing to compute or write
   };
   // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it), and
   // its lse -inf, which the backward reads as P = 0
   auto write_zeros = [&](int first, int count) {
     for (int idx = first; idx < BR * D / 8; idx += count) {
       const int row = m0 + idx / (D / 8);
-      if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * D + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
+      if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * o_row + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
     }
-    if constexpr (WITH_LSE)
-      for (int r = first; r < BR && m0 + r < M; r += count) LSE[(size_t)bh * M + m0 + r] = -INFINITY;
+    if constexpr (WITH_LSE) {
+      for (int r = first; r < BR && m0 + r < M; r += count) {
+        if constexpr (VARLEN)   // lse [H][total_q]
+          LSE[(size_t)q_head * va.total_q + q_tok + m0 + r] = -INFINITY;
+        else
+          LSE[(size_t)bh * M + m0 + r] = -INFINITY;
+      }
+    }
   };
   const int items = m_blocks * BH;
   // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
@@ -592,21 +653,34 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     if (u >= STAGES) mbar_wait(empty_k(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_k(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p)
-      tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, (kt0 + t) * BC, bh_kv, full_k(s));
+    for (int p = 0; p < PANELS; ++p) {
+      if constexpr (VARLEN)   // (column, head, token)
+        tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, bh_kv, k_tok + (kt0 + t) * BC, full_k(s));
+      else
+        tma_load_3d(sK + s * L::KV_BYTES + p * BC * 128, &tmK, p * 64, (kt0 + t) * BC, bh_kv, full_k(s));
+    }
   };
   auto load_v = [&](int t) {
     const int u = kv_base + t, s = u % STAGES;
     if (u >= STAGES) mbar_wait(empty_v(s), ((u / STAGES) - 1) & 1);
     mbar_arrive_expect_tx(full_v(s), L::KV_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p)
-      tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, (kt0 + t) * BC, bh_kv, full_v(s));
+    for (int p = 0; p < PANELS; ++p) {
+      if constexpr (VARLEN)
+        tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, bh_kv, k_tok + (kt0 + t) * BC, full_v(s));
+      else
+        tma_load_3d(sV + s * L::KV_BYTES + p * BC * 128, &tmV, p * 64, (kt0 + t) * BC, bh_kv, full_v(s));
+    }
   };
   auto load_q = [&] {
     mbar_arrive_expect_tx(bar_q, L::Q_BYTES);
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p) tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, m0, bh, bar_q);
+    for (int p = 0; p < PANELS; ++p) {
+      if constexpr (VARLEN)
+        tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, q_head, q_tok + m0, bar_q);
+      else
+        tma_load_3d(sQ + p * BR * 128, &tmQ, p * 64, m0, bh, bar_q);
+    }
   };
 
   if (tid == 0) {
@@ -917,13 +991,18 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
       const float inv_l = l > 0.f ? 1.f / l : 0.f;   // l = 0 only for rows with no allowed key -> 0
       const int row = warp_row0 + g + 8 * h;
       if (row < M) {
-        T* dst = Oh + (size_t)row * D + 2 * q;
+        T* dst = Oh + (size_t)row * o_row + 2 * q;
 #pragma unroll
         for (int t = 0; t < DT; ++t)
           *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
         // lse_i = (m_i * scale_log2 + log2(l_i)) * ln(2), as v6 writes it; -inf for a row with no visible key
-        if (WITH_LSE && q == 0)
-          LSE[(size_t)bh * M + row] = l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
+        if (WITH_LSE && q == 0) {
+          if constexpr (VARLEN)   // lse [H][total_q]
+            LSE[(size_t)q_head * va.total_q + q_tok + row] =
+                l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
+          else
+            LSE[(size_t)bh * M + row] = l > 0.f ? (m_i[h] * scale_log2 + __log2f(l)) * 0.6931471805599453f : -INFINITY;
+        }
       }
     }
     V8_TAIL();
@@ -1007,6 +1086,32 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
     consume(wg, blockIdx.x, 0, true, true);
   }
 }
+
+// One launch of fixed-length attention: q [B * H][M][D], k and v [B * H_kv][N][D] (the maps), o like q.
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
+__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
+                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
+    flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                 const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
+                 int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi V8_TRACE_PARAMS) {
+  flash_fwd_body<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE,
+                 false>(tmQ, tmK, tmV, O, BH, group, M, N, m_blocks, scale_log2, LSE, lo, hi,
+                        Varlen{} V8_TRACE_FORWARD);
+}
+
+// One launch for a packed batch (FLASHATTN_VARLEN): q and o [total_q][H][D], k and v [total_k][H_kv][D] (the
+// maps), BH = B * H items per row block, m_blocks the row blocks of the longest sequence.
+template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
+__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
+                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
+    flash_fwd_varlen(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                     const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int m_blocks,
+                     float scale_log2, float* __restrict__ LSE, const Varlen va V8_TRACE_PARAMS) {
+  flash_fwd_body<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE,
+                 true>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0, va V8_TRACE_FORWARD);
+}
 // ---------------------------------------------------------------- launcher ----------------------------
 
 // Where an instrumented build (V8_TRACE) writes its stamps; buffer null: no trace asked for.
@@ -1033,13 +1138,11 @@ inline EncodeTiled encoder() {
   return fn;
 }
 
-// [BH][L][D] as a 3-D map (innermost first), boxes of 64 columns x `box_rows` rows x 1 head, 128-byte
-// swizzle, zero fill out of bounds.
+// A 3-D map (dims and boxes innermost first, strides in bytes of the outer two), 128-byte swizzle, zero fill
+// out of bounds.
 template <typename T>
-bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_rows) {
-  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH};
-  const cuuint64_t strides[2] = {(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)};
-  const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
+bool encode_map(CUtensorMap* map, const void* ptr, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
+                const cuuint32_t (&box)[3]) {
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       sizeof(T) == 2 && std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -1048,20 +1151,44 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// [BH][L][D] as a 3-D map (innermost first), boxes of 64 columns x `box_rows` rows x 1 head.
+template <typename T>
+bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_rows) {
+  return encode_map<T>(map, ptr, {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH},
+                       {(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)}, {64, (cuuint32_t)box_rows, 1});
+}
+
+// A packed batch's [total][H][D] (q, k or v of forward_varlen) as the map (D, H, total), boxes of 64 columns x
+// 1 head x `box_rows` tokens: in shared memory the same rows x 128 bytes as make_map's boxes. Tokens past
+// `total` read as zeros; a box that crosses into the next sequence reads that sequence's tokens, where a
+// fixed-length box reads zeros: its rows of Q are never stored, its keys are masked (P = 0; a V row there
+// is multiplied by 0, which needs it finite, as any input row is).
+template <typename T>
+bool make_packed_map(CUtensorMap* map, const void* ptr, int total, int H, int D, int box_rows) {
+  return encode_map<T>(map, ptr, {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)total},
+                       {(cuuint64_t)D * sizeof(T), (cuuint64_t)H * D * sizeof(T)}, {64, 1, (cuuint32_t)box_rows});
+}
+
+// VARLEN: a packed batch (flash_fwd_varlen) of B sequences, M the longest one's queries (max_seqlen_q), q
+// [va.total_q][H][D], k and v [va.total_k][H_kv][D]; N, lo and hi are unused (each item has its own).
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE, bool VARLEN>
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
-                   int N, float scale, int lo, int hi, const Trace& trace, cudaStream_t stream) {
+                   int N, float scale, int lo, int hi, const Varlen& va, const Trace& trace, cudaStream_t stream) {
   using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
   auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
                              WITH_LSE>;
+  const void* entry = reinterpret_cast<const void*>(kernel);
+  if constexpr (VARLEN)   // (instantiated only here: builds without FLASHATTN_VARLEN compile none)
+    entry = reinterpret_cast<const void*>(flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG,
+                                                           PINGPONG, OVERLAP, PERSISTENT, WITH_LSE>);
 
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if ((size_t)optin < smem) return "v8: this GPU has too little shared memory per block for this tile";
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t err = cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   const int m_blocks = (M + L::BR - 1) / L::BR;
@@ -1080,53 +1207,80 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   }
   if (encoder() == nullptr) return "v8: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV;
-  if (!make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) || !make_map<T>(&tmK, k, B * H_kv, N, D, BC) ||
-      !make_map<T>(&tmV, v, B * H_kv, N, D, BC))
-    return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
+  const bool mapped =
+      VARLEN ? make_packed_map<T>(&tmQ, q, va.total_q, H, D, L::BR) && make_packed_map<T>(&tmK, k, va.total_k, H_kv, D, BC) &&
+                   make_packed_map<T>(&tmV, v, va.total_k, H_kv, D, BC)
+             : make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) && make_map<T>(&tmK, k, B * H_kv, N, D, BC) &&
+                   make_map<T>(&tmV, v, B * H_kv, N, D, BC);
+  if (!mapped) return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
-  kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
-                                             scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
+  if constexpr (VARLEN)
+    flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE>
+        <<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks,
+                                             scale_log2, lse, va V8_TRACE_ARGS(trace));
+  else
+    kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
+                                               scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, bool CAUSAL, bool WITH_LSE>
+// VARLEN: the packed batch's instance of the same tiles and steps (va: its lengths and window).
+template <typename T, bool CAUSAL, bool WITH_LSE, bool VARLEN>
 const char* dispatch_d(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                       int M, int N, int D, float scale, int lo, int hi, const Trace& trace,
+                       int M, int N, int D, float scale, int lo, int hi, const Varlen& va, const Trace& trace,
                        cudaStream_t stream) {
   constexpr bool SPEC = V8_SPECIALIZE != 0;
   if (D == 64)
     return launch<T, 64, CAUSAL ? V8_D64_CAUSAL_WG : V8_D64_WG, V8_D64_BC, CAUSAL, V8_STAGES, SPEC,
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
-                  (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE>(
-        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, trace, stream);
+                  (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE, VARLEN>(
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE>(q, k, v, o, lse, B, H, H_kv,
-                                                                                       M, N, scale, lo, hi,
-                                                                                       trace, stream);
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   return "v8 supports head_dim 64 and 128 only";
 }
 
 // lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
 // only with -DFLASHATTN_LSE=1 (flashattn.autograd.forward_module passes it), so that a forward-only build
 // compiles no more kernels than before. banded: causal or a window that bounds some row (the CAUSAL
-// instance, see flash_fwd_ws).
-template <typename T>
+// instance, see flash_fwd_body). VARLEN: a packed batch (v8_forward_varlen).
+template <typename T, bool VARLEN>
 const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv,
-                         int M, int N, int D, bool banded, float scale, int lo, int hi, const Trace& trace,
-                         cudaStream_t stream) {
+                         int M, int N, int D, bool banded, float scale, int lo, int hi, const Varlen& va,
+                         const Trace& trace, cudaStream_t stream) {
   if (lse == nullptr)
-    return banded ? dispatch_d<T, true, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, trace,
-                                               stream)
-                  : dispatch_d<T, false, false>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, trace,
-                                                stream);
+    return banded ? dispatch_d<T, true, false, VARLEN>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, va,
+                                                       trace, stream)
+                  : dispatch_d<T, false, false, VARLEN>(q, k, v, o, nullptr, B, H, H_kv, M, N, D, scale, lo, hi, va,
+                                                        trace, stream);
 #if FLASHATTN_LSE
-  return banded ? dispatch_d<T, true, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, trace, stream)
-                : dispatch_d<T, false, true>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, trace, stream);
+  return banded ? dispatch_d<T, true, true, VARLEN>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, va, trace,
+                                                    stream)
+                : dispatch_d<T, false, true, VARLEN>(q, k, v, o, lse, B, H, H_kv, M, N, D, scale, lo, hi, va, trace,
+                                                     stream);
 #else
   return "v8: forward_lse needs a build with -DFLASHATTN_LSE=1";
 #endif
+}
+
+// What both entry points refuse: heads that do not group, a bad scale or head dim, a GPU other than 9.0, a dtype
+// other than bf16 / fp16.
+inline const char* check_call(int H, int H_kv, int D, float scale, int dtype) {
+  if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
+  if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
+  return nullptr;
 }
 
 }  // namespace v8
@@ -1140,21 +1294,11 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
                        int64_t window_right, unsigned long long* trace, int trace_items, int trace_tiles,
                        cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8: B, H, M and N must all be >= 1";
-  if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
-  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
   if (trace != nullptr && !v8::kTraceBuild) return "v8: forward_trace needs a build with -DV8_TRACE=1";
+  if (const char* refused = v8::check_call(H, H_kv, D, scale, dtype)) return refused;
   const v8::Trace tr{trace, trace_items, trace_tiles};
-  if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0)
-    return "v8 needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
   const bool bf16 = dtype == 0;
-  if (dtype != 0 && dtype != 1) return "v8: dtype must be bfloat16 or float16";
-  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_fwd_ws): causal sets
+  // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_fwd_body): causal sets
   // right = 0; -1, or a side that reaches past every key (left >= N) or every row (right >= M), is
   // clamped to N or M, where it bounds nothing. A window that bounds no row runs the unmasked instance.
   if (causal) window_right = 0;
@@ -1162,9 +1306,38 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
   const int right = window_right < 0 || window_right > M ? M : (int)window_right;
   const int lo = N - M - left, hi = N - M + right;
   const bool banded = left < N || right < M;
-  return bf16 ? v8::dispatch_lse<__nv_bfloat16>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, tr,
-                                                stream)
-              : v8::dispatch_lse<__half>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi, tr, stream);
+  return bf16 ? v8::dispatch_lse<__nv_bfloat16, false>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi,
+                                                       v8::Varlen{}, tr, stream)
+              : v8::dispatch_lse<__half, false>(q, k, v, o, lse, B, H, H_kv, M, N, D, banded, scale, lo, hi,
+                                                v8::Varlen{}, tr, stream);
+}
+
+// A packed batch of B sequences (forward_varlen): q and o [total_q][H][D], k and v [total_k][H_kv][D], cu_q and
+// cu_k int32 [B + 1] on the GPU (never read here: the kernel reads them), max_seqlen_q the longest sequence's
+// queries. lse: nullptr, or float [H][total_q] (forward_varlen_lse). Returns nullptr or a message.
+const char* v8_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse, const int* cu_q,
+                              const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
+                              int max_seqlen_q, int D, bool causal, float scale, int64_t window_left,
+                              int64_t window_right, cudaStream_t stream) {
+#if FLASHATTN_VARLEN
+  if (B < 1 || H < 1 || total_q < 1 || total_k < 1 || max_seqlen_q < 1)
+    return "v8: B, H, total_q, total_k and max_seqlen_q must all be >= 1";
+  if (const char* refused = v8::check_call(H, H_kv, D, scale, dtype)) return refused;
+  // Each item clamps the window's sides to its own sequence (set_sequence in flash_fwd_body); here only the
+  // instance: the banded one for causal and any window (a side past 2^31 bounds no sequence of int32 lengths).
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > INT32_MAX ? -1 : (int)window_left;
+  const int right = window_right < 0 || window_right > INT32_MAX ? -1 : (int)window_right;
+  const bool banded = left >= 0 || right >= 0;
+  const v8::Varlen va{cu_q, cu_k, H, total_q, total_k, left, right};
+  const v8::Trace none{nullptr, 0, 0};
+  return dtype == 0 ? v8::dispatch_lse<__nv_bfloat16, true>(q, k, v, o, lse, B, H, H_kv, max_seqlen_q, 0, D, banded,
+                                                            scale, 0, 0, va, none, stream)
+                    : v8::dispatch_lse<__half, true>(q, k, v, o, lse, B, H, H_kv, max_seqlen_q, 0, D, banded, scale,
+                                                     0, 0, va, none, stream);
+#else
+  return "v8: forward_varlen needs a build with -DFLASHATTN_VARLEN=1";
+#endif
 }
 
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
@@ -1172,6 +1345,8 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
@@ -1183,6 +1358,10 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
                        int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
                        int64_t window_right, unsigned long long* trace, int trace_items, int trace_tiles,
                        cudaStream_t stream);
+const char* v8_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse, const int* cu_q,
+                              const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
+                              int max_seqlen_q, int D, bool causal, float scale, int64_t window_left,
+                              int64_t window_right, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
 // float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D), a
@@ -1256,6 +1435,82 @@ std::tuple<at::Tensor, at::Tensor> forward_lse(at::Tensor q, at::Tensor k, at::T
 // others refuse).
 at::Tensor forward_trace(at::Tensor q, at::Tensor k, at::Tensor v, bool causal, at::Tensor trace) {
   return std::get<0>(run_forward(q, k, v, causal, std::nullopt, -1, -1, &trace));
+}
+
+// A packed batch in FlashAttention-2's varlen layout, in one launch (a build with -DFLASHATTN_VARLEN=1;
+// flashattn.varlen_kernel): q [total_q, H, D], k and v [total_k, H_kv, D], cu_seqlens_q and cu_seqlens_k int32
+// [B + 1] on q's device, max_seqlen_q at least the longest sequence's queries. The lengths stay on the GPU:
+// nothing here reads them (flashattn.attention_varlen checks their values unless validate=False), so rows of a
+// sequence longer than max_seqlen_q are not computed. Returns o like q, and with_lse: lse float32 [H, total_q].
+static std::tuple<at::Tensor, at::Tensor> run_forward_varlen(at::Tensor q, at::Tensor k, at::Tensor v,
+                                                             at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                                             int64_t max_seqlen_q, bool causal,
+                                                             std::optional<double> scale, int64_t window_left,
+                                                             int64_t window_right, bool with_lse) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == dtype, name, " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == 3, name, " must have rank 3 [total_tokens, heads, head_dim]");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->size(1) > 0 && t->size(2) > 0, name, " has no heads or an empty head_dim");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(t->numel() == 0 || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
+    for (int d = 0; d < 3; ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "q: v8 supports head_dim 64 and 128 only");
+  TORCH_CHECK(k.size(2) == q.size(2), "k must match q in head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [total_k, H_kv, D]");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
+                         {"cu_seqlens_k", &cu_seqlens_k}}) {
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), name, " must be a CUDA tensor on the device of q");
+    TORCH_CHECK(t->scalar_type() == at::kInt, name, " must be int32");
+    TORCH_CHECK(t->dim() == 1 && t->size(0) >= 2, name, " must be 1-D with batch + 1 >= 2 entries");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  }
+  TORCH_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), "cu_seqlens_k must have as many entries as cu_seqlens_q");
+  TORCH_CHECK(cu_seqlens_q.size(0) - 1 < (int64_t{1} << 31), "cu_seqlens_q: the batch must be below 2^31");
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= q.size(0), "max_seqlen_q must be >= 0 and at most q's tokens");
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, "window_left and window_right must be -1 (no bound) or >= 0");
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(2)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = cu_seqlens_q.size(0) - 1, H = q.size(1), H_kv = k.size(1), total_q = q.size(0), total_k = k.size(0),
+            D = q.size(2);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto lse_options = q.options().dtype(at::kFloat);
+  // no query, or no key in the whole batch (every row sees nothing: 0, and lse -inf): nothing to launch
+  if (total_q == 0 || max_seqlen_q == 0 || total_k == 0)
+    return {at::zeros_like(q), with_lse ? at::full({H, total_q}, -INFINITY, lse_options) : at::Tensor()};
+  auto o = at::empty_like(q);
+  at::Tensor lse;
+  if (with_lse) lse = at::empty({H, total_q}, lse_options);
+  const char* err = v8_forward_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                      with_lse ? lse.data_ptr<float>() : nullptr, cu_seqlens_q.data_ptr<int>(),
+                                      cu_seqlens_k.data_ptr<int>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv,
+                                      total_q, total_k, (int)max_seqlen_q, D, causal, s, window_left, window_right,
+                                      c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return {o, lse};
+}
+
+at::Tensor forward_varlen(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                          int64_t max_seqlen_q, bool causal, std::optional<double> scale, int64_t window_left,
+                          int64_t window_right) {
+  return std::get<0>(run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale,
+                                        window_left, window_right, false));
+}
+
+// Training: (o, lse), lse float32 [H, total_q] (FlashAttention-2's varlen layout), -inf for a row that sees no key.
+std::tuple<at::Tensor, at::Tensor> forward_varlen_lse(at::Tensor q, at::Tensor k, at::Tensor v,
+                                                      at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                                      int64_t max_seqlen_q, bool causal, std::optional<double> scale,
+                                                      int64_t window_left, int64_t window_right) {
+  return run_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, window_left,
+                            window_right, true);
 }
 #endif
 

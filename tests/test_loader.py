@@ -119,7 +119,8 @@ SEED_CALL = 'py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false
 # every binding the package exports, by kernel file (the training builds add forward_lse, see autograd.py)
 EXPORTED = {**{v: ("forward",) for v in flashattn.KERNEL_VERSIONS}, "v5": ("forward", "kernel_info"),
             **{v: ("forward", "forward_lse") for v in TRAINING_VERSIONS},
-            "v8": ("forward", "forward_lse", "forward_trace"), "v6_backward": ("backward",)}
+            "v8": ("forward", "forward_lse", "forward_trace", "forward_varlen", "forward_varlen_lse"),
+            "v6_backward": ("backward",)}
 
 
 @pytest.mark.parametrize("kernel", sorted(EXPORTED))
@@ -136,7 +137,8 @@ def test_module_def_names_every_parameter_of_the_binding(kernel):
         assert re.findall(r'py::arg\("(\w+)"\)', line) == [re.findall(r"\w+", p)[-1] for p in signature.split(",")]
         if name.startswith("forward") and name != "forward_trace":   # v6 to v8 also take the scale and window
             info = flashattn.INFO.get(kernel)
-            tail = SEED_CALL[:-2] + (', py::arg("scale") = py::none()' if info and info.scale else "")
+            seed = SEED_CALL[:-2] if "varlen" not in name else 'py::arg("max_seqlen_q"), py::arg("causal") = false'
+            tail = seed + (', py::arg("scale") = py::none()' if info and info.scale else "")
             tail += ', py::arg("window_left") = -1, py::arg("window_right") = -1' if info and info.window else ""
             assert line.endswith(tail + ");")
 

@@ -6,7 +6,8 @@ and no warning (C7508 would mean setmaxnreg was ignored); the SASS of every kern
 operand kinds and UTMALDG, no local memory; setmaxnreg shows up (USETMAXREG, the producer's release and
 the consumers' claim of the values the header gives) exactly where V8_SETMAXNREG is on; the consumer code
 fits the registers it claimed; the overlapped loop waits for one wgmma group of two (WARPGROUP.DEPBAR.LE
-gsb0, 0x1) and the others do not; and the file, copied alone, builds with load_inline.
+gsb0, 0x1) and the others do not; the varlen build (FLASHATTN_VARLEN) adds its kernels, fitting the same
+way, and leaves the others' SASS as it was; and the file, copied alone, builds with load_inline.
 
 GPU tests (compute capability 9.0 only): the default build against a float64 reference, error at most
 twice what PyTorch's SDPA makes in the same dtype (odd shapes, M != N both ways, several B and H, large
@@ -165,6 +166,38 @@ def test_trace_build_stamps_only_where_asked(tmp_path):
         assert [n.strip().split("_", 1)[1].lower() for n in body.split(",")] == names_py, enum
     shape = re.search(r"enum TraceShape \{ TRACE_ROLES = (\d+), TRACE_WORDS = (\d+) \}", src)
     assert (int(shape.group(1)), int(shape.group(2))) == (trace.ROLES, trace.WORDS)
+
+
+def test_varlen_build_adds_its_kernels_and_keeps_the_others(tmp_path):
+    """FLASHATTN_VARLEN=1 (flashattn.varlen_kernel's build, with FLASHATTN_LSE=1) adds the 16 flash_fwd_varlen
+    kernels and leaves the 16 flash_fwd_ws kernels of the training build as they were, instruction for
+    instruction (their code is shared, flash_fwd_body, with VARLEN a template constant); the varlen kernels
+    fit their registers as the others do: no spill, no stack, no local memory, the setmaxnreg split, no
+    register past the consumers' claim, the overlapped loop's wait for one group of two."""
+    (tmp_path / "lse").mkdir()
+    (tmp_path / "varlen").mkdir()
+    _, lse = compile_v8(tmp_path / "lse", ["-DFLASHATTN_LSE=1"])
+    report, both = compile_v8(tmp_path / "varlen", ["-DFLASHATTN_LSE=1", "-DFLASHATTN_VARLEN=1"])
+    normalised = lambda text: [" ".join(line.split()) for line in text.splitlines()]   # noqa: E731
+    before, after = sass_functions(lse), sass_functions(both)
+    assert len(before) == 16 and all("flash_fwd_ws" in name for name in before)
+    varlen = {name: text for name, text in after.items() if "flash_fwd_varlen" in name}
+    assert len(varlen) == 16 and len(after) == 32
+    for name, text in before.items():
+        assert normalised(after[name]) == normalised(text), f"{name} changed with FLASHATTN_VARLEN"
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert len(frames) == 32 and all(f == ("0", "0", "0") for f in frames), frames
+    assert not [line for line in report.splitlines() if "warning" in line.lower()]
+    for name, text in varlen.items():
+        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        assert "UTMALDG" in text and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text, name
+        d = int(re.search(r"flash_fwd_varlenI\w+?Li(\d+)E", name).group(1))
+        causal = re.search(r"flash_fwd_varlenI\w+?Li\d+ELi\d+ELi\d+ELb([01])E", name).group(1) == "1"
+        producer, consumer = REGISTER_SPLIT[consumers([], d, causal)]
+        moves = sass_tools.register_moves(text.splitlines())
+        assert moves == {"release": [producer], "claim": [consumer]}, (name, moves)
+        assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < consumer, name
+        assert not any(clobbered for _, _, clobbered in overlap_windows(text)), name
 
 
 def overlap_windows(sass: str) -> list[tuple[int, int, list[str]]]:

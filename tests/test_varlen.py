@@ -1,12 +1,19 @@
 """flashattn.attention_varlen: packed sequences of different lengths in FlashAttention-2's conventions.
 
 CPU: every bad argument (cu_seqlens not int32, decreasing, not starting at 0, not ending at the packed length,
-of a different batch than the other; max_seqlen too small; a bad window; heads that do not divide; a CPU
-tensor among CUDA ones) raises before any launch, naming it. GPU: each sequence's rows of the output and of
-dq, dk, dv against float64 on that sequence alone, within twice SDPA's own error (tests/test_v7.py's
-check_output, tests/test_backward.py's compare_grads): lengths 0, 1, 17, 113, 203 and 1023 in one batch,
-M != N both ways, causal and not, grouped heads, a scale; sequences without keys give 0 and gradient 0.
-Windows per sequence: tests/test_window.py.
+of a different batch than the other; max_seqlen too small; a bad window; heads that do not divide; a dtype or
+head dim the version does not take; a CPU tensor among CUDA ones) raises before any launch, naming it;
+validate=False skips the checks of the lengths' values and only those. GPU: each sequence's rows of the
+output and of dq, dk, dv against float64 on that sequence alone, within twice SDPA's own error
+(tests/test_v7.py's check_output, tests/test_backward.py's compare_grads): lengths 0, 1, 17, 113, 203 and 1023
+in one batch, M != N both ways, causal and not, grouped heads, a scale; sequences without keys give 0 and
+gradient 0. Windows per sequence: tests/test_window.py.
+
+v8's single launch (flashattn.varlen_kernel; its index arithmetic on the CPU: tests/test_varlen_bounds.py),
+GPU only, none of which has run yet: both dtypes, both head dims, causal, windows, grouped heads against
+float64 per sequence, forward and gradients; o and lse bit-identical to v8's fixed-length kernel on each
+sequence alone; validate=False making no synchronising call (torch.cuda's sync debug mode) and capturing in
+a CUDA graph; bad lengths on the GPU still refused by name with validate=True.
 """
 from __future__ import annotations
 
@@ -15,10 +22,12 @@ import zlib
 import pytest
 import torch
 from test_backward import compare_grads
-from test_v7 import check_output
+from test_v7 import check_output, is_hopper
 
 import flashattn
+from flashattn.autograd import attention_forward
 from flashattn.varlen import check_varlen
+from flashattn.varlen_kernel import varlen_attention_forward, varlen_module
 
 
 def packed(lengths_q, lengths_k, H=4, H_kv=2, D=64, dtype=torch.bfloat16, device="cpu", seed=0):
@@ -59,6 +68,11 @@ BAD = [
     (dict(q=torch.randn(10, 4, 64)), TypeError, "^q, k and v must share one dtype"),
     (dict(q=torch.randn(10, 64, dtype=torch.bfloat16)), ValueError, r"^q must have rank 3 \[total_tokens"),
     (dict(v=torch.randn(12, 1, 64, dtype=torch.bfloat16)), ValueError, "^v must have the shape of k"),
+    (dict(q=torch.randn(10, 4, 64), k=torch.randn(12, 2, 64), v=torch.randn(12, 2, 64)), TypeError,
+     "^q has dtype float32; v8 takes"),
+    (dict(q=torch.randn(10, 4, 32).bfloat16(), k=torch.randn(12, 2, 32).bfloat16(),
+          v=torch.randn(12, 2, 32).bfloat16()), ValueError, r"^head_dim D=32 is not supported by v8"),
+    (dict(validate=1), TypeError, "^validate must be a bool"),
     ({}, ValueError, "^q must be a CUDA tensor"),           # well formed: only the device is wrong
 ]
 
@@ -69,6 +83,45 @@ BAD = [
 def test_bad_arguments_are_refused_naming_them(call, bad, error, says):
     with pytest.raises(error, match=says):
         call(**call_args(**bad))
+
+
+VALUES = [(dict(cu_seqlens_q=torch.tensor([0, 5, 3], dtype=torch.int32)), "^cu_seqlens_q must not decrease"),
+          (dict(cu_seqlens_q=torch.tensor([1, 3, 10], dtype=torch.int32)), "^cu_seqlens_q must start at 0"),
+          (dict(cu_seqlens_k=torch.tensor([0, 5, 11], dtype=torch.int32)), "^cu_seqlens_k must end at the packed"),
+          (dict(max_seqlen_q=6), r"^max_seqlen_q must be an int at least the longest sequence \(7\)")]
+
+
+@pytest.mark.parametrize("bad,says", VALUES, ids=["decreasing", "start", "end", "max_seqlen"])
+def test_validate_false_skips_the_value_checks_and_only_them(bad, says):
+    """The values need a copy to the host; validate=False skips exactly those checks (the call then fails
+    here only because the tensors are on the CPU), and never the structural ones."""
+    with pytest.raises(ValueError, match=says):
+        check_varlen(**call_args(**bad))
+    with pytest.raises(ValueError, match="^q must be a CUDA tensor"):
+        check_varlen(**call_args(**bad), validate=False)
+
+
+def test_validate_false_still_checks_the_lengths_tensors():
+    with pytest.raises(TypeError, match="^cu_seqlens_q must be int32"):
+        check_varlen(**call_args(cu_seqlens_q=torch.tensor([0, 3, 10])), validate=False)
+    with pytest.raises(ValueError, match="^cu_seqlens_k has 4 entries"):
+        check_varlen(**call_args(cu_seqlens_k=torch.tensor([0, 8, 5, 12], dtype=torch.int32)), validate=False)
+    with pytest.raises(ValueError, match="^max_seqlen_q must be an int"):
+        check_varlen(**call_args(max_seqlen_q=7.0), validate=False)
+
+
+def test_varlen_build_exports_its_two_functions_and_checks_before_the_gpu():
+    """kernels/v8.cu builds with FLASHATTN_VARLEN (nvcc and the host compiler, no GPU needed) and exports
+    forward_varlen and forward_varlen_lse with named arguments; the binding's first checks need no GPU."""
+    mod = varlen_module()
+    for name in ("forward_varlen", "forward_varlen_lse"):
+        assert "(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: " \
+               "torch.Tensor, max_seqlen_q:" in getattr(mod, name).__doc__
+        q, k, v, cu_q, cu_k = packed((3, 7), (5, 7))
+        with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+            getattr(mod, name)(q, k, v, cu_q, cu_k, 7)
+        with pytest.raises(RuntimeError, match="q must be bfloat16 or float16"):
+            getattr(mod, name)(q.float(), k, v, cu_q, cu_k, 7)
 
 
 @pytest.mark.gpu
@@ -119,3 +172,129 @@ def test_every_sequence_matches_float64(version, lengths, H, H_kv, causal, scale
         check_output(oi.detach(), qi.detach(), ki.detach(), vi.detach(), causal, scale)
         got = tuple(per_sequence(g, b, i) for g, b in ((dq, bq), (dk, bk), (dv, bk)))
         compare_grads(got, qi.detach(), ki.detach(), vi.detach(), doi, causal, scale)
+
+
+# ================================================================ GPU: v8's single launch
+needs_hopper = pytest.mark.skipif(not is_hopper(), reason="v8 needs a GPU of compute capability 9.0")
+
+
+def sequences(bounds_q, bounds_k):
+    """(i, q0, q1, k0, k1) per sequence."""
+    return [(i, bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]) for i in range(len(bounds_q) - 1)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("window", [(-1, -1), (37, 5), (100, -1)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_single_launch_matches_float64(dtype, D, causal, window):
+    """Forward and gradients of every sequence against float64 on that sequence alone (lengths 0, 1, 17, 113,
+    203, 1023, M != N both ways, a sequence without keys and one without queries, more items than SMs so
+    that the persistent blocks loop), grouped heads."""
+    lengths = LENGTHS[0]
+    seed = zlib.crc32(repr(("single", dtype, D, causal, window)).encode())
+    q, k, v, cu_q, cu_k = packed(*lengths, H=8, H_kv=2, D=D, dtype=dtype, device="cuda", seed=seed)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = flashattn.attention_varlen(q, k, v, cu_q, cu_k, max(lengths[0]), max(lengths[1]), causal=causal,
+                                     window=window, version="v8")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    for i, q0, q1, k0, k1 in sequences(bq, bk):
+        if q1 == q0:                                  # no query: its keys get no gradient
+            assert (dk[k0:k1] == 0).all() and (dv[k0:k1] == 0).all()
+            continue
+        qi, ki, vi, oi, doi = (per_sequence(t, b, i) for t, b in ((q, bq), (k, bk), (v, bk), (out, bq), (do, bq)))
+        if k1 == k0:                                  # no key: output 0, gradient 0
+            assert (oi == 0).all() and (per_sequence(dq, bq, i) == 0).all()
+            continue
+        check_output(oi.detach(), qi.detach(), ki.detach(), vi.detach(), causal, None, window)
+        got = tuple(per_sequence(g, b, i) for g, b in ((dq, bq), (dk, bk), (dv, bk)))
+        compare_grads(got, qi.detach(), ki.detach(), vi.detach(), doi, causal, None, window)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("H,H_kv", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_single_launch_is_the_fixed_length_kernel_per_sequence(D, H, H_kv, causal):
+    """Each item runs the fixed-length kernel's arithmetic on its sequence (the same tiles, the same band, keys
+    of the next sequence masked where the fixed-length box reads zeros): o and lse bit-identical to v8's
+    forward_lse on each sequence alone; lse in FlashAttention-2's varlen layout [H, total_q]."""
+    lengths = LENGTHS[0]
+    q, k, v, cu_q, cu_k = packed(*lengths, H=H, H_kv=H_kv, D=D, device="cuda", seed=D + H)
+    scale = 0.3
+    o, lse = varlen_attention_forward(q, k, v, cu_q, cu_k, max(lengths[0]), causal, False, scale)
+    assert lse.shape == (H, q.shape[0]) and lse.dtype == torch.float32
+    for i, q0, q1, k0, k1 in sequences(cu_q.tolist(), cu_k.tolist()):
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert (o[q0:q1] == 0).all() and (lse[:, q0:q1] == float("-inf")).all()
+            continue
+        qi, ki, vi = (t[a:b].transpose(0, 1).unsqueeze(0).contiguous() for t, a, b in ((q, q0, q1), (k, k0, k1),
+                                                                                      (v, k0, k1)))
+        oi, lse_i = attention_forward(qi, ki, vi, causal, "v8", False, scale)
+        assert torch.equal(o[q0:q1], oi[0].transpose(0, 1)), i
+        assert torch.equal(lse[:, q0:q1], lse_i[0]), i
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_validate_false_never_waits_for_the_gpu_and_captures_in_a_cuda_graph():
+    lengths = LENGTHS[0]
+    q, k, v, cu_q, cu_k = packed(*lengths, H=8, H_kv=2, D=128, device="cuda", seed=5)
+    args = (q, k, v, cu_q, cu_k, max(lengths[0]), max(lengths[1]))
+    eager = flashattn.attention_varlen(*args, causal=True, validate=False)     # builds the module
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert torch.equal(flashattn.attention_varlen(*args, causal=True, validate=False), eager)
+        with pytest.raises(RuntimeError, match="synchroniz"):                  # the control: validate copies
+            flashattn.attention_varlen(*args, causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashattn.attention_varlen(*args, causal=True, validate=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flashattn.attention_varlen(*args, causal=True, validate=False)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, flashattn.attention_varlen(*args, causal=True))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("bad,says", VALUES, ids=["decreasing", "start", "end", "max_seqlen"])
+def test_bad_lengths_on_the_gpu_are_refused_naming_them(bad, says):
+    args = call_args(**bad)
+    args = {n: t.cuda() if isinstance(t, torch.Tensor) else t for n, t in args.items()}
+    with pytest.raises(ValueError, match=says):
+        flashattn.attention_varlen(**args)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_binding_refuses_bad_lengths_naming_them():
+    q, k, v, cu_q, cu_k = packed((3, 7), (5, 7), device="cuda")
+    mod = varlen_module()
+    for args, says in [((q, k, v, cu_q.long(), cu_k, 7), "cu_seqlens_q must be int32"),
+                       ((q, k, v, cu_q, cu_k.cpu(), 7), "cu_seqlens_k must be a CUDA tensor"),
+                       ((q, k, v, cu_q[None], cu_k, 7), "cu_seqlens_q must be 1-D"),
+                       ((q, k, v, cu_q, cu_k[:2], 7), "cu_seqlens_k must have as many entries as cu_seqlens_q"),
+                       ((q, k, v, torch.stack([cu_q, cu_q], 1)[:, 0], cu_k, 7), "cu_seqlens_q must be contiguous"),
+                       ((q, k, v, cu_q, cu_k, q.shape[0] + 1), "max_seqlen_q must be >= 0 and at most"),
+                       ((q[None], k, v, cu_q, cu_k, 7), "q must have rank 3"),
+                       ((q, k[:, :, :32].contiguous(), v, cu_q, cu_k, 7), "k must match q in head_dim")]:
+        with pytest.raises(RuntimeError, match=says):
+            mod.forward_varlen(*args)
+

@@ -15,9 +15,9 @@ the file with that family resolved as a default build sees it:
   goes, and so does every use of it;
 * comment lines directly above a dropped branch or definition (a switch's documentation) go with it.
 
-Everything else -- includes, the `__CUDACC__` halves, FLASHATTN_LSE, other macros, comments -- is kept
-as written. Compiled with the loader's flags, the result has the same machine code as the file
-(tests/test_kernel_source.py compares the SASS).
+Everything else -- includes, the `__CUDACC__` halves, FLASHATTN_LSE, FLASHATTN_VARLEN, other macros,
+comments -- is kept as written. Compiled with the loader's flags, the result has the same machine code as
+the file (tests/test_kernel_source.py compares the SASS).
 
 Why no library: unifdef and pcpp resolve conditionals on the macros one names, but neither works out a
 switch's default from another switch (V8_SETMAXNREG defaults to V8_SPECIALIZE), puts a switch's value
@@ -61,7 +61,8 @@ def defaults(text: str) -> dict[str, str]:
 
 def family(text: str) -> tuple[str, ...]:
     """The version's prefixes ("V8_", "V6B_") among the switches: every macro that starts with one is
-    resolved. Other switches (FLASHATTN_LSE, which selects the training build) are kept as written."""
+    resolved. Other switches (FLASHATTN_LSE, which selects the training build; FLASHATTN_VARLEN, the packed
+    batches' build) are kept as written."""
     return tuple(sorted({m.group(0) for name in switches(text) if (m := _FAMILY.match(name))}))
 
 
