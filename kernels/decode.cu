@@ -354,6 +354,8 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       for (int i = tid; i < kRows * D; i += kThreads)
         if (row0 + i / D < rows) o[row_offset(i / D) * D + i % D] = from_float<T>(0.f);
     }
+    DECODE_STAMP(trace_row, 2)         // no tile: every stamp of this call, none left from an earlier one
+    DECODE_STAMP(trace_row, 3)
     DECODE_STAMP(trace_row, 4)
     return;
   }
