@@ -45,7 +45,7 @@ from flashattn.measure import decode_profile, peers, results
 from flashattn.measure.kernel_trace import profile_spans
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.table import update_readme
-from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
+from flashattn.measure.timing import bench_parser, guarded, interleaved_args, interleaved_settings
 
 DATASHEET_BYTES_PER_S = 4.8e12
 # (name, B, H_q, H_kv, M, N, D): the targets and two neighbours
@@ -293,11 +293,8 @@ def peers_markdown(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.measure.decode_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("."))
-    p.add_argument("--parts", default="ceiling,variants,peers,splits,paged,lengths,anatomy")
-    add_interleaved_arguments(p, repetitions=60, rounds=6, max_seconds=2.0)
+    p = bench_parser("python -m flashattn.measure.decode_bench", __doc__,
+                     "ceiling,variants,peers,splits,paged,lengths,anatomy", repetitions=60, rounds=6, max_seconds=2.0)
     p.add_argument("--profile", action="store_true", help="also record Nsight Compute reports (needs ncu)")
     p.add_argument("--ncu", default="ncu")
     p.add_argument("--target", help=argparse.SUPPRESS)      # internal: the program ncu profiles

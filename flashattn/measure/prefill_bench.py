@@ -18,17 +18,15 @@ not importable, a backend refusing) is a row with its reason.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
-from pathlib import Path
 
 import torch
 
 from flashattn.measure import peers, results
 from flashattn.measure.backward import backward_call, backward_flops
 from flashattn.measure.bench import attention_flops, make_call
-from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
+from flashattn.measure.timing import bench_parser, guarded, interleaved_args, interleaved_settings
 
 # (B, H_q, H_kv, N, D, causal): M = N
 FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2, 16, 16, 8192, 128, False),
@@ -90,21 +88,22 @@ def backward_part(args) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.measure.prefill_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("."))
-    p.add_argument("--parts", default="forward,backward")
-    add_interleaved_arguments(p, repetitions=40, rounds=4, max_seconds=1.0)
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("python -m flashattn.measure.prefill_bench needs a CUDA GPU")
-    parts = {"forward": forward_part, "backward": backward_part}
-    rows = [r for name in args.parts.split(",") for r in parts[name](args)]
+def write_record(args, argv, filename: str, rows: list[dict]) -> None:
+    """OUT/filename as a record of kind "prefill" (bf16 runs, the peers' versions in its meta); varlen_bench
+    writes its record this way too."""
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**results.environment(argv), "peers": peers.versions()}
     settings = dict(interleaved_settings(args), dtype="bfloat16")
-    print(f"wrote {results.write(args.out / 'prefill.json', 'prefill', rows, meta, settings) and args.out}")
+    print(f"wrote {results.write(args.out / filename, 'prefill', rows, meta, settings) and args.out / filename}")
+
+
+def main(argv=None) -> int:
+    args = bench_parser("python -m flashattn.measure.prefill_bench", __doc__, "forward,backward", repetitions=40,
+                        rounds=4, max_seconds=1.0).parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashattn.measure.prefill_bench needs a CUDA GPU")
+    parts = {"forward": forward_part, "backward": backward_part}
+    write_record(args, argv, "prefill.json", [r for name in args.parts.split(",") for r in parts[name](args)])
     return 0
 
 

@@ -31,10 +31,12 @@ Importable without a GPU: torch.cuda is touched only when a timing runs.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -222,6 +224,16 @@ def time_interleaved(calls: dict, warmup: int = 25, repetitions: int = 100, roun
             if part.calls < share:
                 t.stopped_early = True
     return results
+
+
+def bench_parser(prog: str, doc: str, parts: str, **timing) -> argparse.ArgumentParser:
+    """The command line every interleaved benchmark starts from: --out, --parts (default `parts`) and the
+    timing options of add_interleaved_arguments (`timing`: its defaults for this benchmark)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--parts", default=parts)
+    add_interleaved_arguments(parser, **timing)
+    return parser
 
 
 def add_interleaved_arguments(parser, *, repetitions: int, rounds: int, max_seconds: float,

@@ -21,18 +21,17 @@ for causal, 2.5 times that for the backward. Written as one record of kind "pref
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from flashattn.measure import peers, results
+from flashattn.measure import peers
+from flashattn.measure.prefill_bench import write_record
 from flashattn.measure.sdpa_backends import sdpa_backend_context
-from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args, interleaved_settings
+from flashattn.measure.timing import bench_parser, guarded, interleaved_args
 from flashattn.varlen import attention_varlen
 
 LENGTHS = (8192, 4096, 1000, 513, 17, 1, 2048, 300)
@@ -124,21 +123,14 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.measure.varlen_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("."))
-    p.add_argument("--parts", default="varlen_forward,varlen_backward")
-    add_interleaved_arguments(p, repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
-                              slack_help="; ours loops over the sequences in Python, so the default is longer "
-                                         "than the other benches'")
-    args = p.parse_args(argv)
+    args = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
+                        repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
+                        slack_help="; ours loops over the sequences in Python, so the default is longer than "
+                                   "the other benches'").parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
-    rows = [r for part in args.parts.split(",") for r in part_rows(part, LENGTHS, True, args)]
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = {**results.environment(argv), "peers": peers.versions()}
-    settings = dict(interleaved_settings(args), dtype="bfloat16")
-    print(f"wrote {results.write(args.out / 'varlen.json', 'prefill', rows, meta, settings) and args.out}")
+    write_record(args, argv, "varlen.json",
+                 [r for part in args.parts.split(",") for r in part_rows(part, LENGTHS, True, args)])
     return 0
 
 
