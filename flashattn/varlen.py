@@ -16,8 +16,8 @@ version="v8" runs the whole batch in one launch (flashattn.varlen_kernel): kerne
 reads cu_seqlens on the GPU, each work item a (sequence, query head, row block) with its own lengths and
 band, so the forward makes no copy to the host and no Python step per sequence. Its backward still runs
 v8's backward kernel once per sequence (on that sequence's slices, with the lengths copied to the host).
-This single launch has not run on a GPU yet: its index arithmetic is checked on the CPU
-(tests/test_varlen_bounds.py), its GPU tests are written (tests/test_varlen.py) but not yet run.
+Its index arithmetic is checked on the CPU (tests/test_varlen_bounds.py) and the launch against float64 on
+an H200 (tests/test_varlen.py; results/h200/logs/pytest_pending_gpu_rest_f50ce76.log); not yet timed.
 The other versions (v6, v7) run one kernel call per non-empty sequence, each through flashattn.attention
 (differentiable, and exactly as accurate as the kernels): a launch and a Python step per sequence.
 
@@ -124,7 +124,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
     version="v8": one launch for the forward (the lengths read on the GPU; validate=False: no copy to the
     host at all), the backward one call of v8's backward kernel per sequence. v6, v7: a kernel call per
-    sequence, forward and backward. Not yet run on a GPU (v8's single launch)."""
+    sequence, forward and backward."""
     bounds_q, bounds_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                       scale, window, version, validate)
     if version == "v8":

@@ -1,7 +1,7 @@
 """v8's single-launch varlen forward (kernels/v8.cu, FLASHATTN_VARLEN), its index arithmetic transcribed line
 for line into Python and checked on the CPU against a brute-force mask of each sequence alone.
 
-Nothing of this kernel has run on a GPU yet; this is what can be checked without one. For packed batches with
+What can be checked without a GPU (tests/test_varlen.py runs the kernel itself on one). For packed batches with
 lengths 0, 1, 17, 113 and 1023 (M != N in most sequences, a sequence with queries and no keys, one with keys
 and no queries), causal or not, with and without sliding windows, at the tile shapes of both head dims:
 
