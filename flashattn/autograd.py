@@ -193,12 +193,12 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
     backward: the backward kernel file, None for the version's own (kernels/v6_backward.cu for v6, v7 and
-    v8); v7 and v8 also train on "v8_backward" (kernels/v8_backward.cu: wgmma, TMA, warp specialization;
-    no deterministic mode), not their default until it is timed against v6's.
+    v8); v7 and v8 also train on "v8_backward" (kernels/v8_backward.cu: wgmma, TMA, warp specialization),
+    not their default until it is timed against v6's.
     """
     runs_as = check_inputs(q, k, v, version, causal, scale, window)
     window = check_window(window, causal, version)
-    backward = check_backward(backward, version, deterministic)
+    backward = check_backward(backward, version)
     if version in TRAINING_VERSIONS or requires_grad(q, k, v):
         return _differentiable(q, k, v, causal, version, deterministic, scale, window, backward)
     return _forward(q, k, v, runs_as, causal, scale, window)

@@ -71,14 +71,10 @@ def check_window(window, causal: bool = False, version: str = "v6") -> tuple[int
     return (left, 0) if causal else (left, right)
 
 
-# The backward kernel files with no deterministic mode (they sum dQ with float32 atomics only).
-ATOMIC_ONLY_BACKWARDS = ("v8_backward",)
-
-
-def check_backward(backward, version: str = "v6", deterministic: bool = False) -> str:
+def check_backward(backward, version: str = "v6") -> str:
     """The backward kernel file that trains `version`: `backward` = None (the version's own, Version.backward)
-    or one of its Version.backwards ("v8_backward" for v7 and v8, which has no deterministic mode yet).
-    TypeError or ValueError naming backward otherwise."""
+    or one of its Version.backwards ("v8_backward" for v7 and v8). TypeError or ValueError naming backward
+    otherwise."""
     info = _version(version)
     if backward is None:
         return info.backward
@@ -88,9 +84,6 @@ def check_backward(backward, version: str = "v6", deterministic: bool = False) -
     if backward not in allowed:
         raise ValueError(f"backward={backward!r} cannot train {version}; it trains on "
                          f"{', '.join(allowed) if allowed else 'nothing (no backward kernel)'} (or pass None)")
-    if deterministic and backward in ATOMIC_ONLY_BACKWARDS:
-        raise ValueError(f"backward={backward!r} has no deterministic mode (dQ is summed with float32 atomics); "
-                         f"pass deterministic=False, or backward=None for {info.backward}'s deterministic mode")
     return backward
 
 
