@@ -3,10 +3,13 @@
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). Its first
-// version (now V8B_DQ_BULK=0) passed tests/test_v8_backward.py against float64 on an H200, clean under
-// compute-sanitizer's memcheck, racecheck and synccheck (results/h200/logs/v8_backward_arrive_all_threads.log);
-// the bulk dQ path and the deterministic mode came after that run and have not run on a GPU. Nothing is
-// timed yet; flashattn trains v7 and v8 on it only when asked (attention(..., backward="v8_backward")).
+// version (now V8B_DQ_BULK=0) on an H200: every GPU test of tests/test_v8_backward.py passed
+// (results/h200/logs/pytest_pending_gpu_rest_f50ce76.log) but racecheck, which the empty barrier's
+// arrivals from every consumer thread then made clean, with memcheck and synccheck; after that change 431
+// of the 432 gradient tests ran, all passing, before the call's time ran out
+// (results/h200/logs/v8_backward_arrive_all_threads.log). The bulk dQ path and the deterministic mode came
+// after those runs and have not run on a GPU. Nothing is timed yet; flashattn trains v7 and v8 on it only
+// when asked (attention(..., backward="v8_backward")).
 //
 // What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
@@ -112,16 +115,16 @@
 #include <type_traits>
 
 // Q_i / dO_i / row-term slots in shared memory (at least 2: the producer fills slot u + 1 while the
-// consumers compute on slot u). 3 fits at both head dims (194 KB at D=128, 195 KB at D=64, Layout below),
-// 4 does not (227 KB + the 1 KB to align the base); 3 is not measured yet.
+// consumers compute on slot u). 3 fits at both head dims (226 KB at D=128 with dQ's image, 195 KB at D=64,
+// where the image no longer fits: Layout below), 4 does not; 3 is not measured yet.
 #ifndef V8B_STAGES
 #define V8B_STAGES 2
 #endif
 // A clock read between P^T's exponentials and the wait for dP^T (a point ptxas schedules nothing across,
-// v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above the exponentials and none of them runs
-// while dP^T is on the tensor cores (0 to 9 of B_r / 2 per thread in the SASS); with it all do. Not
-// measured yet (v8's forward found the same fence no faster there, where part of the softmax already
-// overlapped); 0 builds the kernel without it.
+// v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above most of the exponentials, and only a
+// few of the B_r / 2 per thread run while dP^T is on the tensor cores (the chapter counts them); with it
+// all do. Not measured yet (v8's forward found the same fence no faster there, where part of the softmax
+// already overlapped); 0 builds the kernel without it.
 #ifndef V8B_EXP_FENCE
 #define V8B_EXP_FENCE 1
 #endif
@@ -878,26 +881,19 @@ const char* run(const Args& a) {
   float* lse2 = dq_acc + rows * D;
   float* dvec = lse2 + rows;
   int* turns = reinterpret_cast<int*>(dvec + rows);   // the deterministic mode's, one per (head, query tile)
-  if (a.deterministic) {
-    if (!L::DQ_BULK)
-      return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
-             "does not have at this head dim";
-    const cudaError_t set = cudaMemsetAsync(turns, 0, (size_t)(rows / L::BR) * sizeof(int), a.stream);
-    if (set != cudaSuccess) return cudaGetErrorString(set);
-  }
   const float scale_log2 = a.scale * 1.4426950408889634f;   // log2(e) * scale
 
-  // 1. row terms, zeroed accumulator
+  // Everything that can refuse the call, before anything is queued on the stream
   constexpr int rows_per_block = kThreads / (D / 8);
   const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
-  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
-      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
-      dq_acc, rows, a.M, (int)M_pad);
-
-  // 2. dK, dV, dQ atomics
+  const long long n4 = BH * a.M * D / 4, convert_blocks = (n4 + kThreads - 1) / kThreads;
+  if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL || convert_blocks > 0x7fffffffLL)
+    return "v8 backward: B * H * M is too large";
   const int n_blocks = (a.N + L::BC - 1) / L::BC;
   if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v8 backward: B * H_kv * ceil(N / 128) must be below 2^31";
+  if (a.deterministic && !L::DQ_BULK)
+    return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
+           "does not have at this head dim";
   auto kernel = flash_bwd_ws<T, D, BANDED, STAGES>;
   constexpr size_t smem = L::DYNAMIC;
   int dev = 0, optin = 0;
@@ -911,18 +907,25 @@ const char* run(const Args& a) {
   if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, D, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, D, L::BR) ||
       !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, D, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, D, L::BC))
     return "v8 backward: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
+
+  // 1. row terms, zeroed accumulator (and the deterministic mode's turns)
+  if (a.deterministic) {
+    err = cudaMemsetAsync(turns, 0, (size_t)(rows / L::BR) * sizeof(int), a.stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
+      dq_acc, rows, a.M, (int)M_pad);
+
+  // 2. dK, dV and dQ's additions
   kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
       tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
-      static_cast<T*>(a.dv), (int)BH_kv,
-      a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
+      static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   // 3. dQ = scale * accumulator, in the input dtype
-  const long long n4 = BH * a.M * D / 4;
-  const long long blocks = (n4 + kThreads - 1) / kThreads;
-  if (blocks > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
-  bwd_convert<T, D, L::DQ_BULK, L::BR><<<(unsigned)blocks, kThreads, 0, a.stream>>>(
+  bwd_convert<T, D, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
       dq_acc, static_cast<T*>(a.dq), n4, a.M, (int)M_pad, a.scale);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
