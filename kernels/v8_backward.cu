@@ -57,7 +57,8 @@
 //   (each written once, from registers); for dQ the writer waits, per (query head, query tile), for a turn
 //   counter to reach its key tile's place among those that visit the tile, adds, waits for the addition
 //   to land and bumps the counter: the key tiles add in the order of their index, so every element sums in
-//   one order. Turns only wait for lower blockIdx, launched earlier, so they cannot deadlock.
+//   one order. Turns only wait for lower blockIdx, which the GPU starts first (not a CUDA promise, and
+//   FlashAttention-3's deterministic mode relies on it too), so they do not deadlock.
 //
 // Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with
@@ -571,7 +572,8 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
       // ---- the dQ writer (warp 1's first thread): step u's image into the accumulator's tile, in the
       // consumers' order. Deterministic mode (dq_turn): the key tiles that reach query tile `it` add into
       // it one after another, lowest first, so every dQ element sums in one order whatever the timing; a
-      // key tile waits for the count of those before it, which were launched before it (lower blockIdx).
+      // key tile waits for the count of those before it, which have lower blockIdx: the GPU starts blocks
+      // in index order (CUDA does not promise it; FlashAttention-3's deterministic mode relies on it too).
       const int j = n0 / BC;
       int u = 0;
       for (int gi = 0; gi < group; ++gi) {
@@ -589,14 +591,13 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
             fence_proxy_async_global();   // the earlier tiles' additions, before the copy engine's
           }
           bulk_reduce_add_f32(tile, base + L::DQ_OFF, L::DQ_IMAGE);
-          if (turn != nullptr) {
+          bulk_wait_read();
+          mbar_arrive(dq_empty);   // the image is free once read: the consumers need not wait for the L2
+          if (turn != nullptr) {   // the next key tile's turn only once this one's additions have landed
             bulk_wait_all();
             fence_proxy_async_global();
             add_release(turn, 1);
-          } else {
-            bulk_wait_read();
           }
-          mbar_arrive(dq_empty);
         }
       }
       bulk_wait_all();   // nothing of the block's may be in flight when it exits
