@@ -7,6 +7,7 @@ that trains).
     o.sum().backward()                               # dq, dk, dv from kernels/v6_backward.cu
     o = flashattn.attention(q, k4, v4, scale=0.1)    # grouped-query: k4, v4 [B, H / G, N, D]
     o = flashattn.attention(q, k, v, window=(256, 0))  # sliding window: each row sees its last 257 keys
+    o = flashattn.attention(q, k, v, version="v8", backward="v8_backward")  # trains on Hopper's backward
 
 v6, v7 and v8 (and the PyTorch versions) take grouped-query attention, k and v with H_kv heads dividing
 q's H (query head h reads kv head h // (H / H_kv); H_kv = 1 is multi-query), with dk and dv shaped like k
@@ -20,13 +21,15 @@ Three `torch.library.custom_op`s in the "flashattn" namespace carry the kernel c
 * ``flashattn::forward(q, k, v, version, causal, scale=None, window_left=-1, window_right=-1) -> o``: one
   version's plain forward binding;
 * ``flashattn::attention_forward(q, k, v, causal, version, deterministic, scale=None, window_left=-1,
-  window_right=-1) -> (o, lse)``: the forward that also returns the row-wise log-sum-exp (float32
-  [B, H, M]), the one number per row the backward needs to recompute P without storing it;
+  window_right=-1, backward="") -> (o, lse)``: the forward that also returns the row-wise log-sum-exp
+  (float32 [B, H, M]), the one number per row the backward needs to recompute P without storing it;
 * ``flashattn::attention_backward(q, k, v, o, lse, do, causal, version, deterministic, scale=None,
-  window_left=-1, window_right=-1) -> (dq, dk, dv)``.
+  window_left=-1, window_right=-1, backward="") -> (dq, dk, dv)``; `backward` names the backward kernel
+  file ("" is the version's own, Version.backward).
 
-The window's sides are passed only when it narrows what `causal` sees (reference.window_narrows), so
-that the calls without one are the calls they always were.
+The window's sides are passed only when it narrows what `causal` sees (reference.window_narrows), and
+`backward` only when it is not the version's own, so that the calls without them are the calls they
+always were.
 
 All three have a fake (meta) implementation, so `torch.compile(fullgraph=True)` traces `flashattn.forward`
 and `flashattn.attention` without running anything and without a graph break: building a kernel (which sets
@@ -51,7 +54,7 @@ import torch
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
-from flashattn.validate import aligned, check_inputs, check_window
+from flashattn.validate import aligned, check_backward, check_inputs, check_window
 from flashattn.versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -69,10 +72,11 @@ def forward_module(version: str):
 
 
 @functools.cache
-def backward_module(version: str):
-    """The extension built from the version's backward kernel file (`backward(...)` binding)."""
+def backward_module(version: str, kernel: str | None = None):
+    """The extension built from a backward kernel file that trains `version` (`backward(...)` binding):
+    `kernel`, or None for the version's own (Version.backward)."""
     check_device(version)
-    return build(INFO[version].backward, functions=("backward",))
+    return build(kernel or INFO[version].backward, functions=("backward",))
 
 
 # ------------------------------------------------------------------------------------------ the ops
@@ -97,16 +101,17 @@ def _kernel_forward_fake(q, k, v, version, causal, scale=None, window_left=-1, w
 @torch.library.custom_op("flashattn::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, version: str,
                       deterministic: bool, scale: float | None = None, window_left: int = -1,
-                      window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                      window_right: int = -1, backward: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): o = softmax(scale * q k^T) v, lse float32 [B, H, M] (-inf for rows that see no key);
-    scale=None is 1/sqrt(D). `deterministic` is not used by the forward; it travels here so that the
-    backward can read it."""
+    scale=None is 1/sqrt(D). `deterministic` and `backward` are not used by the forward; they travel here
+    so that the backward can read them."""
     return forward_module(version).forward_lse(aligned(q), aligned(k), aligned(v), causal, scale, window_left,
                                                window_right)
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None, window_left=-1, window_right=-1):
+def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None, window_left=-1, window_right=-1,
+                            backward=""):
     B, H, M, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, H, M), dtype=torch.float32)
 
@@ -114,35 +119,36 @@ def _attention_forward_fake(q, k, v, causal, version, deterministic, scale=None,
 @torch.library.custom_op("flashattn::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, causal: bool, version: str, deterministic: bool,
-                       scale: float | None = None, window_left: int = -1,
-                       window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float | None = None, window_left: int = -1, window_right: int = -1,
+                       backward: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the attention output o given its gradient do, dk and dv shaped like k and v (with
     grouped-query heads: summed over the query heads that read them); deterministic=True sums dQ without
-    atomics (bit-identical from run to run, slower)."""
-    return backward_module(version).backward(aligned(q), aligned(k), aligned(v), aligned(o), aligned(lse),
-                                             aligned(do), causal, deterministic, scale, window_left, window_right)
+    atomics (bit-identical from run to run, slower). `backward`: the kernel file ("" is the version's)."""
+    module = backward_module(version, backward or None)
+    return module.backward(aligned(q), aligned(k), aligned(v), aligned(o), aligned(lse), aligned(do), causal,
+                           deterministic, scale, window_left, window_right)
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, o, lse, do, causal, version, deterministic, scale=None, window_left=-1,
-                             window_right=-1):
+                             window_right=-1, backward=""):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, version, deterministic, scale, window_left, window_right = inputs
+    q, k, v, causal, version, deterministic, scale, window_left, window_right, backward = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.version, ctx.deterministic, ctx.scale = causal, version, deterministic, scale
-    ctx.window = (window_left, window_right)
+    ctx.window, ctx.backward = (window_left, window_right), backward
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.version,
-                                    ctx.deterministic, ctx.scale, *ctx.window)
-    return dq, dk, dv, None, None, None, None, None, None
+                                    ctx.deterministic, ctx.scale, *ctx.window, ctx.backward)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -174,7 +180,7 @@ def forward(q, k, v, version: str = "v4", causal: bool = False, scale: float | N
 
 
 def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic: bool = False,
-              scale: float | None = None, window=(-1, -1)):
+              scale: float | None = None, window=(-1, -1), backward: str | None = None):
     """softmax(scale * q k^T) v by `version`, differentiable when the version has a backward kernel;
     scale=None is 1/sqrt(D); window=(left, right) a sliding window, FlashAttention-2's window_size
     (flashattn.validate.check_window), which the backward masks too.
@@ -186,11 +192,15 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     raises when an input requires grad (instead of returning a tensor detached from the graph); with no
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
+    backward: the backward kernel file, None for the version's own (kernels/v6_backward.cu for v6, v7 and
+    v8); v7 and v8 also train on "v8_backward" (kernels/v8_backward.cu: wgmma, TMA, warp specialization),
+    not their default until it is timed against v6's.
     """
     runs_as = check_inputs(q, k, v, version, causal, scale, window)
     window = check_window(window, causal, version)
+    backward = check_backward(backward, version)
     if version in TRAINING_VERSIONS or requires_grad(q, k, v):
-        return _differentiable(q, k, v, causal, version, deterministic, scale, window)
+        return _differentiable(q, k, v, causal, version, deterministic, scale, window, backward)
     return _forward(q, k, v, runs_as, causal, scale, window)
 
 
@@ -205,7 +215,7 @@ def _forward(q, k, v, runs_as: str, causal: bool, scale: float | None, window: t
 
 
 def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, scale: float | None,
-                    window: tuple[int, int]):
+                    window: tuple[int, int], backward: str | None = None):
     if version not in TRAINING_VERSIONS:
         raise ValueError(f"version {version!r} has no backward pass, but an input requires grad; "
                          f"versions that train: {', '.join(TRAINING_VERSIONS)} "
@@ -213,6 +223,8 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
     if requires_grad(q, k, v) and q.dtype not in BACKWARD_DTYPES:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
-    sides = window if reference.window_narrows(causal, window) else ()
-    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale), *sides)
+    extra = list(window) if reference.window_narrows(causal, window) else []
+    if backward not in (None, INFO[version].backward):   # the kernel file's name comes after the window
+        extra = (extra or [-1, -1]) + [backward]
+    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale), *extra)
     return o

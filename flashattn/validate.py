@@ -71,6 +71,22 @@ def check_window(window, causal: bool = False, version: str = "v6") -> tuple[int
     return (left, 0) if causal else (left, right)
 
 
+def check_backward(backward, version: str = "v6") -> str:
+    """The backward kernel file that trains `version`: `backward` = None (the version's own, Version.backward)
+    or one of its Version.backwards ("v8_backward" for v7 and v8). TypeError or ValueError naming backward
+    otherwise."""
+    info = _version(version)
+    if backward is None:
+        return info.backward
+    if not isinstance(backward, str):
+        raise TypeError(f"backward must be a kernel file name (str) or None; got {type(backward).__name__}")
+    allowed = ((info.backward,) if info.backward else ()) + info.backwards
+    if backward not in allowed:
+        raise ValueError(f"backward={backward!r} cannot train {version}; it trains on "
+                         f"{', '.join(allowed) if allowed else 'nothing (no backward kernel)'} (or pass None)")
+    return backward
+
+
 def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None,
                  window=(-1, -1)) -> str:
     """Validate q [B, H, M, D], k and v [B, H_kv, N, D], the softmax scale and the sliding window

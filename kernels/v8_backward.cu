@@ -2,10 +2,14 @@
 // and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). First version:
-// its gradients pass tests/test_v8_backward.py against float64 on an H200, and compute-sanitizer's memcheck,
-// racecheck and synccheck find nothing (results/h200/logs/v8_backward_arrive_all_threads.log); not yet
-// timed, and flashattn does not call it yet (v7 and v8 still train on kernels/v6_backward.cu).
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). Its first
+// version (now V8B_DQ_BULK=0) on an H200: every GPU test of tests/test_v8_backward.py passed
+// (results/h200/logs/pytest_pending_gpu_rest_f50ce76.log) but racecheck, which the empty barrier's
+// arrivals from every consumer thread then made clean, with memcheck and synccheck; after that change 431
+// of the 432 gradient tests ran, all passing, before the call's time ran out
+// (results/h200/logs/v8_backward_arrive_all_threads.log). The bulk dQ path and the deterministic mode came
+// after those runs and have not run on a GPU. Nothing is timed yet; flashattn trains v7 and v8 on it only
+// when asked (attention(..., backward="v8_backward")).
 //
 // What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
@@ -34,11 +38,14 @@
 //     consumer warpgroups at 240 (setmaxnreg.inc), as in v8's forward at D=128;
 //   * within a step the products are issued as commit groups and waited for one at a time: S^T and dP^T
 //     (two groups: P is computed while dP^T is still on the tensor cores), then dQ's and dV/dK's (two
-//     groups: the dQ atomics run while dV_j, dK_j accumulate);
-//   * dQ: red.global.add.v2.f32 straight from the accumulator registers into an fp32 accumulator padded
-//     to whole query tiles (so no row test: rows past M add zeros), like v6's non-bulk path; bwd_convert
-//     scales and rounds it. (v6's sm_90 default stages dQ in shared memory and adds it with one bulk
-//     reduction per tile; the same is the first item of the next steps below.)
+//     groups: dQ_i leaves while dV_j, dK_j accumulate);
+//   * dQ (V8B_DQ_BULK=1, the default): the consumers store their dQ_i fragments into a shared-memory image
+//     of the fp32 accumulator's tile (padded to whole query tiles, so no row test: rows past M add zeros)
+//     and arrive on an mbarrier; a second producer thread (warp 1) hands the whole tile to the copy engine,
+//     one cp.reduce.async.bulk .add.f32 per step, as v6 on sm_90 and FlashAttention-3 do, then lets the
+//     consumers overwrite the image. The tile holds dQ in the consumers' fragment order, which makes the
+//     image's stores conflict-free; bwd_convert reads it back in that order, scales and rounds it.
+//     V8B_DQ_BULK=0, the first version: 16 red.global.add.v2.f32 per consumer thread and step.
 //   * the row terms are padded too: lse2 = +inf and D_i = 0 past M, so a 1-D bulk copy never reads past
 //     the end and padded query rows get P = exp2(-inf) = 0 without a mask.
 //   GQA, the causal / window band, the pre-pass and the conversion are v6's (one block per key tile of a kv
@@ -46,9 +53,11 @@
 //   are written once; no atomics for them). Masks: only the query tiles the band's edges cross (or every
 //   tile of a key tile that runs past N) take the masked step, a template copy of the plain one (no branch
 //   between a wgmma and its wait); a window's tiles come as masked, plain, masked.
-//   Deterministic mode: not implemented. The binding refuses deterministic=True with a RuntimeError that
-//   names v6's backward (its bwd_dq kernel sums dQ without atomics); dK and dV here are deterministic
-//   already, only dQ's float32 atomics are not.
+//   Deterministic mode (deterministic=True, V8B_DQ_BULK builds): dK and dV are deterministic already
+//   (each written once, from registers); for dQ the writer waits, per (query head, query tile), for a turn
+//   counter to reach its key tile's place among those that visit the tile, adds, waits for the addition
+//   to land and bumps the counter: the key tiles add in the order of their index, so every element sums in
+//   one order. Turns only wait for lower blockIdx, launched earlier, so they cannot deadlock.
 //
 // Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with
@@ -62,10 +71,12 @@
 // Tiles (per head dim; 3 warpgroups = 384 threads, one block per SM):
 //   D=128: B_c = 128 keys, B_r = 64 queries (FlashAttention-3's tile at this head dim). Shared memory:
 //          K_j, V_j 2 x 32 KB; Q_i, dO_i 2 stages x 2 x 16 KB; dS^T 2 buffers x 16 KB; lse2, D_i 2 x 2 x
-//          256 B; barriers: 161 KB + 1 KB to align the base (3 stages: 194 KB). dQ_i is split by columns:
+//          256 B; dQ_i's image 32 KB; barriers: 193 KB + 1 KB to align the base (3 stages: 226 KB; without
+//          the image 161 and 194 KB). dQ_i is split by columns:
 //          consumer c computes dQ_i[:, 64c .. 64c + 63] (one 64-column panel of K_j).
 //   D=64 : B_c = 128, B_r = 128 (FlashAttention-3's tile at D=64). Shared memory: K_j, V_j 2 x 16 KB;
-//          Q_i, dO_i 2 x 2 x 16 KB; dS^T 2 x 32 KB; row terms 2 x 2 x 512 B: 162 KB + 1 KB. dQ_i is split
+//          Q_i, dO_i 2 x 2 x 16 KB; dS^T 2 x 32 KB; row terms 2 x 2 x 512 B; the image 32 KB: 194 KB + 1 KB
+//          (3 stages leave no room for the image: 195 KB without it). dQ_i is split
 //          by rows: consumer c computes dQ_i[64c .. 64c + 63, :], panel c of the stored dS^T.
 //          B_r = 64 at D=64 would leave each consumer 32 of dQ's 64 columns, half a 128-byte swizzle
 //          atom of K_j as the B operand (a descriptor start inside an atom, nowhere else used in this
@@ -79,13 +90,20 @@
 //   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
 //   distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
 //
-// Next steps, in the order of what each should gain: dQ by bulk reduction (cp.reduce.async.bulk .add.f32
-// from a shared-memory dQ tile, issued by a producer warp, as v6 on sm_90 and FlashAttention-3 do; v6's
-// chapter measured that step on the H200, results/h200/backward_dq.json), a deterministic mode,
-// overlapping the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and
-// causal scheduling.
+// Next steps, in the order of what each should gain: time V8B_DQ_BULK 0 against 1 and the deterministic
+// mode (neither has run on a GPU yet: they were written after the first version's GPU tests), overlapping
+// the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and causal
+// scheduling.
 //
 // Results: none yet. When measured: results/h200/ (python -m flashattn.measure.bench), as for v6's backward.
+// How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
+// the accumulator's tile and a producer warp adds the whole tile with one bulk reduction
+// (cp.reduce.async.bulk .add.f32), which also allows the deterministic mode; 0: every consumer thread adds
+// its 32 floats with 16 red.global.add.v2.f32 (the first version). Where the image does not fit next to
+// V8B_STAGES slots (D=64 with 3 stages) the kernel falls back to 0.
+#ifndef V8B_DQ_BULK
+#define V8B_DQ_BULK 1
+#endif
 #ifdef __CUDACC__
 #include <cuda.h>            // CUtensorMap and its enums only: the encoder is fetched at run time
 #include <cuda_runtime.h>
@@ -97,16 +115,16 @@
 #include <type_traits>
 
 // Q_i / dO_i / row-term slots in shared memory (at least 2: the producer fills slot u + 1 while the
-// consumers compute on slot u). 3 fits at both head dims (194 KB at D=128, 195 KB at D=64, Layout below),
-// 4 does not (227 KB + the 1 KB to align the base); 3 is not measured yet.
+// consumers compute on slot u). 3 fits at both head dims (226 KB at D=128 with dQ's image, 195 KB at D=64,
+// where the image no longer fits: Layout below), 4 does not; 3 is not measured yet.
 #ifndef V8B_STAGES
 #define V8B_STAGES 2
 #endif
 // A clock read between P^T's exponentials and the wait for dP^T (a point ptxas schedules nothing across,
-// v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above the exponentials and none of them runs
-// while dP^T is on the tensor cores (0 to 9 of B_r / 2 per thread in the SASS); with it all do. Not
-// measured yet (v8's forward found the same fence no faster there, where part of the softmax already
-// overlapped); 0 builds the kernel without it.
+// v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above most of the exponentials, and only a
+// few of the B_r / 2 per thread run while dP^T is on the tensor cores (the chapter counts them); with it
+// all do. Not measured yet (v8's forward found the same fence no faster there, where part of the softmax
+// already overlapped); 0 builds the kernel without it.
 #ifndef V8B_EXP_FENCE
 #define V8B_EXP_FENCE 1
 #endif
@@ -308,6 +326,30 @@ __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// V8B_DQ_BULK: the copy engine adds `bytes` of fp32 from shared memory into global memory (one bulk
+// group per call). wait_read: the source may be overwritten; wait_all: the additions are done.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// The deterministic mode's turn counter per (query head, query tile): read with acquire, bumped with
+// release, both at GPU scope; the proxy fences order them with the copy engine's global accesses.
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void add_release(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------- tiles and shared memory --------------
 //
 // Every tile 1024-byte aligned, each a stack of 64-column panels of [rows][128 bytes] (one TMA box per
@@ -327,12 +369,29 @@ struct Layout {
   static constexpr uint32_t K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
   static constexpr uint32_t DO_OFF = Q_OFF + STAGES * QO_BYTES, DS_OFF = DO_OFF + STAGES * QO_BYTES;
   static constexpr uint32_t LSE_OFF = DS_OFF + 2 * DS_BYTES, DVEC_OFF = LSE_OFF + STAGES * ROW_BYTES;
-  static constexpr uint32_t BAR_OFF = DVEC_OFF + STAGES * ROW_BYTES;
-  static constexpr uint32_t BYTES = BAR_OFF + 8 * (1 + 2 * STAGES);
+  // V8B_DQ_BULK: dQ_i's image, B_r x D floats, where it fits (227 KB per block, with the 1 KB to align)
+  static constexpr uint32_t DQ_OFF = DVEC_OFF + STAGES * ROW_BYTES, DQ_IMAGE = BR * D * 4;
+  static constexpr uint32_t NBARS = 1 + 2 * STAGES + 2;   // K/V; full, empty per stage; dQ image full, empty
+  static constexpr bool DQ_BULK = V8B_DQ_BULK != 0 && DQ_OFF + DQ_IMAGE + 8 * NBARS + 1024 <= 227 * 1024;
+  static constexpr uint32_t BAR_OFF = DQ_OFF + (DQ_BULK ? DQ_IMAGE : 0);
+  static constexpr uint32_t BYTES = BAR_OFF + 8 * NBARS;
   static constexpr size_t DYNAMIC = BYTES + 1024;   // room to round the base up to 1024 bytes
   // what one stage's full barrier waits for: Q_i, dO_i, lse2_i, D_i
   static constexpr uint32_t STAGE_TX = 2 * QO_BYTES + 2 * ROW_BYTES;
 };
+
+// V8B_DQ_BULK: the fp32 accumulator's tile of query tile i (B_r rows x D, contiguous in global memory)
+// holds dQ_i in the consumers' fragment order, so that its shared-memory image, which the bulk reduction
+// copies byte for byte, is stored without bank conflicts (each warp store: 32 lanes x 8 contiguous bytes):
+// float pair ((w * 16 + 2t + h) * 32 + lane) holds the pair of consumer warp w (warpgroup * 4 + warp in
+// it) for n8 group t, row half h. Element (r, c) of the tile, as bwd_convert reads it back:
+template <int D>
+__host__ __device__ constexpr int dq_image_float(int r, int c) {
+  constexpr bool split_rows = D == 64;   // Layout::SPLIT_ROWS: the consumers split dQ_i by rows at D = 64
+  const int cwg = split_rows ? r / 64 : c / 64, rr = split_rows ? r % 64 : r, cc = split_rows ? c : c % 64;
+  const int wq = rr / 16, g = rr % 8, h = (rr / 8) % 2, t = cc / 8, q = (cc % 8) / 2;
+  return (((cwg * 4 + wq) * 16 + 2 * t + h) * 32 + 4 * g + q) * 2 + c % 2;
+}
 
 // The register split (v8's at D=128): 168 per thread at entry (65,536 / 384 down to a multiple of 8); the
 // producer keeps 24 and the two consumer warpgroups share what it gives back.
@@ -381,7 +440,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---------------------------------------------------------------- 2. dK, dV and the dQ atomics -------
+// ---------------------------------------------------------------- 2. dK, dV and dQ's additions ------
 //
 // One block per key tile K_j, V_j (B_c = 128 keys) of one (batch, kv head), heads fastest (blockIdx.x =
 // tile * B * H_kv + bh_kv): the first key tiles, which see the most query tiles under the causal mask,
@@ -397,8 +456,8 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
     flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                  const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
-                 T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M, int N, int M_pad,
-                 float scale_log2, float scale, int lo, int hi) {
+                 int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
+                 int N, int M_pad, float scale_log2, float scale, int lo, int hi) {
   static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
   using L = Layout<D, STAGES>;
   constexpr int BR = L::BR, BC = L::BC, PANELS = D / 64;
@@ -415,6 +474,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   const uint32_t bar_kv = base + L::BAR_OFF;
   auto full = [&](int s) { return bar_kv + 8u * (1 + s); };
   auto empty = [&](int s) { return bar_kv + 8u * (1 + STAGES + s); };
+  const uint32_t dq_full = bar_kv + 8u * (1 + 2 * STAGES), dq_empty = dq_full + 8u;   // V8B_DQ_BULK
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
@@ -469,6 +529,10 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
       mbar_init(full(s), 1);
       mbar_init(empty(s), 128 * L::NWG);   // every consumer thread
     }
+    if constexpr (L::DQ_BULK) {
+      mbar_init(dq_full, 128 * L::NWG);   // every consumer thread has stored its part of the image
+      mbar_init(dq_empty, 1);             // the dQ writer's copy engine has read it
+    }
     // make the initialised barriers visible to the copy engine (the async proxy)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -503,6 +567,39 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
           bulk_load(base + L::DVEC_OFF + s * L::ROW_BYTES, Dvec + row, L::ROW_BYTES, full(s));
         }
       }
+    } else if (L::DQ_BULK && tid == 32) {
+      // ---- the dQ writer (warp 1's first thread): step u's image into the accumulator's tile, in the
+      // consumers' order. Deterministic mode (dq_turn): the key tiles that reach query tile `it` add into
+      // it one after another, lowest first, so every dQ element sums in one order whatever the timing; a
+      // key tile waits for the count of those before it, which were launched before it (lower blockIdx).
+      const int j = n0 / BC;
+      int u = 0;
+      for (int gi = 0; gi < group; ++gi) {
+        const int bh = bh_kv * group + gi;
+        for (int it = it_begin; it < it_end; ++it, ++u) {
+          mbar_wait(dq_full, u & 1);
+          float* const tile = dq_acc + ((size_t)bh * M_pad + (size_t)it * BR) * D;
+          int* const turn = dq_turn == nullptr ? nullptr : dq_turn + (size_t)bh * m_tiles + it;
+          if (turn != nullptr) {
+            // the first key tile that reaches the tile's first row: keys lo <= j - i from row it * B_r on
+            const long long first_key = BANDED ? (long long)it * BR + lo : 0;
+            const int mine = j - (first_key <= 0 ? 0 : (int)(first_key / BC));
+            while (load_acquire(turn) != mine) {
+            }
+            fence_proxy_async_global();   // the earlier tiles' additions, before the copy engine's
+          }
+          bulk_reduce_add_f32(tile, base + L::DQ_OFF, L::DQ_IMAGE);
+          if (turn != nullptr) {
+            bulk_wait_all();
+            fence_proxy_async_global();
+            add_release(turn, 1);
+          } else {
+            bulk_wait_read();
+          }
+          mbar_arrive(dq_empty);
+        }
+      }
+      bulk_wait_all();   // nothing of the block's may be in flight when it exits
     }
     return;
   }
@@ -633,13 +730,25 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
     // both warpgroups' dS^T halves stored and visible to the tensor cores before either reads the whole
     fence_proxy_async_smem();
     named_bar_sync(1, 256);
+    // V8B_DQ_BULK: the writer has handed the previous step's dQ image to the copy engine, which has read
+    // it (waited for here, where no wgmma is in flight: a wait loop between a wgmma and its wait would make
+    // ptxas wait for the wgmma first)
+    if (L::DQ_BULK && u > 0) mbar_wait(dq_empty, (u - 1) & 1);
 
     wgmma_fence();
     issue_grads(st, buf);
-    // dQ's half done (dV_j, dK_j may still run): add it into the accumulator, no row test (padded rows)
+    // dQ's half done (dV_j, dK_j may still run): out to the accumulator, no row test (padded rows)
     wgmma_wait<1>();
     pin(dq);
-    {
+    if constexpr (L::DQ_BULK) {   // into the image, in fragment order (dq_image_float), for the writer
+      float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) img[(2 * t + h) * 32] = make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
+      fence_proxy_async_smem();   // the stores, before the copy engine reads them
+      mbar_arrive(dq_full);
+    } else {
       const int r0 = it * BR + (L::SPLIT_ROWS ? 64 * cwg : 0) + 16 * wq + g;
       float* dst = dq_acc + ((size_t)bh * M_pad + r0) * D + (L::SPLIT_ROWS ? 0 : 64 * cwg) + 2 * q;
 #pragma unroll
@@ -691,7 +800,9 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
 }
 
 // ---------------------------------------------------------------- 3. dQ = scale * accumulator --------
-template <typename T, int D>
+// IMAGE (V8B_DQ_BULK): the accumulator's tiles hold dQ in fragment order (dq_image_float); a float4 of
+// four consecutive columns (4c .. 4c + 3) is still four consecutive floats there (lanes q, q + 1).
+template <typename T, int D, bool IMAGE, int BR>
 __global__ void __launch_bounds__(kThreads)
     bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, int M, int M_pad, float scale) {
   const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
@@ -699,7 +810,8 @@ __global__ void __launch_bounds__(kThreads)
   const long long row = i / (D / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
   const int c = (int)(i % (D / 4));
   const long long src = (row / M) * M_pad + row % M;
-  const float4 a = reinterpret_cast<const float4*>(acc)[src * (D / 4) + c];
+  const long long at = IMAGE ? (src - src % BR) * D + dq_image_float<D>((int)(src % BR), 4 * c) : src * D + 4 * c;
+  const float4 a = *reinterpret_cast<const float4*>(acc + at);
   uint2 out;
   out.x = pack2<T>(a.x * scale, a.y * scale);
   out.y = pack2<T>(a.z * scale, a.w * scale);
@@ -751,10 +863,11 @@ inline long long padded_rows(int M, int D) {
 struct Args {
   const void *q, *k, *v, *o, *lse, *dout;
   void *dq, *dk, *dv;
-  float* workspace;   // dq_acc [B*H*M_pad*D], then lse2 and D_i [B*H*M_pad] each
+  float* workspace;   // dq_acc [B*H*M_pad*D], lse2 and D_i [B*H*M_pad] each, turns int [B*H*M_pad / B_r]
   int B, H, H_kv, M, N;
   float scale;
   int lo, hi;   // the band as the kernel takes it (see flash_bwd_ws)
+  bool deterministic;
   cudaStream_t stream;
 };
 
@@ -767,19 +880,20 @@ const char* run(const Args& a) {
   float* dq_acc = a.workspace;
   float* lse2 = dq_acc + rows * D;
   float* dvec = lse2 + rows;
+  int* turns = reinterpret_cast<int*>(dvec + rows);   // the deterministic mode's, one per (head, query tile)
   const float scale_log2 = a.scale * 1.4426950408889634f;   // log2(e) * scale
 
-  // 1. row terms, zeroed accumulator
+  // Everything that can refuse the call, before anything is queued on the stream
   constexpr int rows_per_block = kThreads / (D / 8);
   const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
-  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
-      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
-      dq_acc, rows, a.M, (int)M_pad);
-
-  // 2. dK, dV, dQ atomics
+  const long long n4 = BH * a.M * D / 4, convert_blocks = (n4 + kThreads - 1) / kThreads;
+  if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL || convert_blocks > 0x7fffffffLL)
+    return "v8 backward: B * H * M is too large";
   const int n_blocks = (a.N + L::BC - 1) / L::BC;
   if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v8 backward: B * H_kv * ceil(N / 128) must be below 2^31";
+  if (a.deterministic && !L::DQ_BULK)
+    return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
+           "does not have at this head dim";
   auto kernel = flash_bwd_ws<T, D, BANDED, STAGES>;
   constexpr size_t smem = L::DYNAMIC;
   int dev = 0, optin = 0;
@@ -793,18 +907,26 @@ const char* run(const Args& a) {
   if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, D, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, D, L::BR) ||
       !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, D, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, D, L::BC))
     return "v8 backward: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
+
+  // 1. row terms, zeroed accumulator (and the deterministic mode's turns)
+  if (a.deterministic) {
+    err = cudaMemsetAsync(turns, 0, (size_t)(rows / L::BR) * sizeof(int), a.stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
+      dq_acc, rows, a.M, (int)M_pad);
+
+  // 2. dK, dV and dQ's additions
   kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
-      tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
-      a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
+      tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
+      static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   // 3. dQ = scale * accumulator, in the input dtype
-  const long long n4 = BH * a.M * D / 4;
-  const long long blocks = (n4 + kThreads - 1) / kThreads;
-  if (blocks > 0x7fffffffLL) return "v8 backward: B * H * M is too large";
-  bwd_convert<T, D><<<(unsigned)blocks, kThreads, 0, a.stream>>>(dq_acc, static_cast<T*>(a.dq), n4, a.M,
-                                                                  (int)M_pad, a.scale);
+  bwd_convert<T, D, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
+      dq_acc, static_cast<T*>(a.dq), n4, a.M, (int)M_pad, a.scale);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -820,19 +942,21 @@ const char* dispatch(const Args& a, int D, bool banded) {
 }  // namespace v8b
 
 // Bytes of float32 scratch the launcher needs: the dQ accumulator and the two row terms, each padded to
-// whole query tiles (B_r rows); 0 for a head dim it does not take.
+// whole query tiles (B_r rows), and one int per query tile (the deterministic mode's turns); 0 for a head
+// dim it does not take.
 size_t v8_backward_workspace_bytes(int B, int H, int M, int D) {
   if (D != 64 && D != 128) return 0;
-  return (size_t)B * H * (size_t)v8b::padded_rows(M, D) * (D + 2) * sizeof(float);
+  const size_t rows = (size_t)B * H * (size_t)v8b::padded_rows(M, D);
+  return rows * (D + 2) * sizeof(float) + rows / v8b::query_tile(D) * sizeof(int);
 }
 
 // dtype: 0 = bfloat16, 1 = float16. workspace: v8_backward_workspace_bytes of float32 scratch. k, v, dk and dv
 // have H_kv heads, H a multiple of H_kv. window_left, window_right: the sliding window (-1: unbounded).
-// Returns nullptr or a message.
+// deterministic: dQ's additions in one order (V8B_DQ_BULK builds only). Returns nullptr or a message.
 const char* v8_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* workspace, int dtype, int B, int H,
                         int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
-                        int64_t window_right, cudaStream_t stream) {
+                        int64_t window_right, bool deterministic, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8 backward: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
@@ -853,7 +977,7 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
   const int right = window_right < 0 || window_right > M ? M : (int)window_right;
   const bool banded = left < N || right < M;
   const v8b::Args a{q, k, v, o, lse, dout, dq, dk, dv, workspace, B, H, H_kv, M, N, scale,
-                    N - M - left, N - M + right, stream};
+                    N - M - left, N - M + right, deterministic, stream};
   switch (dtype) {
     case 0: return v8b::dispatch<__nv_bfloat16>(a, D, banded);
     case 1: return v8b::dispatch<__half>(a, D, banded);
@@ -877,22 +1001,22 @@ size_t v8_backward_workspace_bytes(int B, int H, int M, int D);
 const char* v8_backward(const void* q, const void* k, const void* v, const void* o, const void* lse,
                         const void* dout, void* dq, void* dk, void* dv, float* workspace, int dtype, int B, int H,
                         int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
-                        int64_t window_right, cudaStream_t stream);
+                        int64_t window_right, bool deterministic, cudaStream_t stream);
 
 // q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
 // contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 128}; lse: float32
 // [B, H, M] from forward_lse with the same q, k, v, causal, scale (None: 1/sqrt(D)) and window (a side -1:
 // no bound). Returns (dq, dk, dv), dk and dv like k and v. The parameters are kernels/v6_backward.cu's, so
-// that either file serves flashattn.autograd. deterministic=true is refused: dQ is summed with float32
-// atomics here (v6's backward has the deterministic mode). Messages carry no numbers (see v6.cu).
+// that either file serves flashattn.autograd. deterministic=true: the key tiles add into each dQ tile in
+// one order (bit-identical from run to run); refused by a V8B_DQ_BULK=0 build, whose float32 atomics
+// have no order. Messages carry no numbers (see v6.cu).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                                                         at::Tensor lse, at::Tensor dout, bool causal,
                                                         bool deterministic, std::optional<double> scale,
                                                         int64_t window_left, int64_t window_right) {
-  TORCH_CHECK(!deterministic,
-              "deterministic: the v8 backward has no deterministic mode yet (it sums dQ with float32 atomics); "
-              "pass deterministic=False, or train with v6's backward (kernels/v6_backward.cu), whose deterministic "
-              "mode is bit-identical from run to run");
+  TORCH_CHECK(!deterministic || V8B_DQ_BULK != 0,
+              "deterministic: this build of the v8 backward (V8B_DQ_BULK=0) sums dQ with float32 atomics in no "
+              "fixed order; build it with V8B_DQ_BULK=1, or train with v6's backward (kernels/v6_backward.cu)");
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
   for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
@@ -928,7 +1052,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
   const char* err = v8_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                                 dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                 workspace.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv, M, N, D,
-                                causal, s, window_left, window_right, c10::cuda::getCurrentCUDAStream());
+                                causal, s, window_left, window_right, deterministic,
+                                c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {dq, dk, dv};
 }

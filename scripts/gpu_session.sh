@@ -21,6 +21,10 @@
 #     sweep-VERSION  python -m flashattn.measure.sweep VERSION -> OUTDIR/work/h200
 #     notebooks      execute every notebook of book/ in place
 #     notebooks:A,B  execute book/A.ipynb, book/B.ipynb in place, in that order; notebooks-new = v7,backward,results
+#     fa4            stage FlashAttention-4 (../shared/fa4-wheels.sh DIR, carried as fa4/1, fa4/2, ... one or more
+#                    per call) in /tmp/fa4: each call copies the parts it carries; the call that carries the folder
+#                    with the wheels unpacks them into /tmp/fa4site, which every later step and call imports from
+#                    (the machine must stay warm in between: it goes back 30 s after a call)
 #     <bash code>    anything else runs as a command
 # After each step, OUTDIR/session.tar.gz packs the logs (OUTDIR/work) and OUTDIR/records.tar.gz every file
 # under results/h200 and book/*.ipynb that this session wrote or changed (paths relative to the repository
@@ -40,6 +44,8 @@ if [ -d .whl ]; then
   python3 -m ipykernel install --prefix /tmp/site --name python3 >/dev/null 2>&1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+fa4_path() { [ -d /tmp/fa4site/flash_attn ] && export PYTHONPATH=$PYTHONPATH:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages; }
+fa4_path   # staged by an earlier call on this warm machine
 # inside the tree's ignored build/ folder: a warm machine keeps it from one call to the next
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_ext}
 t0=$(date +%s)
@@ -132,6 +138,16 @@ for arg in "$@"; do
     # one notebook per worker (--dist loadfile): nbval's cells share their notebook's kernel
     $T python3 -m pytest -q -p no:cacheprovider -n 6 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1
     echo "nbval rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/nbval.log" | tail -20 ;;
+  fa4)
+    mkdir -p /tmp/fa4
+    for d in fa4/*/; do cp "$d"part.* /tmp/fa4/ 2>/dev/null && echo "fa4: staged ${d}part.*"; done
+    wheels=$(ls fa4/*/*.whl 2>/dev/null | head -1)
+    if [ -n "$wheels" ] && [ ! -d /tmp/fa4site/flash_attn ]; then
+      mkdir -p /tmp/fa4site && cat /tmp/fa4/part.* | xz -d | tar -x -C /tmp/fa4site && \
+        for w in "$(dirname "$wheels")"/*.whl; do python3 -m zipfile -e "$w" /tmp/fa4site; done
+      echo "fa4: unpacked rc=$?"
+    fi
+    fa4_path && python3 -c "from flash_attn.cute import flash_attn_func; print('fa4: flash_attn.cute imports')" ;;
   *) $T bash -c "$step" ;;
   esac
   pack

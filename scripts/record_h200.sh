@@ -161,7 +161,7 @@ for step in $STEPS; do
         targets bench_v8 v8 v7 v6 sdpa sdpa_flash sdpa_cudnn
         ;;
     backward)
-        targets bench_backward --backward v6 v6_deterministic sdpa sdpa_flash sdpa_cudnn fa4
+        targets bench_backward --backward v6 v6_deterministic v8_backward sdpa sdpa_flash sdpa_cudnn fa4
         ;;
     peers)
         # the results chapter's Hopper table: every bf16 forward of ours beside cuDNN, FlashAttention-2 and

@@ -37,7 +37,8 @@ def test_overrides_and_sdpa_variants():
 def test_backward_mode_names_and_dtype(capsys):
     a = bench.parse_args(["--backward", "all"])
     assert a.backward and a.dtype == "bfloat16"
-    assert a.versions == ["v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4"]
+    assert a.versions == ["v6", "v6_deterministic", "v8_backward", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
+                          "fa4"]
     assert bench.parse_args(["--backward", "v6", "--dtype", "float16"]).dtype == "float16"
     assert bench.parse_args(["v6"]).dtype == "float32"
     for bad, says in ((["--backward", "v7"], "unknown VERSION 'v7' for --backward"),

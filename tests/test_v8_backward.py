@@ -81,17 +81,21 @@ def waits(text: str) -> list[int]:
 
 def windows(text: str) -> list[dict[str, int]]:
     """Per wait for one group of two (DEPBAR.LE 0x1), what runs before the wait for the last (0x0): the
-    exponentials (MUFU.EX2) and global reductions (REDG) ptxas scheduled while a product was in flight."""
+    exponentials (MUFU.EX2), global reductions (REDG), shared-memory stores (STS), mbarrier operations
+    (SYNCS) and branches ptxas scheduled while a product was in flight."""
     out, inside = [], None
     for line in text.splitlines():
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-            inside = {"EX2": 0, "REDG": 0}
+            inside = {"EX2": 0, "REDG": 0, "STS": 0, "SYNCS": 0, "BRA": 0}
         elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
             out.append(inside)
             inside = None
         elif inside is not None:
             inside["EX2"] += "MUFU.EX2" in line
             inside["REDG"] += bool(re.search(r"\bREDG\b", line))
+            inside["STS"] += bool(re.search(r"\bSTS\b", line))
+            inside["SYNCS"] += "SYNCS" in line
+            inside["BRA"] += bool(re.search(r"\bBRA\b", line))
     return out
 
 
@@ -99,8 +103,8 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_bwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
-@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"]],
-                         ids=["default", "stages3", "nofence"])
+@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"]],
+                         ids=["default", "stages3", "nofence", "dq_atomics"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -134,7 +138,18 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         # the waits the source asks for and no more (ptxas adds a full wait where it serialises)
         assert waits(text) == [1, 0, 1, 0] * 2, f"{name}: waits {waits(text)}"
         wins = windows(text)
-        assert [w["REDG"] for w in wins] == [0, 16, 0, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
+        # dQ leaves while dV_j, dK_j are on the tensor cores: as 16 red.global per thread, or (V8B_DQ_BULK,
+        # which does not fit beside 3 stages at D = 64) as 16 stores into the image and one mbarrier
+        # arrival, and no branch there either way
+        bulk = "-DV8B_DQ_BULK=0" not in flags and not (D == 64 and "-DV8B_STAGES=3" in flags)
+        if bulk:
+            assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in wins] == [(0, 0, 0), (16, 1, 0)] * 2, \
+                f"{name}: dQ image stores outside dV/dK's window {wins}"
+            assert "UBLKRED.G.S.ADD.F32" in text, f"{name}: no bulk reduction of the dQ image"
+        else:
+            assert [w["REDG"] for w in wins] == [0, 16, 0, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
+            assert "UBLKRED" not in text, f"{name}: a bulk reduction without V8B_DQ_BULK"
+        assert not any(w["BRA"] for w in wins), f"{name}: a branch between a wgmma and its wait {wins}"
         if fence:
             assert [w["EX2"] for w in wins] == [query_tile(D) // 2, 0] * 2, f"{name}: P^T left dP^T's window {wins}"
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
@@ -425,8 +440,77 @@ MIRRORED = [
     "const int left = window_left < 0 || window_left > N ? N : (int)window_left;",
     "const int right = window_right < 0 || window_right > M ? M : (int)window_right;",
     "const bool banded = left < N || right < M;",
-    "N - M - left, N - M + right, stream};",
+    "N - M - left, N - M + right, deterministic, stream};",
+    # the dQ writer's turn and the dQ image (V8B_DQ_BULK): turn() and image_float() below
+    "const long long first_key = BANDED ? (long long)it * BR + lo : 0;",
+    "const int mine = j - (first_key <= 0 ? 0 : (int)(first_key / BC));",
+    "const int cwg = split_rows ? r / 64 : c / 64, rr = split_rows ? r % 64 : r, cc = split_rows ? c : c % 64;",
+    "const int wq = rr / 16, g = rr % 8, h = (rr / 8) % 2, t = cc / 8, q = (cc % 8) / 2;",
+    "return (((cwg * 4 + wq) * 16 + 2 * t + h) * 32 + 4 * g + q) * 2 + c % 2;",
+    "float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;",
+    "for (int h = 0; h < 2; ++h) img[(2 * t + h) * 32] = make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);",
 ]
+
+
+def turn(j: int, it: int, BR: int, banded: bool, lo: int) -> int:
+    """The dQ writer's place in line for query tile `it` in the deterministic mode (flash_bwd_ws: `mine`)."""
+    first_key = it * BR + lo if banded else 0
+    return j - (0 if first_key <= 0 else first_key // BC)
+
+
+@pytest.mark.parametrize("M,N", WALK_SHAPES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal,window_left,window_right", BANDS)
+def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, window_right, D, M, N):
+    """For every query tile, the key tiles that visit it (walk) wait for turns 0, 1, 2, ... in the order of
+    their blockIdx (lowest key tile first): each turn is taken once and none waits for a tile that never
+    comes, so the deterministic mode neither deadlocks nor skips."""
+    BR = query_tile(D)
+    banded, lo, hi = band(M, N, causal, window_left, window_right)
+    visitors: dict[int, list[int]] = {}
+    for j, n0 in enumerate(range(0, N, BC)):
+        it_begin, it_end, _, _ = walk(n0, M, N, BR, banded, lo, hi)
+        for it in range(it_begin, it_end):
+            visitors.setdefault(it, []).append(j)
+    for it, js in visitors.items():
+        assert [turn(j, it, BR, banded, lo) for j in js] == list(range(len(js))), (it, js)
+
+
+def image_float(D: int, r: int, c: int) -> int:
+    """dq_image_float<D>(r, c): where element (r, c) of a query tile's dQ sits in the accumulator's tile."""
+    split_rows = D == 64
+    cwg, rr, cc = (r // 64, r % 64, c) if split_rows else (c // 64, r, c % 64)
+    wq, g, h, t, q = rr // 16, rr % 8, (rr // 8) % 2, cc // 8, (cc % 8) // 2
+    return (((cwg * 4 + wq) * 16 + 2 * t + h) * 32 + 4 * g + q) * 2 + c % 2
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_dq_image_is_the_consumers_store_order_and_convert_reads_it_back(D):
+    """Every consumer thread's 16 float pairs (rows g, g + 8 of its warp's 16, columns 8t + 2q, +1 of its
+    half) land where image_float puts those elements; the map is a permutation of the tile, and four
+    consecutive columns from a multiple of 4 are four consecutive, 16-byte aligned floats (bwd_convert's
+    float4 loads). Each store instruction (fixed t, h) writes 32 lanes x 8 contiguous bytes: no bank
+    conflict."""
+    BR = query_tile(D)
+    split_rows = D == 64
+    seen = np.full(BR * D, -1)
+    for cwg in range(2):
+        for wq in range(4):
+            for lane in range(32):
+                g, q = divmod(lane, 4)
+                for t in range(8):
+                    for h in range(2):
+                        pair = (cwg * 4 + wq) * 16 * 32 + lane + (2 * t + h) * 32   # float2 index of the store
+                        for e in range(2):
+                            r = (64 * cwg if split_rows else 0) + 16 * wq + g + 8 * h
+                            c = (0 if split_rows else 64 * cwg) + 8 * t + 2 * q + e
+                            assert image_float(D, r, c) == 2 * pair + e, (cwg, wq, lane, t, h, e)
+                            seen[2 * pair + e] = r * D + c
+    assert sorted(seen) == list(range(BR * D)), "the image is not a permutation of the tile"
+    for r in range(BR):
+        for c in range(0, D, 4):
+            at = image_float(D, r, c)
+            assert at % 4 == 0 and [image_float(D, r, c + i) for i in range(4)] == [at + i for i in range(4)]
 
 
 def test_mirrored_lines_are_the_kernels():
@@ -467,14 +551,14 @@ def workspace_like(q) -> torch.Tensor:
     return q.new_empty(B * H * (-(-M // BR) * BR) * (D + 2), dtype=torch.float32)
 
 
-def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1)):
+def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1), deterministic=False):
     """(dq, dk, dv) of v8's forward_lse and the v8 backward, the memory they get poisoned with NaN first."""
     o, lse = forward_lse(q, k, v, causal, scale, window)
     conftest.poison_allocator(q, k, v, workspace_like(q))   # dq, dk, dv and the workspace
     if window == (-1, -1):   # the binding's own parameters, as v6's backward has them without a window
-        got = bwd.backward(q, k, v, o, lse, do, causal, False, scale)
+        got = bwd.backward(q, k, v, o, lse, do, causal, deterministic, scale)
     else:
-        got = bwd.backward(q, k, v, o, lse, do, causal, False, scale, *window)
+        got = bwd.backward(q, k, v, o, lse, do, causal, deterministic, scale, *window)
     torch.cuda.synchronize()
     return got
 
@@ -606,7 +690,9 @@ def test_bad_inputs_refused(bwd):
 SANITIZE_SHAPES = [(1, 2, 2, 64, 64), (1, 1, 1, 300, 20), (2, 4, 2, 200, 333), (1, 3, 1, 129, 257)]
 
 
-SANITIZE_MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 8))]   # (causal, window)
+# (causal, window, deterministic): the deterministic mode's turn counters and waits run under the tools too
+SANITIZE_MASKS = [(False, (-1, -1), False), (True, (-1, -1), False), (False, (40, 8), False), (True, (-1, -1), True),
+                  (False, (40, 8), True)]
 
 
 def sanitize_target() -> None:
@@ -616,12 +702,49 @@ def sanitize_target() -> None:
     mod = build("v8_backward", archs=["9.0a"], functions=("backward",))
     for B, H, H_kv, M, N in SANITIZE_SHAPES:
         for D in (64, 128):
-            for causal, window in SANITIZE_MASKS:
+            for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
-                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window)
+                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det)
                 assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
-                print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window}",
-                      flush=True)
+                print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window} "
+                      f"deterministic={det}", flush=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 40))])
+@pytest.mark.parametrize("H,H_kv,M,N,D", [(4, 4, 1023, 1025, 128), (6, 2, 2048, 1500, 64), (8, 8, 513, 4096, 128)])
+def test_deterministic_mode_is_bitwise_repeatable(bwd, H, H_kv, M, N, D, causal, window):
+    """deterministic=True: dq, dk, dv identical bit for bit in three runs (many key tiles add into each dQ
+    tile, with other work on the GPU between runs), within compare_grads' bound of float64, and close
+    to the default mode's."""
+    q, k, v, do = make(2, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D + H)
+    runs = []
+    for _ in range(3):
+        runs.append(ours(bwd, q, k, v, do, causal, 0.2, window, deterministic=True))
+        torch.randn(1 << 24, device="cuda").sum()   # shift the timing of the next run
+    for again in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], again)), "deterministic runs differ"
+    compare_grads(runs[0], q, k, v, do, causal, 0.2, window)
+    default = ours(bwd, q, k, v, do, causal, 0.2, window)
+    torch.testing.assert_close(runs[0][0], default[0], rtol=2e-2, atol=2e-2)
+    assert torch.equal(runs[0][1], default[1]) and torch.equal(runs[0][2], default[2]), \
+        "dK and dV do not depend on the mode"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
+    """The first version's dQ path (V8B_DQ_BULK=0: 16 red.global per consumer thread and step), kept as a
+    measured step, still computes the same gradients; its binding refuses deterministic=True by name."""
+    from flashattn.loader import build
+    mod = build("v8_backward", extra_cuda_cflags=["-DV8B_DQ_BULK=0"], archs=["9.0a"], functions=("backward",),
+                module_name="flashattn_v8_backward_dq_atomics")
+    q, k, v, do = make(2, 4, 2, 203, 1025, 128, torch.float16, seed=7)
+    compare_grads(ours(mod, q, k, v, do, causal), q, k, v, do, causal)
+    with pytest.raises(RuntimeError, match="deterministic: this build"):
+        ours(mod, q, k, v, do, causal, deterministic=True)
 
 
 @pytest.mark.gpu

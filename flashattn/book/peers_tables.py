@@ -17,8 +17,8 @@ from flashattn.measure.table import comparison_table
 PEERS = RESULTS / "bench_peers.json"
 PEERS_SEQ = RESULTS / "bench_peers_seq.json"
 BACKWARD = RESULTS / "bench_backward.json"
-NAMES = {"v8": "V8", "v7": "V7", "v6": "V6", "v6_deterministic": "V6 det.", "sdpa_cudnn": "cuDNN",
-         "sdpa_flash": "FA2", "fa4": "FA4", "sdpa": "SDPA"}
+NAMES = {"v8": "V8", "v7": "V7", "v6": "V6", "v6_deterministic": "V6 det.", "v8_backward": "V8 bwd",
+         "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2", "fa4": "FA4", "sdpa": "SDPA"}
 
 
 def _key(r: dict) -> tuple:

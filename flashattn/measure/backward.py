@@ -14,7 +14,8 @@ from flashattn.measure.sdpa_backends import SDPA_BACKENDS, sdpa_backend_context
 from flashattn.reference import sdpa
 from flashattn.validate import check_inputs
 
-BACKWARD_NAMES = ("v6", "v6_deterministic", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient") + peers.PEERS
+BACKWARD_NAMES = ("v6", "v6_deterministic", "v8_backward", "sdpa", "sdpa_flash", "sdpa_cudnn",
+                  "sdpa_efficient") + peers.PEERS
 
 
 def backward_flops(B: int, H: int, M: int, N: int, D: int, causal: bool = False) -> float:
@@ -29,8 +30,10 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
     once, here, and every call is `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its output,
     the path a user's training step takes, for every name alike. name: "v6" (flashattn.attention, its
     backward kernels; `deterministic` picks the dQ path), "v7" and "v8" (their forwards, v6's backward),
-    "v6_deterministic" (v6 with deterministic=True), "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"
-    (PyTorch's backward of that SDPA backend) or a peer of flashattn.measure.peers ("fa4")."""
+    "v6_deterministic" (v6 with deterministic=True), "v8_backward" (v8's forward trained by
+    kernels/v8_backward.cu: attention(version="v8", backward="v8_backward")), "sdpa", "sdpa_flash",
+    "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward of that SDPA backend) or a peer of
+    flashattn.measure.peers ("fa4")."""
     if name not in BACKWARD_NAMES + TRAINING_VERSIONS:
         raise ValueError(f"name must be one of {', '.join(BACKWARD_NAMES + TRAINING_VERSIONS)}; got {name!r}")
     if do.shape != q.shape:
@@ -40,7 +43,10 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
     if name.endswith("_deterministic"):
         name, deterministic = name.removesuffix("_deterministic"), True
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    if name in TRAINING_VERSIONS:
+    if name == "v8_backward":
+        check_inputs(q, k, v, "v8", causal)
+        o = attention(q, k, v, causal=causal, version="v8", backward=name)
+    elif name in TRAINING_VERSIONS:
         check_inputs(q, k, v, name, causal)
         o = attention(q, k, v, causal=causal, version=name, deterministic=deterministic)
     else:

@@ -11,7 +11,7 @@ run every version's output is also checked against the float64 reference.
 forward run once beforehand (flashattn.measure.backward.backward_call), the same path for every name, FLOPs
 2.5 x the forward's. Its rows say "direction": "backward" and are checked against float64 gradients
 (flashattn.reference.attention_gradients). Names: v6, v6_deterministic (v6 with its atomic-free dQ kernel),
-sdpa, the SDPA backends and fa4.
+v8_backward (v8 trained by kernels/v8_backward.cu), sdpa, the SDPA backends and fa4.
 
 `fa4` is FlashAttention-4 (flashattn.measure.peers), a column wherever `flash_attn.cute` imports; its
 rows say "unsupported" elsewhere.
