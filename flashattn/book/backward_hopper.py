@@ -1,37 +1,34 @@
 """The chapter "The backward on Hopper" (book/backward_hopper.ipynb), read, evaluated and compiled from
-kernels/v8_backward.cu on the CPU, so that its tables and its figure follow the file:
+kernels/v8_backward.cu on the CPU, so that its tables follow the file (its figure: backward_hopper_figure):
 
 - `excerpt`, `v6_excerpt`: lines of the two backward kernels between two markers (never typed);
-- `layout`, `registers`: the kernel's `Layout` and `Registers` structs evaluated for a head dim and a stage count;
-- `smem_table`, `sass_offsets`: the shared-memory budget per region, and the offsets the machine code uses;
+- `layout`, `registers`, `regions`: the kernel's `Layout` and `Registers` structs evaluated for a head dim, a
+  stage count and the build's macros (V8B_DQ_BULK decides whether dQ's image is there);
+- `smem_table`, `sass_offsets`, `offset_lines`: the shared-memory budget, and the offsets the machine code uses;
 - `resource_table`: ptxas's registers and spills, and the setmaxnreg split as the SASS carries it;
 - `step_rows`, `step_table`: what one step issues, and what runs while a product is still in flight;
+- `dq_rows`, `dq_table`: how dQ leaves a step in the two builds (V8B_DQ_BULK 1 and 0), side by side;
+- `writer_lines`: the dQ writer thread's memory and ordering instructions, in SASS order;
 - `v6_rows`, `v6_table`: one warp's instructions per query tile, V6's mma.sync backward against this one;
-- `log_lines`: what the committed H200 log (results/h200/logs) records;
-- `fig_dataflow` (FIGURES, FOLDER): the chapter's concept figure, kept as a PNG beside the book.
-
-    python -m flashattn.book.backward_hopper           # redraw the figure into book/_static/backward_hopper/
-    python -m flashattn.book.backward_hopper --check   # compare the committed PNG with a fresh drawing
+- `log_lines`: what the committed H200 logs (results/h200/logs) record.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
 
-import matplotlib.pyplot as plt
-from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
-
-from flashattn.book import figure_files
-from flashattn.book.figures import show_or_return
 from flashattn.loader import REPO_ROOT, source
 from flashattn.loader import excerpt as loader_excerpt
 from flashattn.measure import resources, sass
 
 KERNEL = "v8_backward"
-FOLDER = REPO_ROOT / "book" / "_static" / "backward_hopper"
-LOG = REPO_ROOT / "results" / "h200" / "logs" / "v8_backward_arrive_all_threads.log"
+# the H200 runs of the first version (now V8B_DQ_BULK=0), in the order they ran: before and after the empty fix
+LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
+    "sanitizer_pending_gpu_rest_f50ce76.log", "pytest_pending_gpu_rest_f50ce76.log",
+    "v8_backward_arrive_all_threads.log"))
 HEAD_DIMS = (64, 128)
 SMEM_OPTIN = resources.SM90["smem_per_block_max"]   # what one block may opt into on sm_90
+DQ_ATOMICS = ("-DV8B_DQ_BULK=0",)                   # the first version's dQ path, kept as a build
 # V6's key-tile kernel as sm_90 builds it by default: layout 2, two stages, dQ by bulk reduction (DQ_SUM 1)
 V6_KERNELS = {64: "bwd_dkdv_split<__nv_bfloat16, 64, 128, 2, 2, 1, false>",
               128: "bwd_dkdv_split<__nv_bfloat16, 128, 64, 2, 2, 1, false>"}
@@ -55,19 +52,35 @@ def _struct(name: str, text: str) -> str:
     return text[start:text.find("\n};", start)]
 
 
+def _conditional(expr: str) -> str:
+    """`c ? a : b` (b may be another conditional) without parentheses, as Python's `a if c else b`."""
+    if "?" not in expr:
+        return expr
+    cond, rest = expr.split("?", 1)
+    a, b = rest.split(":", 1)
+    if "?" in a:
+        raise ValueError(f"a conditional inside the middle of {expr!r}: parenthesise it")
+    return f"({a.strip()}) if ({cond.strip()}) else ({_conditional(b).strip()})"
+
+
 def _python(expr: str) -> str:
-    """One C++ constant expression of the structs as Python: `c ? a : b` (not nested) and integer division."""
-    expr = expr.replace("/", "//")
-    if "?" in expr:
-        cond, rest = expr.split("?", 1)
-        a, b = rest.split(":", 1)
-        expr = f"({a}) if ({cond}) else ({b})"
-    return expr
+    """One C++ constant expression of the structs as Python: integer division, &&, ||, ! and conditionals,
+    each parenthesised group converted before the one around it."""
+    expr = re.sub(r"!(?!=)", " not ", expr.replace("&&", " and ").replace("||", " or ").replace("/", "//"))
+    while group := re.search(r"\(([^()]*)\)", expr):   # innermost first; \x01 \x02 stand for its parentheses
+        expr = expr[:group.start()] + "\x01" + _conditional(group[1]) + "\x02" + expr[group.end():]
+    return _conditional(expr).replace("\x01", "(").replace("\x02", ")")
+
+
+def macros(text: str, flags=()) -> dict[str, int]:
+    """The file's V8B_* build macros: their `#define` defaults, overridden by -DNAME=value flags."""
+    found = {k: int(v) for k, v in re.findall(r"#define (V8B_\w+) (\d+)", text)}
+    return found | {k: int(v) for k, v in (f[2:].split("=") for f in flags if f.startswith("-DV8B_"))}
 
 
 def evaluate(name: str, known: dict, text: str | None = None) -> dict:
     """Every `static constexpr` of struct `name` of the kernel file (or `text`), evaluated in order with
-    the template arguments `known` (e.g. D, STAGES)."""
+    the template arguments and macros `known` (e.g. D, STAGES, V8B_DQ_BULK); booleans as 0 and 1."""
     values = dict(known)
     for line in _struct(name, source(KERNEL) if text is None else text).splitlines():
         m = re.match(r"\s*static constexpr \w+ (.*);", line.split("//")[0])
@@ -77,11 +90,11 @@ def evaluate(name: str, known: dict, text: str | None = None) -> dict:
     return values
 
 
-def layout(D: int, stages: int | None = None, text: str | None = None) -> dict:
-    """Layout<D, STAGES> of the kernel (the default V8B_STAGES when `stages` is None): tiles, offsets, bytes."""
+def layout(D: int, stages: int | None = None, text: str | None = None, flags=()) -> dict:
+    """Layout<D, STAGES> of the kernel as a build with `flags` has it (`stages` None: V8B_STAGES's)."""
     text = source(KERNEL) if text is None else text
-    stages = stages or int(re.search(r"#define V8B_STAGES (\d+)", text).group(1))
-    return evaluate("Layout", {"D": D, "STAGES": stages}, text)
+    known = macros(text, flags)
+    return evaluate("Layout", {**known, "D": D, "STAGES": stages or known["V8B_STAGES"]}, text)
 
 
 def registers(text: str | None = None) -> dict:
@@ -98,6 +111,7 @@ def regions(L: dict) -> list[tuple[str, int, int]]:
     out += [(f"dS^T[{b}]", L["DS_OFF"] + b * L["DS_BYTES"], L["DS_BYTES"]) for b in range(2)]
     out += [(f"lse2_i[{k}]", L["LSE_OFF"] + k * L["ROW_BYTES"], L["ROW_BYTES"]) for k in range(s)]
     out += [(f"D_i[{k}]", L["DVEC_OFF"] + k * L["ROW_BYTES"], L["ROW_BYTES"]) for k in range(s)]
+    out += [("dQ image", L["DQ_OFF"], L["DQ_IMAGE"])] if L["DQ_BULK"] else []
     return out + [("barriers", L["BAR_OFF"], L["BYTES"] - L["BAR_OFF"])]
 
 
@@ -107,14 +121,15 @@ def kb(n: int) -> str:
 
 def smem_table(stages=(None,)) -> str:
     """Shared memory per block by region, at both head dims, for each stage count (None: the default)."""
-    lines = ["| D | B_r × B_c | stages | K_j, V_j | Q_i, dO_i ring | dSᵀ (2 buffers) | lse2_i, D_i | barriers | "
-             "with 1 KB to align | fits one block |", "|--:|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    lines = ["| D | B_r × B_c | stages | K_j, V_j | Q_i, dO_i ring | dSᵀ (2 buffers) | lse2_i, D_i | dQ image | "
+             "barriers | with 1 KB to align | fits one block |", "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for s in stages:
         for D in HEAD_DIMS:
             L = layout(D, s)
             lines.append(f"| {D} | {L['BR']} × {L['BC']} | {L['STAGES']} | {kb(2 * L['KV_BYTES'])} | "
                          f"{kb(2 * L['STAGES'] * L['QO_BYTES'])} | {kb(2 * L['DS_BYTES'])} | "
-                         f"{kb(2 * L['STAGES'] * L['ROW_BYTES'])} | {L['BYTES'] - L['BAR_OFF']} B | "
+                         f"{kb(2 * L['STAGES'] * L['ROW_BYTES'])} | "
+                         f"{kb(L['DQ_IMAGE']) if L['DQ_BULK'] else 'no room'} | {L['BYTES'] - L['BAR_OFF']} B | "
                          f"{kb(L['DYNAMIC'])} | {'yes' if L['DYNAMIC'] <= SMEM_OPTIN else 'no'} |")
     return "\n".join(lines) + f"\n\nOne block may opt into {SMEM_OPTIN / 1024:.0f} KB on sm_90."
 
@@ -126,33 +141,33 @@ def kernel_name(D: int, banded: bool = False, dtype: str = "__nv_bfloat16", stag
 
 def texts(D: int, banded: bool = False, flags=()) -> list[str]:
     """The SASS instruction texts of one bf16 dK/dV kernel, compiled for sm_90a here (no GPU)."""
-    stages = next((int(f.split("=")[1]) for f in flags if f.startswith("-DV8B_STAGES=")), None)
+    stages = layout(D, flags=flags)["STAGES"]
     return sass.texts(sass.function(KERNEL, kernel_name(D, banded, stages=stages), tuple(flags)))
 
 
 def sass_offsets(lines: list[str]) -> dict[str, list[int]]:
-    """Shared-memory offsets (from the aligned base) in the SASS: the mbarriers initialised (SYNCS.EXCH)
-    and the 8-byte loads of the row terms (LDS.64 at base + offset, every offset past the tiles)."""
-    found = {"barriers": set(), "row terms": set()}
+    """Shared-memory offsets (from the aligned base) in the SASS: the mbarriers initialised (SYNCS.EXCH),
+    the 8-byte loads of the row terms (LDS.64) and the 8-byte stores into dQ's image (STS.64)."""
+    found = {"barriers": set(), "row terms": set(), "image": set()}
     for t in lines:
         for off in re.findall(r"\+(0x[0-9a-f]+)\]", t):
-            if t.startswith("SYNCS.EXCH"):
-                found["barriers"].add(int(off, 16))
-            elif t.startswith("LDS.64"):
-                found["row terms"].add(int(off, 16))
+            for op, kind in (("SYNCS.EXCH", "barriers"), ("LDS.64 ", "row terms"), ("STS.64 ", "image")):
+                if t.startswith(op):
+                    found[kind].add(int(off, 16))
     return {k: sorted(v) for k, v in found.items()}
 
 
 def offset_lines() -> str:
-    """Where the SASS of each head dim's kernel puts the row terms and the barriers, against Layout."""
+    """Where the SASS of each head dim's kernel puts the row terms, dQ's image and the barriers, against Layout."""
     out = []
     for D in HEAD_DIMS:
         L, got = layout(D), sass_offsets(texts(D))
         lse = [o for o in got["row terms"] if L["LSE_OFF"] <= o < L["DVEC_OFF"]]
-        dvec = [o for o in got["row terms"] if L["DVEC_OFF"] <= o < L["BAR_OFF"]]
-        out.append(f"D={D}: the SASS reads lse2_i from base + {min(lse):#x} (Layout's LSE_OFF {L['LSE_OFF']:#x}), D_i "
-                   f"from base + {min(dvec):#x} (DVEC_OFF {L['DVEC_OFF']:#x}), initialises {len(got['barriers'])} "
-                   f"mbarriers from base + {min(got['barriers']):#x} (BAR_OFF {L['BAR_OFF']:#x})")
+        dvec = [o for o in got["row terms"] if L["DVEC_OFF"] <= o < L["DQ_OFF"]]
+        out.append(f"D={D}, from the base: lse2_i read at {min(lse):#x} (Layout's LSE_OFF {L['LSE_OFF']:#x}), D_i "
+                   f"at {min(dvec):#x} (DVEC_OFF {L['DVEC_OFF']:#x}), dQ's image stored at {min(got['image']):#x} "
+                   f"(DQ_OFF {L['DQ_OFF']:#x}), {len(got['barriers'])} mbarriers at {min(got['barriers']):#x} "
+                   f"(BAR_OFF {L['BAR_OFF']:#x})")
     return "\n".join(out)
 
 
@@ -174,12 +189,14 @@ def resource_table() -> str:
     return "\n".join(lines)
 
 
-def step_spans(lines: list[str]) -> list[list[str]]:
+def step_spans(lines: list[str], L: dict) -> list[list[str]]:
     """Each copy of the consumers' step: from the wait for its slot's full barrier (the last SYNCS.PHASECHK
-    before its first wgmma fence) to the arrival that releases the slot (SYNCS.ARRIVE...A1T0)."""
+    before its first wgmma fence) to the arrival on an *empty* barrier that releases the slot (an
+    SYNCS.ARRIVE...A1T0 at one of Layout's empty offsets; dQ's image has an arrival of its own)."""
+    empties = {f"{L['BAR_OFF'] + 8 * (1 + L['STAGES'] + s):#x}]" for s in range(L["STAGES"])}
     spans, prev = [], 0
     for end, t in enumerate(lines):
-        if t.startswith("SYNCS.ARRIVE.TRANS64.A1T0"):
+        if t.startswith("SYNCS.ARRIVE.TRANS64.A1T0") and any(t.endswith(e + ", RZ") for e in empties):
             fence = next(i for i in range(prev, end) if lines[i].startswith("WARPGROUP.ARRIVE"))
             start = max(i for i in range(prev, fence) if "SYNCS.PHASECHK" in lines[i])
             spans.append(lines[start:end + 1])
@@ -192,46 +209,90 @@ def _op(t: str) -> str:
 
 
 def span_counts(span: list[str]) -> dict:
-    """One step's instructions by kind, and what sits in each window between 'one product group left'
-    (DEPBAR.LE gsb0, 0x1) and 'none left' (0x0): exponentials in the first, dQ reductions in the second."""
-    ops = Counter(_op(t).split(".")[0] for t in span)
-    windows, inside = [], None
-    for t in span:
-        if "DEPBAR.LE gsb0, 0x1" in t:
-            inside = Counter()
-        elif "DEPBAR.LE gsb0, 0x0" in t and inside is not None:
-            windows.append(inside)
-            inside = None
-        elif inside is not None:
-            inside[_op(t)] += 1
+    """One step's instructions by kind, and what sits in its two windows (flashattn.measure.sass.wgmma_windows:
+    one product group still in flight): exponentials in the first, dQ's way out in the second."""
+    ops, full = Counter(_op(t).split(".")[0] for t in span), Counter(_op(t) for t in span)
     return dict(instructions=len(span), hgmma=ops["HGMMA"],
                 register_a=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in span),
                 transposed_a=sum("tnspA" in t for t in span), waits=sum("DEPBAR.LE gsb0" in t for t in span),
-                ex2=sum(_op(t) == "MUFU.EX2" for t in span), fsel=ops["FSEL"], sts=ops["STS"], lds=ops["LDS"],
-                redg=ops["REDG"], bar=ops["BAR"], windows=[(w["MUFU.EX2"], sum(v for k, v in w.items()
-                                                                               if k.startswith("REDG")))
-                                                           for w in windows])
+                ex2=full["MUFU.EX2"], fsel=ops["FSEL"], ds_stores=full["STS"], image_stores=full["STS.64"],
+                lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=sass.wgmma_windows(span))
 
 
 def step_rows(flags=(), banded: bool = False) -> list[dict]:
     """Per head dim, the plain and the masked copy of the step (the masked one selects -inf: FSEL)."""
     rows = []
     for D in HEAD_DIMS:
-        copies = sorted((span_counts(s) for s in step_spans(texts(D, banded, flags))), key=lambda c: c["fsel"])
+        spans = step_spans(texts(D, banded, flags), layout(D, flags=flags))
+        copies = sorted((span_counts(s) for s in spans), key=lambda c: c["fsel"])
         rows += [dict(D=D, step=name, **c) for name, c in zip(("plain", "masked"), copies)]
     return rows
 
 
+def out_of_window(w: Counter) -> str:
+    """How dQ leaves in a window: its 8-byte shared stores, mbarrier arrivals and global reductions (those there
+    are), and its branches (none, or ptxas would have waited for the product first)."""
+    kinds = (("STS.64", "st.shared.v2"), ("SYNCS.ARRIVE", "arrive"), ("REDG", "red.global"))
+    return ", ".join([f"{w[k]} {name}" for k, name in kinds if w[k]] + [f"{w['BRA']} branches"])
+
+
 def step_table(flags=()) -> str:
     lines = ["| D | step | instructions | wgmma (A in registers; A transposed) | waits | exp2 while dPᵀ runs | "
-             "dQ reductions while dV_j, dK_j run | dSᵀ stores | row-term loads | named barrier |",
-             "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "while dV_j, dK_j run | dSᵀ stores | row-term loads | named barrier |",
+             "|--:|---|--:|--:|--:|--:|---|--:|--:|--:|"]
     for r in step_rows(flags):
-        (e1, _), (_, q2) = r["windows"]
+        first, second = r["windows"]
         lines.append(f"| {r['D']} | {r['step']} | {r['instructions']} | {r['hgmma']} ({r['register_a']}; "
-                     f"{r['transposed_a']}) | {r['waits']} | {e1} of {r['ex2']} | {q2} of {r['redg']} | {r['sts']} | "
-                     f"{r['lds']} | {r['bar']} |")
+                     f"{r['transposed_a']}) | {r['waits']} | {first['MUFU.EX2']} of {r['ex2']} | "
+                     f"{out_of_window(second)} | {r['ds_stores']} | {r['lds']} | {r['bar']} |")
     return "\n".join(lines)
+
+
+def dq_rows() -> list[dict]:
+    """The plain step of the default build beside the V8B_DQ_BULK=0 build's, per head dim: what runs in dQ's
+    window, the step's length, the kernel's bulk reductions and its shared memory."""
+    rows = []
+    for D in HEAD_DIMS:
+        for name, flags in (("V8B_DQ_BULK=1 (default)", ()), ("V8B_DQ_BULK=0 (first version)", DQ_ATOMICS)):
+            lines, L = texts(D, flags=flags), layout(D, flags=flags)
+            plain = min((span_counts(s) for s in step_spans(lines, L)), key=lambda c: c["fsel"])
+            rows.append({"D": D, "build": name, "while dV_j, dK_j run": out_of_window(plain["windows"][1]),
+                         "step instructions": plain["instructions"],
+                         "UBLKRED in the kernel": sum(_op(t).startswith("UBLKRED") for t in lines),
+                         "shared memory": kb(L["DYNAMIC"])})
+    return rows
+
+
+def dq_table() -> str:
+    rows = dq_rows()
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|--:|---|---|--:|--:|--:|"]
+    return "\n".join(lines + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
+
+
+WRITER_OPS = ("SYNCS", "LDG", "FENCE", "UBLKRED", "DEPBAR", "MEMBAR", "REDG")
+
+
+def writer_lines(D: int = 128) -> str:
+    """The dQ writer's loop in the default build's SASS: from its wait on dq_full to its arrival on dq_empty,
+    the instructions that wait, order or move memory (WRITER_OPS), with their source lines."""
+    L = layout(D)
+    fn = sass.function(KERNEL, kernel_name(D))
+    full, empty = (f"{L['BAR_OFF'] + 8 * (1 + 2 * L['STAGES'] + k):#x}]" for k in (0, 1))
+    start = next(k for k, i in enumerate(fn.instructions) if i.suffix.startswith(".PHASECHK") and full in i.operands)
+    end = next(k for k in range(start, len(fn.instructions)) if empty in fn.instructions[k].operands)
+    return "\n".join(f"{i.text:<58} // {_ptx(i.line)}" for i in fn.instructions[start:end + 1]
+                     if i.opcode in WRITER_OPS)
+
+
+def _ptx(line: int) -> str:
+    """What source line `line` (or the asm statement it continues, up to two lines above) asks for: the PTX
+    instruction of an asm statement, or the line itself."""
+    text = source(KERNEL).splitlines()
+    for k in (line, line - 1, line - 2):
+        if m := re.search(r'asm volatile\("([\w.:]+)', text[k - 1]):
+            return m[1]
+    return text[line - 1].strip()
 
 
 def tensor_flops(t: str) -> int:
@@ -248,8 +309,7 @@ def _tensor_row(label: str, lines: list[str]) -> dict:
     ops = Counter(_op(t).split(".")[0] for t in lines)
     return {"kernel": label, "tensor-core instructions": ops["HMMA"] + ops["HGMMA"],
             "their FLOPs": sum(tensor_flops(t) for t in lines), "ldmatrix": ops["LDSM"],
-            "shared stores": ops["STS"] + ops["STSM"], "dQ instructions": ops["REDG"] + ops["UBLKRED"],
-            "bar.sync": ops["BAR"]}
+            "shared stores": ops["STS"] + ops["STSM"], "bar.sync": ops["BAR"]}
 
 
 def v6_rows() -> list[dict]:
@@ -258,7 +318,7 @@ def v6_rows() -> list[dict]:
     for D in HEAD_DIMS:
         hot = sass.function("v6_backward", V6_KERNELS[D]).hot_loop()
         rows.append(_tensor_row(f"V6, D={D} (mma.sync)", [i.text for i in hot.instructions]))
-        plain = min(step_spans(texts(D)), key=lambda s: span_counts(s)["fsel"])
+        plain = min(step_spans(texts(D), layout(D)), key=lambda s: span_counts(s)["fsel"])
         rows.append(_tensor_row(f"this kernel, D={D} (wgmma)", plain))
     return rows
 
@@ -271,128 +331,23 @@ def v6_table() -> str:
     return "\n".join(lines)
 
 
-def log_lines(path=LOG) -> str:
-    """Each command of the committed log (its '#' line, once), the tests its progress lines show and pytest's
-    summary, or that there is none."""
+def log_lines(paths=LOGS) -> str:
+    """Each command of the committed logs (its '#' line, once), then pytest's summary and the tests it names as
+    failed, with the hazards racecheck counted; for a run that stopped, the tests its progress lines show."""
     out, seen = [], set()
-    for block in re.split(r"\n(?=# )", path.read_text().strip()):
+    for block in (b for path in paths for b in re.split(r"\n(?=# )", path.read_text().strip())):
         head, _, body = block.partition("\n")
         if head in seen:
             continue
         seen.add(head)
-        marks = "".join(re.sub(r"\[\s*\d+%\]", "", ln).strip() for ln in body.splitlines()
-                        if re.fullmatch(r"[.FEsx]+\s*(\[\s*\d+%\])?", ln.strip()))
-        summary = re.search(r"^=*\s*(\d+ passed.*?)\s*=*$", body, re.M)
-        said = summary[1] if summary else "none (the run stopped)"
-        out.append(f"{head.lstrip('# ')}\n    progress marks: {marks.count('.')} passed, {marks.count('F')} failed, "
-                   f"{marks.count('E')} errors; pytest's summary: {said}")
+        summary = re.search(r"^=*\s*(\d+ (?:passed|failed).*?)\s*=*$", body, re.M)
+        if summary is None:
+            marks = "".join(re.sub(r"\[\s*\d+%\]", "", ln).strip() for ln in body.splitlines()
+                            if re.fullmatch(r"[.FEsx]+\s*(\[\s*\d+%\])?", ln.strip()))
+            said = f"no summary (the run stopped); progress marks: {marks.count('.')} passed, {marks.count('F')} failed"
+        else:
+            said = summary[1]
+        named = dict.fromkeys([f"failed: {t}" for t in re.findall(r"^FAILED (\S+)", body, re.M)] + [
+            f"racecheck's summary: {n} hazards" for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazards", body)])
+        out.append(f"{head.lstrip('# ')}\n    {said}" + "".join(f"\n    {t}" for t in named))
     return "\n".join(out)
-
-
-# ------------------------------------------------------------------------------------------- the figure
-COLORS = {"global": "#e8eef7", "shared": "#eef6e8", "registers": "#fbefe3", "once": "#1f5fa8",
-          "per step": "#d2691e", "end": "#2e8b57", "sync": "#7a3e9d"}
-REGION_COLORS = {"K_j": "#9ec5e8", "V_j": "#b8d4ee", "Q_i": "#f6c28b", "dO_i": "#f9d7ad", "dSᵀ": "#c7a3d9",
-                 "lse2_i": "#e07b39", "D_i": "#b85c1e", "barriers": "#555555"}
-STEPS = ("1  wait full[s]", "2  Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ   (wgmma, both operands in shared)",
-         "3  Pᵀ = exp2(Sᵀ · scale · log₂e − lse2_i)   while dPᵀ runs",
-         "4  dSᵀ = Pᵀ ∘ (dPᵀ − D_i): kept as A operands, and stored", "5  fence.proxy.async; bar.sync 1, 256",
-         "6  dQ half += dS K_j   (A = the stored dSᵀ, read transposed)",
-         "7  dV_j += Pᵀ dO_i,  dK_j += dSᵀ Q_i   (A in registers)", "8  red.global.add.v2.f32 of dQ while 7 runs",
-         "9  mbarrier.arrive on empty[s]")
-
-
-def box(ax, x, y, w, h, title, sub="", color="white", edge="0.35", fs=10.5):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03,rounding_size=0.1", fc=color, ec=edge, lw=1.2))
-    ax.text(x + w / 2, y + h * (0.7 if sub else 0.5), title, ha="center", va="center", fontsize=fs, fontweight="bold")
-    if sub:
-        ax.text(x + w / 2, y + h * 0.32, sub, ha="center", va="center", fontsize=fs - 2.5, color="0.2")
-
-
-def arrow(ax, start, end, kind, text="", at=None, rad=0.0, style="-|>", ls="-"):
-    """An arrow colored by when it happens; its label at `at` (default: its middle)."""
-    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle=style, color=COLORS[kind], lw=1.8, ls=ls,
-                                                          mutation_scale=14, connectionstyle=f"arc3,rad={rad}"))
-    if text:
-        x, y = at or ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2)
-        ax.text(x, y, text, ha="center", va="center", fontsize=8, color=COLORS[kind],
-                bbox=dict(fc="white", ec="none", pad=0.5, alpha=0.9))
-
-
-def smem_strip(ax, D: int, y: float, width: float = 15.6, x0: float = 0.4):
-    """Layout<D, default stages> to scale: one rectangle per region (gid 'smem:D<D>:<name>')."""
-    L = layout(D)
-    scale = width / L["BYTES"]
-    for name, off, size in regions(L):
-        label = name.replace("^T", "ᵀ")
-        r = Rectangle((x0 + off * scale, y), size * scale, 0.5, fc=REGION_COLORS[label.split("[")[0]], ec="white",
-                      lw=0.6, gid=f"smem:D{D}:{name}")
-        ax.add_patch(r)
-        if size * scale > 0.9:
-            ax.text(x0 + (off + size / 2) * scale, y + 0.25, label, ha="center", va="center", fontsize=8)
-    ax.text(x0, y + 0.62, f"D = {D}: B_r = {L['BR']}, B_c = {L['BC']}, {L['STAGES']} stages, {L['BYTES']:,} bytes "
-            "to scale (lse2_i, D_i and the mbarriers: the sliver at the right)", fontsize=8.5, va="bottom")
-
-
-def fig_dataflow(show: bool = False):
-    """One block of flash_bwd_ws: what each warpgroup does per step, the ring of Q_i / dO_i / lse2_i / D_i slots
-    with their full and empty barriers, dSᵀ through shared memory for dQ, and dQ leaving by reductions; below,
-    the shared memory of both head dims to scale (Layout evaluated from the file)."""
-    L, R = layout(128), registers()
-    fig, ax = plt.subplots(figsize=(16, 10.8))
-    ax.set(xlim=(0, 16.4), ylim=(-1.9, 10.2))
-    ax.axis("off")
-    for key, x, w, title in (("global", 0.0, 3.3, "global memory"), ("shared", 3.6, 4.8, "shared memory (one block)"),
-                             ("registers", 9.5, 6.9, "three warpgroups (registers)")):
-        ax.add_patch(FancyBboxPatch((x, 0.6), w, 9.4, boxstyle="round,pad=0.02,rounding_size=0.2", fc=COLORS[key],
-                                    ec="none"))
-        ax.text(x + w / 2, 9.7, title, ha="center", fontsize=12, fontweight="bold")
-    box(ax, 0.2, 8.3, 2.9, 0.9, "K_j, V_j", f"B_c = {L['BC']} keys of one kv head")
-    box(ax, 0.2, 6.7, 2.9, 1.1, "Q_i, dO_i", "B_r query rows; every query\nhead of the group in turn")
-    box(ax, 0.2, 5.1, 2.9, 1.1, "lse2_i, D_i", "float32, padded to whole\ntiles by the pre-pass")
-    box(ax, 0.2, 2.0, 2.9, 1.4, "dQ accumulator", "float32; then dQ = scale · acc\n(bwd_convert)", color="#fff6d6")
-    box(ax, 0.2, 0.8, 2.9, 0.8, "dK_j, dV_j", "written once, at the end")
-    box(ax, 3.8, 8.3, 4.4, 0.9, "K_j, V_j", "loaded once, on the K/V barrier")
-    for s in range(L["STAGES"]):
-        box(ax, 3.8, 6.45 - 1.6 * s, 4.4, 1.35, f"slot {s}: Q_i | dO_i | lse2_i | D_i",
-            f"full[{s}]: {L['STAGE_TX']:,} bytes at D = 128\nempty[{s}]: 256 arrivals, every consumer thread",
-            color="#fdf3e7", edge=COLORS["per step"])
-    box(ax, 3.8, 2.9, 4.4, 1.4, "dSᵀ[u mod 2]", f"[{L['BC']} keys][B_r queries], 128-byte swizzle;\ntwo "
-        "buffers: one barrier per step", color="#efe3f5", edge=COLORS["sync"])
-    box(ax, 9.7, 8.1, 6.5, 1.1, f"warpgroup 0: producer (setmaxnreg → {R['PRODUCER']})", "thread 0, step u: wait "
-        "empty[s], expect bytes on full[s],\nTMA Q_i, dO_i; bulk-copy lse2_i, D_i (s = u mod stages)")
-    ax.add_patch(FancyBboxPatch((9.7, 0.8), 6.5, 6.9, boxstyle="round,pad=0.03,rounding_size=0.1", fc="white",
-                                ec="0.35", lw=1.2))
-    ax.text(12.95, 7.35, f"warpgroups 1, 2: consumers (setmaxnreg → {R['CONSUMER']})", ha="center", fontsize=10.5,
-            fontweight="bold")
-    ax.text(12.95, 6.95, "keys 0–63 and 64–127 of the tile; one step per (query head, query tile):", ha="center",
-            fontsize=8.5, color="0.25")
-    for n, line in enumerate(STEPS):
-        ax.text(9.85, 6.45 - 0.52 * n, line, fontsize=9, va="center")
-    ax.text(12.95, 1.2, "dK_j, dV_j: accumulators in registers across all steps", ha="center", fontsize=9,
-            color=COLORS["end"], fontweight="bold")
-    arrow(ax, (3.1, 8.75), (3.8, 8.75), "once", "TMA")
-    arrow(ax, (3.1, 7.25), (3.8, 7.0), "per step", "TMA", at=(3.45, 7.45))
-    arrow(ax, (3.1, 5.65), (3.8, 5.5), "per step", "bulk", at=(3.45, 5.9))
-    arrow(ax, (9.7, 8.5), (8.2, 7.5), "per step", "issues", at=(8.95, 8.25))
-    arrow(ax, (8.2, 8.6), (9.7, 6.05), "per step", "operands by\ndescriptor", at=(8.95, 7.35))
-    arrow(ax, (8.2, 6.9), (9.7, 6.0), "per step")
-    arrow(ax, (9.7, 2.3), (8.2, 5.1), "sync", "9: arrive", at=(8.95, 4.85), ls="--")
-    arrow(ax, (9.7, 4.8), (8.2, 3.95), "sync", "4: store", at=(9.0, 4.5))
-    arrow(ax, (8.2, 3.25), (9.7, 3.8), "sync", "6: read", at=(8.95, 3.25))
-    arrow(ax, (9.7, 2.7), (3.1, 2.7), "per step", "8: red.global.add.v2.f32 into the accumulator", at=(6.0, 2.5))
-    arrow(ax, (9.7, 1.2), (3.1, 1.2), "end", "after the last step", at=(6.0, 1.2))
-    smem_strip(ax, 64, -0.45)
-    smem_strip(ax, 128, -1.75)
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in REGION_COLORS.items()], loc="lower center",
-              bbox_to_anchor=(0.5, -0.06), ncol=8, fontsize=8.5, frameon=False)
-    ax.set_title("The backward on Hopper, one key tile per block (kernels/v8_backward.cu, flash_bwd_ws); below: "
-                 "its shared memory to scale", fontsize=12.5, loc="left")
-    return show_or_return(fig, show)
-
-
-FIGURES = {"hopper_backward_dataflow": fig_dataflow}
-
-
-if __name__ == "__main__":
-    raise SystemExit(figure_files.main("python -m flashattn.book.backward_hopper", __doc__, FIGURES, FOLDER))
