@@ -102,3 +102,23 @@ def test_table_and_excerpt():
 def test_unknown_kernel_names_the_kernels():
     with pytest.raises(ValueError, match="flash_v4_kernel"):
         sass.function("v4", "no such kernel")
+
+
+def test_wgmma_windows_count_every_depth_of_the_opcode():
+    """Instruction texts and cuobjdump's SASS (offsets, predicates, encoding lines) give the same windows; a
+    window opens at 'one group left' (0x1), closes at 'none left' (0x0), and one left open is not counted."""
+    texts = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT", "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+             "MUFU.EX2 R1, R1", "@!P0 MUFU.EX2 R2, R2", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R3, R3",
+             "WARPGROUP.DEPBAR.LE gsb0, 0x1", "STS.64 [R2+0x28400], R152", "STS [R11+UR7], R216",
+             "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR8+0x30428], RZ", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+             "WARPGROUP.DEPBAR.LE gsb0, 0x1", "REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R8"]
+    dump = "".join(f"        /*{16 * k:04x}*/                   {t} ;   /* 0x000fe20000000800 */\n"
+                   f"                                                     /* 0x000fc40000000000 */\n"
+                   for k, t in enumerate(texts))
+    for windows in (sass.wgmma_windows(texts), sass.wgmma_windows(dump)):
+        assert len(windows) == 2
+        first, second = windows
+        assert first == {"MUFU": 2, "MUFU.EX2": 2}
+        assert (second["STS"], second["STS.64"], second["SYNCS"], second["SYNCS.ARRIVE"], second["REDG"]) == \
+            (2, 1, 1, 1, 0)
+        assert second["SYNCS.ARRIVE.TRANS64.A1T0"] == 1 and second["BRA"] == 0

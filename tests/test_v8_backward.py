@@ -82,21 +82,9 @@ def waits(text: str) -> list[int]:
 def windows(text: str) -> list[dict[str, int]]:
     """Per wait for one group of two (DEPBAR.LE 0x1), what runs before the wait for the last (0x0): the
     exponentials (MUFU.EX2), global reductions (REDG), shared-memory stores (STS), mbarrier operations
-    (SYNCS) and branches ptxas scheduled while a product was in flight."""
-    out, inside = [], None
-    for line in text.splitlines():
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-            inside = {"EX2": 0, "REDG": 0, "STS": 0, "SYNCS": 0, "BRA": 0}
-        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
-            out.append(inside)
-            inside = None
-        elif inside is not None:
-            inside["EX2"] += "MUFU.EX2" in line
-            inside["REDG"] += bool(re.search(r"\bREDG\b", line))
-            inside["STS"] += bool(re.search(r"\bSTS\b", line))
-            inside["SYNCS"] += "SYNCS" in line
-            inside["BRA"] += bool(re.search(r"\bBRA\b", line))
-    return out
+    (SYNCS) and branches ptxas scheduled while a product was in flight (flashattn.measure.sass.wgmma_windows)."""
+    return [{"EX2": w["MUFU.EX2"], "REDG": w["REDG"], "STS": w["STS"], "SYNCS": w["SYNCS"], "BRA": w["BRA"]}
+            for w in sass_tools.wgmma_windows(text)]
 
 
 def head_dim(kernel: str) -> int:

@@ -27,7 +27,7 @@ BOOK = REPO_ROOT / "book"
 # the main path of a kernel chapter, read in one sitting
 PROSE_BUDGET = 3000
 OUTPUT_BUDGET = 2000
-KERNEL_CHAPTERS = ("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "backward", "decoding")
+KERNEL_CHAPTERS = ("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "backward", "backward_hopper", "decoding")
 
 _PATH_ARGUMENT = {"figure", "image", "literalinclude", "include"}   # their argument is a file, not read
 _FENCE = re.compile(r"^(`{3,}|:{3,})\s*\{(\w[\w-]*)\}")

@@ -153,9 +153,7 @@ class Function:
 def find_tool(name: str = "nvdisasm") -> str | None:
     """Path of a CUDA binary tool (nvdisasm, cuobjdump): $CUDA_HOME/bin, PATH, /usr/local/cuda/bin, the
     triton wheel's bundled copy, then the nvidia-cuda-* pip packages. None when there is none."""
-    places = []
-    if os.environ.get("CUDA_HOME"):
-        places.append(Path(os.environ["CUDA_HOME"]) / "bin" / name)
+    places = [Path(os.environ["CUDA_HOME"]) / "bin" / name] if os.environ.get("CUDA_HOME") else []
     if found := shutil.which(name):
         places.append(Path(found))
     places.append(Path("/usr/local/cuda/bin") / name)
@@ -360,8 +358,23 @@ def register_moves(lines: list[str]) -> dict[str, list[int]]:
     return moves
 
 
+def wgmma_windows(lines) -> list[Counter]:
+    """Per stretch from WARPGROUP.DEPBAR.LE gsb0, 0x1 to the next 0x0 (one wgmma group still in flight), its
+    instructions by opcode at every depth ("MUFU", "MUFU.EX2"); `lines`: texts, or cuobjdump's SASS as a string."""
+    out, inside = [], None
+    for line in lines.splitlines() if isinstance(lines, str) else lines:
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            inside = Counter()
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
+            out.append(inside)
+            inside = None
+        elif inside is not None and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
+            inside.update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
+    return out
+
+
 def texts(fn: Function) -> list[str]:
-    """The instruction texts of a disassembled function, in order (for overlap_windows, register_moves)."""
+    """The instruction texts of a disassembled function, in order (for the three functions above)."""
     return [i.text for i in fn.instructions]
 
 

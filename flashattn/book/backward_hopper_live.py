@@ -1,0 +1,118 @@
+"""The live cells of "The backward on Hopper" (book/backward_hopper.ipynb). On a Hopper GPU (compute capability 9.0)
+they run kernels/v8_backward.cu now; anywhere else each prints one line saying that it needs one, and the page
+shows no number in its place: none of these cells has been run for the book yet.
+
+- `correctness`: dq, dk, dv against float64 at odd shapes, grouped heads, causal and a window, beside the error of
+  PyTorch's SDPA backward on the same bf16 inputs, and the deterministic mode run twice (bit for bit the same?);
+- `timing`: the backward alone at V6's four target configurations, in one interleaved run per configuration, every
+  column through torch.autograd.grad on the output of its own forward (flashattn.measure.backward.backward_call):
+  V8 trained on this kernel, by default and deterministic, V6 (its backward, both dQ paths), cuDNN and
+  FlashAttention-4; every column with the same host slack and L2 flush.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from flashattn import reference
+from flashattn.autograd import attention, forward_module
+from flashattn.book.notebook import gpu, md
+from flashattn.loader import build
+from flashattn.measure.backward import backward_call, backward_flops
+from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.validate import check_inputs
+
+NEEDS = ("Needs a Hopper GPU (compute capability 9.0), which this machine does not have: kernels/v8_backward.cu "
+         "is built for sm_90a, and this page shows no {what} until a Hopper GPU runs this cell.")
+# (name, B, H, H_kv, M, N, D, causal, window): tiles cut at both ends, M != N, both head dims, grouped heads
+CASES = (
+    ("odd sizes, M < N", 2, 3, 3, 113, 203, 128, False, (-1, -1)),
+    ("causal, one key tile short of a whole one", 2, 4, 4, 1025, 1025, 64, True, (-1, -1)),
+    ("grouped heads 8 / 2, causal, M ≠ N", 1, 8, 2, 1023, 1025, 128, True, (-1, -1)),
+    ("sliding window (100, 50), grouped heads", 2, 4, 2, 300, 517, 64, False, (100, 50)),
+)
+# V6's backward targets (flashattn.book.backward_steps.TARGETS): B, H, M = N, D, causal
+TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64, True), (2, 16, 8192, 128, True))
+# column -> flashattn.measure.backward's name (None: v8_deterministic_call, which backward_call has no name for)
+COLUMNS = {"v8_backward": "v8_backward", "v8_backward, deterministic": None, "v6": "v6",
+           "v6_deterministic": "v6_deterministic", "cuDNN": "sdpa_cudnn", "FA4": "fa4"}
+
+
+def hopper() -> bool:
+    return gpu() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@functools.cache
+def module():
+    """kernels/v8_backward.cu built as the loader builds it (sm_90a, its `backward` binding)."""
+    return build("v8_backward", archs=["9.0a"], functions=("backward",))
+
+
+def inputs(B, H, H_kv, M, N, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (torch.randn(B, H, M, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, H_kv, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v, do
+
+
+def v8_deterministic_call(q, k, v, do, causal: bool = False):
+    """backward_call("v8_backward", ...) with deterministic=True, which that name does not pass on: V8's forward
+    once, then every call torch.autograd.grad through kernels/v8_backward.cu's deterministic mode."""
+    check_inputs(q, k, v, "v8", causal)
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    o = attention(q, k, v, causal=causal, version="v8", deterministic=True, backward="v8_backward")
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+
+def correctness(cases=CASES):
+    """Relative errors of dq / dk / dv against float64 (flashattn.reference.attention_gradients), ours and SDPA's,
+    and whether two runs of the deterministic mode agree bit for bit (and its dq's error)."""
+    if not hopper():
+        print(NEEDS.format(what="gradient errors"))
+        return None
+    lines = ["| case | B, H / H_kv, M, N, D | ours: dq / dk / dv | SDPA: dq / dk / dv | deterministic: twice the "
+             "same bits; its dq |", "|---|---|--:|--:|--:|"]
+    for n, (name, B, H, H_kv, M, N, D, causal, window) in enumerate(cases):
+        q, k, v, do = inputs(B, H, H_kv, M, N, D, seed=n)
+        o, lse = forward_module("v8").forward_lse(q, k, v, causal, None, *window)
+        ours = module().backward(q, k, v, o, lse, do, causal, False, None, *window)
+        det = [module().backward(q, k, v, o, lse, do, causal, True, None, *window) for _ in range(2)]
+        ref = reference.attention_gradients(q, k, v, do, causal, window=window)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        theirs = torch.autograd.grad(reference.sdpa(*leaves, causal, window=window), leaves, do)
+        cells = [" / ".join(f"{reference.relative_error(g, r):.1e}" for g, r in zip(got, ref))
+                 for got in (ours, theirs)]
+        same = "yes" if all(torch.equal(a, b) for a, b in zip(*det)) else "**no**"
+        lines.append(f"| {name} | {B}, {H} / {H_kv}, {M}, {N}, {D} | {cells[0]} | {cells[1]} | {same}; "
+                     f"{reference.relative_error(det[0][0], ref[0]):.1e} |")
+    return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16 inputs, o and lse from "
+              "V8's forward_lse; relative error: the norm of the difference over the norm of the float64 gradient.")
+
+
+def timing(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int = 10, max_seconds: float = 1.5,
+           host_slack_us: float = 1000.0):
+    """Backward times (median µs) and TFLOP/s (flashattn.measure.backward.backward_flops), one interleaved run per
+    configuration, every column a torch.autograd.grad call; a column that cannot run here holds its reason."""
+    if not hopper():
+        print(NEEDS.format(what="backward times"))
+        return None
+    lines = ["| B, H, M = N, D | causal | " + " | ".join(f"{c}: µs (TFLOP/s)" for c in COLUMNS) +
+             " | v6 / v8_backward |", "|---|---|" + "--:|" * (len(COLUMNS) + 1)]
+    for B, H, L, D, causal in targets:
+        q, k, v, do = inputs(B, H, H, L, L, D)
+        calls = {c: guarded(backward_call, name, q, k, v, do, causal) if name else
+                 guarded(v8_deterministic_call, q, k, v, do, causal) for c, name in COLUMNS.items()}
+        timed = time_interleaved({n: (fn, contextlib.nullcontext) for n, fn in calls.items()}, warmup=warmup,
+                                 repetitions=repetitions, rounds=rounds, max_seconds=max_seconds,
+                                 host_slack_us=host_slack_us)
+        us = {n: t.summary()["median_us"] for n, t in timed.items() if not isinstance(t, Exception)}
+        flops = backward_flops(B, H, L, L, D, causal)
+        cells = [f"{us[c]:,.1f} ({flops / us[c] / 1e6:,.0f})" if c in us else f"not run: {timed[c]}" for c in COLUMNS]
+        ratio = f"{us['v6'] / us['v8_backward']:.2f}×" if {"v6", "v8_backward"} <= set(us) else "—"
+        lines.append(f"| {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | " + " | ".join(cells) + f" | {ratio} |")
+    return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16, every column "
+              "torch.autograd.grad on its own forward's output: CUDA events, L2 flushed before every call, "
+              f"{host_slack_us:.0f} µs of host slack for every column, interleaved rounds, the median. "
+              "v6 / v8_backward: above 1, this kernel is faster.")
