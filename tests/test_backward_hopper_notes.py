@@ -187,8 +187,12 @@ def test_writer_lines_hold_both_modes(D):
     L = notes.layout(D)
     lines = notes.writer_lines(D).splitlines()
     assert lines[0].startswith("SYNCS.PHASECHK") and f"{L['BAR_OFF'] + 8 * (1 + 2 * L['STAGES']):#x}]" in lines[0]
-    assert lines[-1].startswith("SYNCS.ARRIVE") and f"{L['BAR_OFF'] + 8 * (2 + 2 * L['STAGES']):#x}]" in lines[-1]
     ops = [line.split("//")[1].strip() for line in lines]
+    freed = next(k for k, line in enumerate(lines) if f"{L['BAR_OFF'] + 8 * (2 + 2 * L['STAGES']):#x}]" in line)
+    assert lines[freed].startswith("SYNCS.ARRIVE") and ops[freed - 1] == "cp.async.bulk.wait_group.read", \
+        "the image goes back to the consumers once the copy engine has read it"
+    assert ops[-1] == "red.release.gpu.global.add.s32" and "cp.async.bulk.wait_group" in ops[freed:], \
+        "the turn passes on only after the additions have landed"
     assert ops.count("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32") == 1
     for ptx in ("ld.acquire.gpu.global.s32", "red.release.gpu.global.add.s32", "cp.async.bulk.wait_group",
                 "cp.async.bulk.wait_group.read", "fence.proxy.async.global"):

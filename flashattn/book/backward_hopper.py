@@ -274,13 +274,15 @@ WRITER_OPS = ("SYNCS", "LDG", "FENCE", "UBLKRED", "DEPBAR", "MEMBAR", "REDG")
 
 
 def writer_lines(D: int = 128) -> str:
-    """The dQ writer's loop in the default build's SASS: from its wait on dq_full to its arrival on dq_empty,
-    the instructions that wait, order or move memory (WRITER_OPS), with their source lines."""
+    """The dQ writer's loop in the default build's SASS: from its wait on dq_full, past its arrival on
+    dq_empty, to the deterministic mode's release of the turn, the instructions that wait, order or move
+    memory (WRITER_OPS), with their source lines."""
     L = layout(D)
     fn = sass.function(KERNEL, kernel_name(D))
     full, empty = (f"{L['BAR_OFF'] + 8 * (1 + 2 * L['STAGES'] + k):#x}]" for k in (0, 1))
     start = next(k for k, i in enumerate(fn.instructions) if i.suffix.startswith(".PHASECHK") and full in i.operands)
-    end = next(k for k in range(start, len(fn.instructions)) if empty in fn.instructions[k].operands)
+    freed = next(k for k in range(start, len(fn.instructions)) if empty in fn.instructions[k].operands)
+    end = next(k for k in range(freed, len(fn.instructions)) if fn.instructions[k].opcode == "REDG")
     return "\n".join(f"{i.text:<58} // {_ptx(i.line)}" for i in fn.instructions[start:end + 1]
                      if i.opcode in WRITER_OPS)
 
