@@ -42,7 +42,7 @@ from flashattn.versions import INFO
 __all__ = ["attention_varlen", "check_varlen", "single_launch"]
 
 
-def _check_packed(arg: str, t, heads_from=None) -> None:
+def _check_packed(arg: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{arg} must be a torch.Tensor; got {type(t).__name__}")
     if t.dim() != 3:
@@ -76,9 +76,11 @@ def _check_cu(arg: str, cu, total: int, batch: int | None, validate: bool = True
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
-                 window=(-1, -1), version="v8", validate=True) -> tuple[list[int] | None, list[int] | None]:
+                 window=(-1, -1), version="v8", validate=True) -> tuple[list[int] | None, list[int] | None,
+                                                                         tuple[int, int]]:
     """Check a varlen call before any launch; return the two lists of sequence bounds (host ints), or with
-    validate=False (no look at the lengths' values, no copy to the host) (None, None)."""
+    validate=False (no look at the lengths' values, no copy to the host) None for both, and the window as
+    check_window returns it."""
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool; got {type(validate).__name__}")
     if version not in TRAINING_VERSIONS:
@@ -102,7 +104,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     check_scale(scale, version)
-    check_window(window, causal, version)
+    window = check_window(window, causal, version)
     bounds_q = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, validate)
     bounds_k = _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], cu_seqlens_q.numel() - 1, validate)
     for arg, given, bounds in (("max_seqlen_q", max_seqlen_q, bounds_q), ("max_seqlen_k", max_seqlen_k, bounds_k)):
@@ -114,7 +116,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             raise ValueError(f"{arg} must be a CUDA tensor; got a tensor on {t.device}")
         if t.device != q.device:
             raise ValueError(f"{arg} must be on q's device {q.device}; got {t.device}")
-    return bounds_q, bounds_k
+    return bounds_q, bounds_k, window
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -125,11 +127,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     version="v8": one launch for the forward (the lengths read on the GPU; validate=False: no copy to the
     host at all), the backward one call of v8's backward kernel per sequence. v6, v7: a kernel call per
     sequence, forward and backward."""
-    bounds_q, bounds_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                      scale, window, version, validate)
+    bounds_q, bounds_k, window = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                              causal, scale, window, version, validate)
     if version == "v8":
-        return single_launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale,
-                             check_window(window, causal, version), deterministic)
+        return single_launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, window,
+                             deterministic)
     if bounds_q is None:                      # the per-sequence path cuts the batch on the host
         bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs = []

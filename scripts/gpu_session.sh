@@ -44,7 +44,10 @@ if [ -d .whl ]; then
   python3 -m ipykernel install --prefix /tmp/site --name python3 >/dev/null 2>&1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-fa4_path() { [ -d /tmp/fa4site/flash_attn ] && export PYTHONPATH=$PYTHONPATH:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages; }
+fa4_path() {   # PYTHONPATH gains the staged FlashAttention-4 once, however often this runs
+  [ -d /tmp/fa4site/flash_attn ] || return 1
+  case ":$PYTHONPATH:" in *:/tmp/fa4site:*) ;; *) export PYTHONPATH=$PYTHONPATH:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages ;; esac
+}
 fa4_path   # staged by an earlier call on this warm machine
 # inside the tree's ignored build/ folder: a warm machine keeps it from one call to the next
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/build/torch_ext}

@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 import pytest
-from test_window_bounds import band, visible
+from test_window_bounds import band, v8_unmasked, visible
 
 from flashattn.loader import KERNELS_DIR
 
@@ -132,13 +132,8 @@ def tile_masked(it, t, CAUSAL, BR, BC):
     """Whether key tile t of the item runs the mask: [first_unmasked, first_masked) runs without it, in the
     overlapped loops (tile 0: Checked; then the Masked loop left of the window, Unmasked, Masked) and in
     the Checked loop alike."""
-    m0, M, N, lo, hi, kt0 = it["m0"], it["M"], it["N"], it["lo"], it["hi"], it["kt0"]
-    first_masked, first_unmasked = N // BC, 0
-    if CAUSAL:
-        seen = m0 + hi + 1
-        first_masked = min(first_masked, 0 if seen <= 0 else seen // BC) - kt0
-        first_key = min(m0 + BR, M) - 1 + lo
-        first_unmasked = 0 if first_key <= 0 else (first_key + BC - 1) // BC - kt0
+    first_unmasked, first_masked = v8_unmasked(it["M"], it["N"], it["lo"], it["hi"], CAUSAL, it["m0"], it["kt0"],
+                                               BR, BC)
     return t >= first_masked or t < first_unmasked
 
 

@@ -125,8 +125,8 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
 def main(argv=None) -> int:
     args = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
                         repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
-                        slack_help="; ours loops over the sequences in Python, so the default is longer than "
-                                   "the other benches'").parse_args(argv)
+                        slack_help="; ours' backward (and v6's, v7's forward) loops over the sequences in Python, "
+                                   "so the default is longer than the other benches'").parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
     write_record(args, argv, "varlen.json",
