@@ -18,6 +18,6 @@ $PY -m flashattn.measure.table $R/bench_v7.json --compare v7 v6 sdpa_cudnn sdpa_
 $PY -m flashattn.measure.table $R/bench_v8.json --compare v8 sdpa v7 v6 sdpa_flash --tflops --update-readme README.md
 $PY -m flashattn.measure.table $R/bench_peers.json --compare v8 fa4 sdpa_cudnn sdpa_flash v7 v6 --tflops \
     --block peers-table --update-readme README.md
-$PY -m flashattn.measure.table $R/bench_backward.json --compare v6 v6_deterministic sdpa_flash sdpa_cudnn fa4 sdpa --tflops \
+$PY -m flashattn.measure.table $R/bench_backward.json --compare v8_backward v8_backward_deterministic v6 fa4 sdpa_cudnn sdpa_flash --tflops \
     --block backward-table --update-readme README.md
 $PY -m flashattn.measure.decode_bench --out $R --update-readme README.md

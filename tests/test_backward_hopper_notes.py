@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 from collections import Counter
 
 import nbformat
@@ -32,12 +33,14 @@ import torch
 from flashattn.book import backward_hopper as notes
 from flashattn.book import backward_hopper_figure as figure
 from flashattn.book import backward_hopper_live as live
-from flashattn.book import figure_files, words
+from flashattn.book import backward_hopper_profile as profile
+from flashattn.book import figure_files, records, words
 from flashattn.loader import REPO_ROOT, source
 from flashattn.measure import sass
 from flashattn.measure.backward import BACKWARD_NAMES
 
 PAGE = REPO_ROOT / "book" / "backward_hopper.ipynb"
+LAB = REPO_ROOT / "book" / "backward_hopper_lab.ipynb"
 needs_tools = pytest.mark.skipif(sass.tool_missing_reason() is not None, reason=str(sass.tool_missing_reason()))
 
 
@@ -296,7 +299,7 @@ def excerpt_calls(cells) -> list[tuple[str, tuple]]:
 def test_every_excerpt_marker_exists():
     calls = excerpt_calls(book().cells)
     assert len(calls) >= 6
-    for name, args in calls:
+    for name, args in calls + excerpt_calls(nbformat.read(LAB, as_version=4).cells):
         assert getattr(notes, name)(*args).strip()
 
 
@@ -309,8 +312,9 @@ def test_page_within_budget_and_shaped_like_a_kernel_chapter():
     assert builds and any("load_inline(" in "".join(o.get("text", "")) for c in builds for o in c.outputs)
     text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
     assert "## Exercises" in text and len(re.findall(r"\{dropdown\}\s*Solution", text)) >= 3
-    assert "(backward.ipynb)" in text and "(v8.ipynb)" in text
-    assert "not measured yet" in text and "not been timed" in text
+    assert "(backward.ipynb)" in text and "(v8.ipynb)" in text and "(backward_hopper_lab.ipynb" in text
+    sources = [c.source for c in cells if c.cell_type == "code"]
+    assert any("profile.pair_table()" in s for s in sources) and any("profile.stall_pair()" in s for s in sources)
 
 
 def test_page_follows_the_backward_chapter_in_the_toc():
@@ -320,7 +324,7 @@ def test_page_follows_the_backward_chapter_in_the_toc():
 
 def test_gpu_cells_store_the_refusal_or_a_measurement():
     live_cells = [c for c in book().cells if c.cell_type == "code" and "live." in c.source]
-    assert len(live_cells) == 2
+    assert len(live_cells) == 3
     for c in live_cells:
         stored = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/markdown", ""))
                          for o in c.outputs)
@@ -330,12 +334,30 @@ def test_gpu_cells_store_the_refusal_or_a_measurement():
 def test_timing_columns_are_the_benchmarks_names():
     names = [n for n in live.COLUMNS.values() if n is not None]
     assert set(names) <= set(BACKWARD_NAMES) and len(names) == len(live.COLUMNS) - 1
-    assert {"v6", "v6_deterministic", "v8_backward", "sdpa_cudnn", "fa4"} == set(names)
+    assert {"v6", "v8_backward", "sdpa_cudnn", "fa4"} == set(names)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0),
                     reason="a Hopper GPU runs these cells for real")
 def test_live_cells_say_they_need_a_hopper(capsys):
-    assert live.correctness() is None and live.timing() is None
+    assert live.correctness() is None and live.timing() is None and live.dq_step() is None
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and all(line.startswith("Needs a Hopper GPU") for line in out)
+    assert len(out) == 3 and all(line.startswith("Needs a Hopper GPU") for line in out)
+
+
+def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):
+    """The tables set two reports side by side (here two copies of V6's committed backward report under the
+    names the chapter reads), and say what is missing while a report is not recorded."""
+    monkeypatch.setattr(records, "RESULTS", tmp_path)
+    assert "Not recorded yet" in profile.pair_table().data and "Not recorded yet" in profile.stall_pair().data
+    if not records.ncu_report_importable():
+        pytest.skip("ncu_report is not installed (pip install ncu-report)")
+    for name in profile.PAIR:
+        shutil.copy(REPO_ROOT / "results" / "h200" / "flash_v6_backward_s2048_profile.ncu-rep",
+                    records.report_path(name, profile.SHAPE["seq_len"]))
+    table = profile.pair_table().data.splitlines()
+    assert table[0].count("|") == 4 and len(table) >= 2 + len(profile.ROWS) - 1
+    assert all(row.count("|") == 4 for row in table[2:] if row.startswith("|"))
+    stalls = profile.stall_pair().data.splitlines()
+    rows = [r for r in stalls[2:] if r.startswith("|")]
+    assert rows and all(r.split("|")[2] == r.split("|")[3] for r in rows)      # the same report twice

@@ -13,7 +13,7 @@ BOOK = words.BOOK
 # the chapter -> the kernel file its build cell writes out
 BUILDS = {"v0": "v0", "v1": "v1", "v2": "v2", "v3": "v3", "v4": "v4", "v5": "v5", "v6": "v6", "v7": "v7",
           "v8": "v8", "backward": "v6_backward", "backward_hopper": "v8_backward", "decoding": "decode"}
-LAB_PAGES = ("v5", "v6", "v7", "v8", "backward", "decoding")
+LAB_PAGES = ("v5", "v6", "v7", "v8", "backward", "backward_hopper", "decoding")
 
 
 @pytest.mark.parametrize("chapter", words.KERNEL_CHAPTERS)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.measure import ncu, ncu_pages, ncu_tables
+from flashattn.measure import ncu, ncu_pages, ncu_tables, profile
+from flashattn.measure.backward import BACKWARD_NAMES
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 # the reports of `python -m flashattn.measure.profile`, which saves ncu's pages next to each; other tools' reports
@@ -207,3 +208,17 @@ def test_recorded_dq_profile_backs_the_backward_chapter():
 
     assert long_scoreboard(pages["v6_layout2_bulk"]) < 0.25 * long_scoreboard(pages["v6_layout2"])
     assert not any(r["Source"].lstrip().startswith("REDG") for r in pages["v6_layout2_bulk"])
+
+
+def test_every_backward_file_profiles_its_dk_dv_kernel():
+    """`python -m flashattn.measure.profile v6_backward` / `v8_backward`: ncu's filter names a kernel that the
+    file declares, and the gradient call of the Hopper backward is the one that trains V8 on it."""
+    assert set(profile.BACKWARD) == {"v6_backward", "v8_backward"}
+    for file, (_, kernel) in profile.BACKWARD.items():
+        assert kernel in profile.kernel_names(file), (file, kernel)
+        assert profile.kernel_filter(file) == "regex:" + kernel
+        assert profile.default_dtype(file) == "bfloat16"
+    assert "v8_backward" in BACKWARD_NAMES and "v6_backward" not in BACKWARD_NAMES
+    name, regex = profile.PEER_BACKWARD["fa4_backward"]
+    assert name in BACKWARD_NAMES and profile.kernel_filter("fa4_backward") == regex
+    assert profile.refusal("fa4_backward") is None and "fa4_backward" in profile.refusal("nope")

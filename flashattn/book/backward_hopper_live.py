@@ -1,13 +1,16 @@
 """The live cells of "The backward on Hopper" (book/backward_hopper.ipynb). On a Hopper GPU (compute capability 9.0)
-they run kernels/v8_backward.cu now; anywhere else each prints one line saying that it needs one, and the page
-shows no number in its place: none of these cells has been run for the book yet.
+they run kernels/v8_backward.cu now; anywhere else each prints one line saying that it needs one and shows no
+number (the book's page keeps the output of their run on an H200).
 
 - `correctness`: dq, dk, dv against float64 at odd shapes, grouped heads, causal and a window, beside the error of
   PyTorch's SDPA backward on the same bf16 inputs, and the deterministic mode run twice (bit for bit the same?);
 - `timing`: the backward alone at V6's four target configurations, in one interleaved run per configuration, every
   column through torch.autograd.grad on the output of its own forward (flashattn.measure.backward.backward_call):
-  V8 trained on this kernel, by default and deterministic, V6 (its backward, both dQ paths), cuDNN and
-  FlashAttention-4; every column with the same host slack and L2 flush.
+  V8 trained on this kernel, by default and deterministic, V6 (its backward), cuDNN and FlashAttention-4; every
+  column with the same host slack and L2 flush;
+- `dq_step`: the step from the first version's dQ (V8B_DQ_BULK=0: red.global from every consumer thread) to the
+  bulk reduction, and the deterministic mode on it: the kernel file called directly on the same o and lse, every
+  column alike, one interleaved run per configuration.
 """
 from __future__ import annotations
 
@@ -36,8 +39,8 @@ CASES = (
 # V6's backward targets (flashattn.book.backward_steps.TARGETS): B, H, M = N, D, causal
 TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64, True), (2, 16, 8192, 128, True))
 # column -> flashattn.measure.backward's name (None: v8_deterministic_call, which backward_call has no name for)
-COLUMNS = {"v8_backward": "v8_backward", "v8_backward, deterministic": None, "v6": "v6",
-           "v6_deterministic": "v6_deterministic", "cuDNN": "sdpa_cudnn", "FA4": "fa4"}
+COLUMNS = {"v8_backward": "v8_backward", "v8_backward, deterministic": None, "v6": "v6", "cuDNN": "sdpa_cudnn",
+           "FA4": "fa4"}
 
 
 def hopper() -> bool:
@@ -45,9 +48,13 @@ def hopper() -> bool:
 
 
 @functools.cache
-def module():
-    """kernels/v8_backward.cu built as the loader builds it (sm_90a, its `backward` binding)."""
-    return build("v8_backward", archs=["9.0a"], functions=("backward",))
+def module(dq_atomics: bool = False):
+    """kernels/v8_backward.cu built as the loader builds it (sm_90a, its `backward` binding); dq_atomics: the
+    first version's dQ path (-DV8B_DQ_BULK=0), under the name tests/test_v8_backward.py gives that build."""
+    if not dq_atomics:
+        return build("v8_backward", archs=["9.0a"], functions=("backward",))
+    return build("v8_backward", extra_cuda_cflags=["-DV8B_DQ_BULK=0"], archs=["9.0a"], functions=("backward",),
+                 module_name="flashattn_v8_backward_dq_atomics")
 
 
 def inputs(B, H, H_kv, M, N, D, seed=0):
@@ -116,3 +123,31 @@ def timing(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int
               "torch.autograd.grad on its own forward's output: CUDA events, L2 flushed before every call, "
               f"{host_slack_us:.0f} µs of host slack for every column, interleaved rounds, the median. "
               "v6 / v8_backward: above 1, this kernel is faster.")
+
+
+def dq_step(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int = 10, max_seconds: float = 1.5,
+            host_slack_us: float = 1000.0):
+    """Median µs of the kernel file's `backward` (pre-pass, dK/dV kernel, dQ conversion) in three builds and
+    modes, called directly on the same o and lse from V8's forward: red.global dQ, the bulk reduction, and the
+    bulk reduction in deterministic mode."""
+    if not hopper():
+        print(NEEDS.format(what="dQ-step times"))
+        return None
+    steps = {"red.global (V8B_DQ_BULK=0)": (True, False), "bulk reduction (default)": (False, False),
+             "bulk, deterministic": (False, True)}
+    lines = ["| B, H, M = N, D | causal | " + " | ".join(f"{c}: µs" for c in steps) + " | red.global / bulk | "
+             "deterministic / bulk |", "|---|---|" + "--:|" * (len(steps) + 2)]
+    for B, H, L, D, causal in targets:
+        q, k, v, do = inputs(B, H, H, L, L, D)
+        o, lse = forward_module("v8").forward_lse(q, k, v, causal, None, -1, -1)
+        calls = {name: functools.partial(module(atomics).backward, q, k, v, o, lse, do, causal, det, None, -1, -1)
+                 for name, (atomics, det) in steps.items()}
+        timed = time_interleaved({n: (fn, contextlib.nullcontext) for n, fn in calls.items()}, warmup=warmup,
+                                 repetitions=repetitions, rounds=rounds, max_seconds=max_seconds,
+                                 host_slack_us=host_slack_us)
+        us = [timed[n].summary()["median_us"] for n in steps]
+        lines.append(f"| {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | " + " | ".join(f"{t:,.1f}" for t in us) +
+                     f" | {us[0] / us[1]:.2f}× | {us[2] / us[1]:.2f}× |")
+    return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16: CUDA events, L2 "
+              f"flushed before every call, {host_slack_us:.0f} µs of host slack, interleaved rounds, the median. "
+              "Ratios above 1: the bulk reduction is faster.")

@@ -30,8 +30,7 @@ def md(text: str):
 NO_GPU = "No CUDA GPU on this machine: {what} recorded on the H200 are shown instead."
 
 
-LIVE_ONLY = ("No CUDA GPU on this machine: this experiment runs live only; the book's pages show the output "
-             "of its run on the H200.")
+LIVE_ONLY = "No CUDA GPU on this machine: this experiment runs live only, so it shows nothing here."
 
 
 def setup() -> None:
@@ -48,8 +47,8 @@ def setup() -> None:
         print(f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs), torch {torch.__version__}: "
               f"cells run live.")
     else:
-        print(f"No CUDA GPU (torch {torch.__version__}): kernels are compiled; recorded H200 figures stand in "
-              f"for live runs.")
+        print(f"No CUDA GPU (torch {torch.__version__}): kernels are compiled; cells that need a GPU say so, and "
+              f"recorded H200 results are read from results/h200.")
 
 
 def _dtypes(i) -> str:

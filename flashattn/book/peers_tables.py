@@ -86,10 +86,12 @@ def sequence_table(path: Path = PEERS_SEQ):
     return md(table + "\n\nbfloat16. " + _method(path))
 
 
-def backward_table(path: Path = BACKWARD):
-    """The backward (dQ, dK, dV given dO, through torch.autograd.grad for every column) of V6 (which V7 and V8
-    train on) against cuDNN, FlashAttention-2 and FlashAttention-4."""
-    table = ratio_table(path, "v6", ("fa4", "sdpa_cudnn", "sdpa_flash", "v6_deterministic"))
+def backward_table(path: Path = BACKWARD, ours: str = "v6",
+                   peers=("fa4", "sdpa_cudnn", "sdpa_flash", "v6_deterministic")):
+    """The backward (dQ, dK, dV given dO, through torch.autograd.grad for every column) of `ours` against
+    `peers`: by default V6 (which V7 and V8 train on unless told otherwise) against cuDNN, FlashAttention-2
+    and FlashAttention-4."""
+    table = ratio_table(path, ours, peers)
     if table is None:
         return md("*Not recorded yet: `results/h200/bench_backward.json` (`scripts/record_h200.sh OUT backward`).*")
     return md(table + "\n\nbfloat16, FLOPs 2.5 × the forward's. " + _method(path))

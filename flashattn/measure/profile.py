@@ -1,8 +1,9 @@
 """Nsight Compute profile of one fused kernel: `python -m flashattn.measure.profile VERSION [options]`.
 
 VERSION is a fused version (one kernel launch per forward: v1 and later), `all` for every one of them, or
-a backward kernel file (`v6_backward`: its main kernel, the one that accumulates dK and dV, profiled in a
-gradient call given dO, after the forward ran once). baseline and v0 launch several kernels, so one
+a backward kernel file (`v6_backward`, `v8_backward`: its main kernel, the one that accumulates dK and dV, profiled in a
+gradient call given dO, after the forward ran once), or `fa4_backward`: FlashAttention-4's main backward
+kernel in its own gradient call, to set beside ours. baseline and v0 launch several kernels, so one
 roofline point or occupancy figure would be ambiguous, and sdpa is PyTorch's kernel rather than this
 project's: passing them is an error that says so.
 
@@ -37,7 +38,7 @@ import torch
 
 import flashattn
 from flashattn.loader import KERNELS_DIR, REPO_ROOT
-from flashattn.measure.backward import backward_call
+from flashattn.measure.backward import BACKWARD_NAMES, backward_call
 from flashattn.measure.ncu import OPTIONAL_METRICS, SHARED, STEP_METRICS
 from flashattn.measure.ncu_pages import raw_values, read_raw_rows
 from flashattn.measure.variants import kernel_of
@@ -48,12 +49,18 @@ BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "Lau
                  "ComputeWorkloadAnalysis", "WarpStateStats")
 TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
-# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects). A file
-# that serves several versions (v6_backward: v6, v7, v8) belongs to the first, whose forward it was written for.
+# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects: the one
+# that accumulates dK and dV). A file that serves several versions (v6_backward: v6, v7, v8) belongs to the
+# first, whose forward it was written for; one a version trains on only when asked (Version.backwards:
+# v8_backward) to the first that can ask, and its gradient call is flashattn.measure.backward's of that name.
+DKDV_KERNEL = {"v6_backward": "bwd_dkdv", "v8_backward": "flash_bwd_ws"}
 BACKWARD: dict[str, tuple[str, str]] = {}
 for _name, _v in INFO.items():
-    if _v.backward:
-        BACKWARD.setdefault(_v.backward, (_name, "bwd_dkdv"))
+    for _file in (_v.backward, *_v.backwards) if _v.backward else ():
+        BACKWARD.setdefault(_file, (_name, DKDV_KERNEL[_file]))
+# A peer's backward, to set beside ours: (its flashattn.measure.backward name, the ncu filter of its main
+# kernel, the one that accumulates dK and dV: FlashAttention-4's sm90 backward class is compiled into it)
+PEER_BACKWARD = {"fa4_backward": ("fa4", "regex:FlashAttentionBackwardSm90")}
 
 
 def owner(version: str) -> str:
@@ -62,13 +69,17 @@ def owner(version: str) -> str:
 
 
 def uses_tensor_cores(version: str) -> bool:
-    """v6 (mma.sync) and the versions versions.py flags with extra={'tensor_cores': True} (v7)."""
+    """v6 (mma.sync) and the versions versions.py flags with extra={'tensor_cores': True} (v7); a peer's backward."""
+    if version in PEER_BACKWARD:
+        return True
     version = owner(version)
     return bool(INFO[version].extra.get("tensor_cores", version == "v6"))
 
 
 def default_dtype(version: str) -> str:
     """bfloat16 for tensor-core kernels (and any version without float32), float32 otherwise."""
+    if version in PEER_BACKWARD:
+        return "bfloat16"
     info = INFO[owner(version)]
     fp32 = any(str(d) == "torch.float32" for d in info.dtypes)
     return "float32" if fp32 and not uses_tensor_cores(version) else "bfloat16"
@@ -76,10 +87,11 @@ def default_dtype(version: str) -> str:
 
 def refusal(version: str) -> str | None:
     """Why `version` cannot be profiled here, or None when it can."""
-    if version in BACKWARD:
+    if version in BACKWARD or version in PEER_BACKWARD:
         return None
     if version not in INFO:
-        return f"unknown VERSION {version!r}; choose all or one of {', '.join(PROFILED + tuple(BACKWARD))}"
+        choices = PROFILED + tuple(BACKWARD) + tuple(PEER_BACKWARD)
+        return f"unknown VERSION {version!r}; choose all or one of {', '.join(choices)}"
     if version == "sdpa" or not INFO[version].kernel and version != "baseline":
         return (f"{version} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
                 f"here; the fused versions are {', '.join(PROFILED)}")
@@ -113,6 +125,8 @@ def kernel_filter(version: str) -> str:
     they are not written for to v2; a backward file: its dK/dV kernel only)."""
     if version in BACKWARD:
         return "regex:" + BACKWARD[version][1]
+    if version in PEER_BACKWARD:
+        return PEER_BACKWARD[version][1]
     names = kernel_names(version) + (kernel_names(INFO[version].fallback) if INFO[version].fallback else [])
     if not names:
         raise SystemExit(f"no __global__ kernel found in {KERNELS_DIR / (version + '.cu')}; pass --kernel-regex")
@@ -287,9 +301,11 @@ def run_target(args) -> int:
     shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-    if args.target in BACKWARD:                    # one dK/dV launch per gradient call
+    if args.target in BACKWARD or args.target in PEER_BACKWARD:   # one dK/dV launch per gradient call
         do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
-        grads = backward_call(owner(args.target), q, k, v, do, args.causal)
+        name = (PEER_BACKWARD[args.target][0] if args.target in PEER_BACKWARD else
+                args.target if args.target in BACKWARD_NAMES else owner(args.target))
+        grads = backward_call(name, q, k, v, do, args.causal)
         for _ in range(args.warmup + 1):
             out = grads()
         torch.cuda.synchronize()
@@ -305,9 +321,10 @@ def run_target(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashattn.measure.profile", description=__doc__.split("\n\n")[0],
                                 epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them); "
-                                       f"backward kernel files: {', '.join(BACKWARD)}")
+                                       f"backward kernel files: {', '.join(BACKWARD)}; a peer's backward: "
+                                       f"{', '.join(PEER_BACKWARD)}")
     p.add_argument("version", nargs="?", metavar="VERSION",
-                   help="all or one of " + ", ".join(PROFILED + tuple(BACKWARD)))
+                   help="all or one of " + ", ".join(PROFILED + tuple(BACKWARD) + tuple(PEER_BACKWARD)))
     p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="input dtype (default: float32; bfloat16 for the tensor-core versions "
