@@ -2,14 +2,15 @@
 // and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). Its first
-// version (now V8B_DQ_BULK=0) on an H200: every GPU test of tests/test_v8_backward.py passed
-// (results/h200/logs/pytest_pending_gpu_rest_f50ce76.log) but racecheck, which the empty barrier's
-// arrivals from every consumer thread then made clean, with memcheck and synccheck; after that change 431
-// of the 432 gradient tests ran, all passing, before the call's time ran out
-// (results/h200/logs/v8_backward_arrive_all_threads.log). The bulk dQ path and the deterministic mode came
-// after those runs and have not run on a GPU. Nothing is timed yet; flashattn trains v7 and v8 on it only
-// when asked (attention(..., backward="v8_backward")).
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200:
+// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
+// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes
+// (results/h200/logs/*_77b169c.log, pytest_backward_fixes_506e705.log; the first version's runs, before the
+// empty barrier took an arrival from every consumer thread: *_f50ce76.log). Timed through autograd beside
+// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json (README: "The backward pass
+// against SDPA's backends and FlashAttention-4"), and profiled beside FlashAttention-4's in
+// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep; the chapter "The backward on Hopper" reads
+// both. flashattn trains v7 and v8 on it only when asked (attention(..., backward="v8_backward")).
 //
 // What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:

@@ -92,9 +92,10 @@ for arg in "$@"; do
     wait; cat "$W"/build_*.log | grep -E "built|FAILED|rror" | head -40 ;;
   tests)  # the JUnit XML lands in results/h200: flashattn.measure.table reads it for the README
     commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
-    $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k "not sanitizer" \
+    # -v names every test as it finishes: a run cut by its limit still says which failed
+    $T python3 -m pytest -v -rfE -p no:cacheprovider -n ${XDIST:-8} tests -k "not sanitizer" \
       --junitxml=results/h200/pytest_junit.xml -o junit_suite_name="flashattn at ${commit:-unknown}" > "$W/pytest.log" 2>&1
-    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40 ;;
+    echo "pytest rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$W/pytest.log" | tail -40 ;;
   suite)  # the GPU is shared by both; nbval checks outputs that do not depend on timings
     commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
     $T python3 -m pytest -q -p no:cacheprovider -n 6 --dist loadfile --nbval-lax book/ > "$W/nbval.log" 2>&1 &

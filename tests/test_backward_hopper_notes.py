@@ -349,7 +349,7 @@ def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):
     """The tables set two reports side by side (here two copies of V6's committed backward report under the
     names the chapter reads), and say what is missing while a report is not recorded."""
     monkeypatch.setattr(records, "RESULTS", tmp_path)
-    assert "Not recorded yet" in profile.pair_table().data and "Not recorded yet" in profile.stall_pair().data
+    assert all("Not recorded yet" in t().data for t in (profile.pair_table, profile.pipe_table, profile.stall_pair))
     if not records.ncu_report_importable():
         pytest.skip("ncu_report is not installed (pip install ncu-report)")
     for name in profile.PAIR:
@@ -360,4 +360,6 @@ def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):
     assert all(row.count("|") == 4 for row in table[2:] if row.startswith("|"))
     stalls = profile.stall_pair().data.splitlines()
     rows = [r for r in stalls[2:] if r.startswith("|")]
-    assert rows and all(r.split("|")[2] == r.split("|")[3] for r in rows)      # the same report twice
+    assert rows and all(r.count("|") == 4 and r.split("|")[2] == r.split("|")[3] for r in rows)   # one report twice
+    pipes = [r for r in profile.pipe_table().data.splitlines()[2:] if r.startswith("|")]
+    assert len(pipes) == len(profile.PIPES) + 1 and all(r.rstrip(" |").endswith(("1.00×", "—")) for r in pipes)

@@ -258,3 +258,11 @@ def test_step_timing_uses_cuda_events_per_attention(data):
     t = tr.time_steps(models, opts, data, cfg, warmup=2, repetitions=6, rounds=2)
     for a in ("sdpa", "flashattn"):
         assert t[a]["calls_timed"] == 6 and 0 < t[a]["min_us"] <= t[a]["median_us"] <= t[a]["max_us"], t[a]
+
+
+def test_the_hopper_backward_is_a_choice_not_a_default():
+    """--attn flashattn_hopper trains on kernels/v8_backward.cu; the default trio and its record stay as they were,
+    and on a CPU tensor it refuses by name before anything runs."""
+    assert "flashattn_hopper" in tm.ATTEND and "flashattn_hopper" not in tm.ATTENTIONS
+    with pytest.raises(ValueError, match="flashattn_hopper"):
+        tm.attend_flashattn_hopper(*(torch.randn(1, 2, 8, 64) for _ in range(3)))

@@ -26,6 +26,10 @@ KERNEL = "v8_backward"
 LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
     "sanitizer_pending_gpu_rest_f50ce76.log", "pytest_pending_gpu_rest_f50ce76.log",
     "v8_backward_arrive_all_threads.log"))
+# the bulk dQ path and the deterministic mode on the H200: the first run (four tests failed, each in the test),
+# the sanitizer run, and the fixed tests
+BULK_LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
+    "pytest_v8_backward_77b169c.log", "sanitizer_v8_backward_77b169c.log", "pytest_backward_fixes_506e705.log"))
 HEAD_DIMS = (64, 128)
 SMEM_OPTIN = resources.SM90["smem_per_block_max"]   # what one block may opt into on sm_90
 DQ_ATOMICS = ("-DV8B_DQ_BULK=0",)                   # the first version's dQ path, kept as a build

@@ -5,15 +5,23 @@ at the shape where the two are furthest apart. Both tables read the committed re
 """
 from __future__ import annotations
 
+import functools
+
 from flashattn.book import records
 from flashattn.book.notebook import md
-from flashattn.measure import ncu_tables
+from flashattn.measure import ncu, ncu_tables
 
 SHAPE = dict(batch_size=2, num_heads=16, seq_len=8192, head_dim=128)
 PAIR = {"v8_backward": "V8 backward (`flash_bwd_ws`)", "fa4_backward": "FlashAttention-4"}
 # the rows of ncu_tables.table_rows that differ between two tensor-core kernels at one shape
 ROWS = ("Profiled duration", "Tensor-core throughput", "Tensor pipe", "DRAM bandwidth", "Occupancy", "Registers",
         "Shared memory")
+# ncu's instruction pipes (sm__inst_executed_pipe_<name>) and what runs on each (Nsight Compute's Kernel
+# Profiling Guide, in our words)
+PIPES = {"tensor_op_gmma": "wgmma", "fma": "FP32 add, multiply, FMA; IMAD",
+         "alu": "integer and logic, compare and select, some conversions", "xu": "exp2 and other special functions",
+         "lsu": "loads and stores: shared, global", "uniform": "warp-uniform instructions (one value per warp)",
+         "adu": "branches, barriers, constant loads"}
 COMMAND = ("`python -m flashattn.measure.profile {name} -B 2 -H 16 -D 128 --seq-len 8192 --out results/h200`")
 
 
@@ -31,7 +39,11 @@ def summaries() -> tuple[dict | None, str | None]:
 
 
 def _cell(value: str, note: str) -> str:
-    return value if note in ("—", "") else f"{value} ({note})"
+    """The value, with the part of ncu_tables' interpretation that is a number about it (a share of a peak, a
+    theoretical occupancy, the launch), without the peak's own name."""
+    if "%" not in note and "threads" not in note:
+        return value
+    return f"{value} ({note.split(' (')[0].replace(' the op_hgmma_src_bf16_dst_fp32_sparsity_off', '')})"
 
 
 def pair_table():
@@ -46,22 +58,59 @@ def pair_table():
             lines.append(f"| {metric} | " + " | ".join(_cell(*rows[n][metric]) for n in PAIR) + " |")
     ipc = [f"{got[n]['issued_ipc']:.2f}" if got[n].get("issued_ipc") else "—" for n in PAIR]
     lines.append("| Issued instructions per active cycle (at most 4) | " + " | ".join(ipc) + " |")
-    kernels = "; ".join(f"{PAIR[n]}: `{s['kernel'].split('(')[0][:60]}`" for n, s in got.items())
     return md("\n".join(lines) + f"\n\nbf16, B = 2, H = 16, M = N = 8192, D = 128, non-causal, on "
-              f"{got['v8_backward']['device']}; {kernels}.")
+              f"{got['v8_backward']['device']}; durations under Nsight Compute, not the benchmark's.")
 
 
 def stall_pair(top: int = 6):
-    """The warp states that take the most cycles in either kernel, cycles per issued instruction in each."""
+    """The warp states that take the most cycles in either kernel, cycles per issued instruction in each (what
+    each state waits for: the stall tables of the V6 chapter, flashattn.measure.ncu_tables.STALL_MEANING)."""
     got, missing = summaries()
     if got is None:
         return md(missing)
     reasons = list(dict.fromkeys(r for s in got.values() for r, *_ in ncu_tables.stall_rows(s, top)))
-    lines = ["| Warp state | " + " | ".join(PAIR.values()) + " | Waiting for |", "|---|--:|--:|---|"]
+    lines = ["| Warp state | " + " | ".join(PAIR.values()) + " |", "|---|--:|--:|"]
     for r in reasons:
         cells = [f"{got[n]['stalls'].get(r, 0.0):.2f}" for n in PAIR]
-        lines.append(f"| {r.replace('_', ' ')} | " + " | ".join(cells) + f" | {ncu_tables.STALL_MEANING.get(r, '')} |")
+        lines.append(f"| {r.replace('_', ' ')} | " + " | ".join(cells) + " |")
     per_issue = [f"{got[n]['warp_cycles_per_issue']:.2f}" if got[n].get("warp_cycles_per_issue") else "—"
                  for n in PAIR]
     return md("\n".join(lines) + "\n\nCycles per issued instruction, by the state a warp was in; all states "
               f"together: {' and '.join(per_issue)}.")
+
+
+@functools.cache
+def _pipe_counts(path: str) -> dict[str, float]:
+    """{pipe: instructions in units of one pipe-peak cycle of one SM} and "all": instructions executed, from one
+    report: a pipe's share of its peak times the cycles elapsed (the same GPU, so ratios between two reports
+    are ratios of instruction counts)."""
+    action = ncu.load_action(path)
+    cycles = ncu.metric(action, "gpc__cycles_elapsed.avg")
+    got = {p: ncu.metric(action, f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_elapsed") / 100 * cycles
+           for p in PIPES}
+    got["all"] = ncu.metric(action, "sm__inst_executed.sum.per_cycle_elapsed") * cycles
+    return got
+
+
+def pipe_table():
+    """Instructions per pipe: each kernel's share of the pipe's peak, and how many ours executed for one of
+    FlashAttention-4's."""
+    got, missing = summaries()
+    if got is None:
+        return md(missing)
+    paths = {n: str(records.report_path(n, SHAPE["seq_len"])) for n in PAIR}
+    counts = {n: _pipe_counts(p) for n, p in paths.items()}
+    ours, theirs = counts["v8_backward"], counts["fa4_backward"]
+    lines = ["| Pipe | What runs there | " + " | ".join(f"{v}: % of peak" for v in PAIR.values()) +
+             " | instructions, ours / FA4 |", "|---|---|--:|--:|--:|"]
+    for pipe, what in PIPES.items():
+        pct = [100 * counts[n][pipe] / _cycles(paths[n]) for n in PAIR]
+        ratio = f"{ours[pipe] / theirs[pipe]:.2f}×" if theirs[pipe] else "—"
+        lines.append(f"| {pipe} | {what} | {pct[0]:.1f} | {pct[1]:.1f} | {ratio} |")
+    lines.append(f"| all | every instruction issued | | | {ours['all'] / theirs['all']:.2f}× |")
+    return md("\n".join(lines) + "\n\nFrom `sm__inst_executed_pipe_*` and `sm__inst_executed` in both reports.")
+
+
+@functools.cache
+def _cycles(path: str) -> float:
+    return ncu.metric(ncu.load_action(path), "gpc__cycles_elapsed.avg")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from flashattn.book.training_data import CharData
-from flashattn.book.training_model import ATTENTIONS, GPT, Config, build_model
+from flashattn.book.training_model import ATTEND, ATTENTIONS, GPT, Config, build_model
 from flashattn.measure import results
 from flashattn.measure.results import environment
 from flashattn.measure.timing import time_interleaved
@@ -244,8 +244,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashattn.book.training", description=__doc__.split("\n\n")[0])
     d = Config()
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--attn", nargs="+", choices=ATTENTIONS, default=list(ATTENTIONS),
-                   help="attentions to train side by side (default: all three; flashattn needs a CUDA GPU)")
+    p.add_argument("--attn", nargs="+", choices=tuple(ATTEND), default=list(ATTENTIONS),
+                   help="attentions to train side by side (default: %(default)s; flashattn and flashattn_hopper, "
+                        "which trains on kernels/v8_backward.cu, need a CUDA GPU, the latter a Hopper one)")
     for name in ("block_size", "n_layer", "n_head", "head_dim", "batch_size", "eval_every", "seed"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
                        help="(default: %(default)s)")
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
     if args.steps < 1 or args.eval_every < 1:
         p.error("--steps and --eval-every must be >= 1")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if "flashattn" in args.attn and device.type != "cuda":
+    if {"flashattn", "flashattn_hopper"} & set(args.attn) and device.type != "cuda":
         where = f"--device is {args.device}" if args.device else "this machine has no CUDA GPU"
         print(f"{p.prog}: the flashattn attention runs on a CUDA GPU only and {where}; "
               "train the PyTorch attentions with --attn sdpa (or --attn sdpa sdpa_fp32)", file=sys.stderr)

@@ -8,7 +8,9 @@ attention is a function of q, k, v [B, H, T, D], one of ATTEND:
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`` with PyTorch's own
   backend choice;
 * ``sdpa_fp32``: the same call on float32 copies of q, k, v with autocast off. It is the yardstick for
-  "the noise of bf16": how far PyTorch's own bf16 attention moves the loss from a float32 attention.
+  "the noise of bf16": how far PyTorch's own bf16 attention moves the loss from a float32 attention;
+* ``flashattn_hopper``: ``flashattn`` with ``backward="v8_backward"`` (kernels/v8_backward.cu, Hopper only),
+  trained only when asked for (``--attn``).
 
 `build_model` draws the weights from the config's seed alone, so every attention starts from the same ones.
 """
@@ -61,8 +63,18 @@ def attend_flashattn(q, k, v):
     return attention(q, k, v, causal=True)
 
 
-ATTEND = {"sdpa": attend_sdpa, "flashattn": attend_flashattn, "sdpa_fp32": attend_sdpa_fp32}
-ATTENTIONS = tuple(ATTEND)             # the demo trains all three side by side
+def attend_flashattn_hopper(q, k, v):
+    """flashattn's attention with its backward on kernels/v8_backward.cu (Hopper only): --attn to compare a
+    training step on it with the default's and SDPA's."""
+    if q.device.type != "cuda":
+        raise ValueError("attn='flashattn_hopper' needs CUDA tensors (the kernels run on the GPU); use attn='sdpa' "
+                         "on CPU")
+    return attention(q, k, v, causal=True, backward="v8_backward")
+
+
+ATTEND = {"sdpa": attend_sdpa, "flashattn": attend_flashattn, "sdpa_fp32": attend_sdpa_fp32,
+          "flashattn_hopper": attend_flashattn_hopper}
+ATTENTIONS = ("sdpa", "flashattn", "sdpa_fp32")   # what the demo trains side by side unless told otherwise
 
 
 class CausalSelfAttention(nn.Module):
