@@ -130,6 +130,16 @@
 #ifndef V8B_EXP_FENCE
 #define V8B_EXP_FENCE 1
 #endif
+// The order of the blocks: V8B_HEAD_GROUP kv heads at a time, the key tiles of a group's heads interleaved
+// (heads fastest inside the group), group after group. 0 (default): all heads in one group, so consecutive
+// blocks take the same key tile of different heads (the first key tiles, which see the most query tiles
+// under the causal mask, start first); 1: key tiles first, one head after another. The blocks that run at one
+// time read the Q_i, dO_i and dQ accumulator of the heads they cover, 8 MiB per head at N = 8192 and D = 128:
+// all heads of a large batch do not fit in L2, a few do. Not measured yet. Key tile j of a head always
+// has a higher blockIdx than key tile j - 1 of that head, which the deterministic mode's turns rely on.
+#ifndef V8B_HEAD_GROUP
+#define V8B_HEAD_GROUP 0
+#endif
 
 namespace v8b {
 
@@ -444,11 +454,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------- 2. dK, dV and dQ's additions ------
 //
-// One block per key tile K_j, V_j (B_c = 128 keys) of one (batch, kv head), heads fastest (blockIdx.x =
-// tile * B * H_kv + bh_kv): the first key tiles, which see the most query tiles under the causal mask,
-// start first, and the blocks running at one time add into the dQ rows of many heads. The block walks the
-// query tiles that see any of its keys of each query head of its group, one step per (head, query tile),
-// in the same order in the producer and in the consumers.
+// One block per key tile K_j, V_j (B_c = 128 keys) of one (batch, kv head), by default heads fastest
+// (blockIdx.x = tile * B * H_kv + bh_kv; V8B_HEAD_GROUP): the first key tiles, which see the most query tiles
+// under the causal mask, start first, and the blocks running at one time add into the dQ rows of many heads.
+// The block walks the query tiles that see any of its keys of each query head of its group, one step per
+// (head, query tile), in the same order in the producer and in the consumers.
 // BANDED: the instance for causal=True and for any sliding window, in which row i sees key j iff lo <= j -
 // i <= hi, a band of diagonals: lo = N - M - window_left, hi = N - M + window_right (causal: window_right =
 // 0). The launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >=
@@ -481,8 +491,12 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
 
-  // The block's key tile and the query tiles it visits (the same for every query head of the group).
-  const int bh_kv = (int)(blockIdx.x % (unsigned)BH_kv), n0 = (int)(blockIdx.x / (unsigned)BH_kv) * BC;
+  // The block's key tile (V8B_HEAD_GROUP: group grp of HG kv heads, `width` of them in the last group) and
+  // the query tiles it visits (the same for every query head of the kv head's group).
+  const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;
+  const int HG = V8B_HEAD_GROUP <= 0 || V8B_HEAD_GROUP > BH_kv ? BH_kv : V8B_HEAD_GROUP;
+  const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);
+  const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;
   const int m_tiles = M_pad / BR;
   // The query tiles [it_begin, it_end) that see any key of the tile: key j is seen by rows j - hi ..= j - lo,
   // so the tile's first key bounds them from below (causal: that is all) and its last key from above.

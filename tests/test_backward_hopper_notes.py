@@ -341,8 +341,9 @@ def test_timing_columns_are_the_benchmarks_names():
                     reason="a Hopper GPU runs these cells for real")
 def test_live_cells_say_they_need_a_hopper(capsys):
     assert live.correctness() is None and live.timing() is None and live.dq_step() is None
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 3 and all(line.startswith("Needs a Hopper GPU") for line in out)
+    assert live.order_step() is None and live.main(["order"]) == 1
+    out = [line for line in capsys.readouterr().out.strip().splitlines() if line]
+    assert len(out) == 5 and all(line.startswith("Needs a Hopper GPU") for line in out)
 
 
 def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):

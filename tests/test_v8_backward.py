@@ -91,8 +91,9 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_bwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
-@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"]],
-                         ids=["default", "stages3", "nofence", "dq_atomics"])
+@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
+                                   ["-DV8B_HEAD_GROUP=1"]],
+                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -437,6 +438,11 @@ MIRRORED = [
     "return (((cwg * 4 + wq) * 16 + 2 * t + h) * 32 + 4 * g + q) * 2 + c % 2;",
     "float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;",
     "for (int h = 0; h < 2; ++h) img[(2 * t + h) * 32] = make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);",
+    # the order of the blocks (V8B_HEAD_GROUP): block_tile() below
+    "const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;",
+    "const int HG = V8B_HEAD_GROUP <= 0 || V8B_HEAD_GROUP > BH_kv ? BH_kv : V8B_HEAD_GROUP;",
+    "const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);",
+    "const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;",
 ]
 
 
@@ -462,6 +468,32 @@ def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, wi
             visitors.setdefault(it, []).append(j)
     for it, js in visitors.items():
         assert [turn(j, it, BR, banded, lo) for j in js] == list(range(len(js))), (it, js)
+
+
+def block_tile(block: int, BH_kv: int, N: int, head_group: int) -> tuple[int, int]:
+    """(kv head, first key) of block `block` in flash_bwd_ws under V8B_HEAD_GROUP = head_group."""
+    n_kt = (N + BC - 1) // BC
+    HG = BH_kv if head_group <= 0 or head_group > BH_kv else head_group
+    grp = block // (HG * n_kt)
+    rem, width = block - grp * HG * n_kt, min(HG, BH_kv - grp * HG)
+    return grp * HG + rem % width, (rem // width) * BC
+
+
+@pytest.mark.parametrize("head_group", [0, 1, 2, 3, 4, 40])
+@pytest.mark.parametrize("BH_kv,N", [(1, 1), (5, 300), (8, 8192), (7, 129)])
+def test_every_block_order_covers_each_key_tile_once_in_key_order(head_group, BH_kv, N):
+    """Under every V8B_HEAD_GROUP the launch's blocks take each (kv head, key tile) once; within a head the key
+    tiles come in increasing blockIdx (the deterministic mode's turns wait only for lower ones); 0 is the
+    heads-fastest order the kernel had before the switch, 1 key tiles first."""
+    n_kt = (N + BC - 1) // BC
+    tiles = [block_tile(b, BH_kv, N, head_group) for b in range(BH_kv * n_kt)]
+    assert sorted(tiles) == [(h, j * BC) for h in range(BH_kv) for j in range(n_kt)]
+    for h in range(BH_kv):
+        assert [n0 for bh, n0 in tiles if bh == h] == [j * BC for j in range(n_kt)]
+    if head_group == 0:
+        assert tiles == [(b % BH_kv, b // BH_kv * BC) for b in range(BH_kv * n_kt)]
+    if head_group == 1:
+        assert tiles == [(b // n_kt, b % n_kt * BC) for b in range(BH_kv * n_kt)]
 
 
 def image_float(D: int, r: int, c: int) -> int:
@@ -731,6 +763,27 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
     compare_grads(ours(mod, q, k, v, do, causal), q, k, v, do, causal)
     with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
         ours(mod, q, k, v, do, causal, deterministic=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("head_group", [1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_orders_match_float64_and_stay_deterministic(head_group, causal):
+    """The orders of the blocks (V8B_HEAD_GROUP) compute the same gradients: dK and dV bit for bit as the
+    default order (each written once, from the same sums), and in the deterministic mode dQ too (the key tiles
+    add in index order whatever order the blocks start in)."""
+    from flashattn.loader import build
+    mod = build("v8_backward", extra_cuda_cflags=[f"-DV8B_HEAD_GROUP={head_group}"], archs=["9.0a"],
+                functions=("backward",), module_name=f"flashattn_v8_backward_head_group{head_group}")
+    q, k, v, do = make(3, 6, 3, 333, 1025, 128, torch.bfloat16, seed=head_group)
+    got = ours(mod, q, k, v, do, causal)
+    compare_grads(got, q, k, v, do, causal)
+    default = build("v8_backward", archs=["9.0a"], functions=("backward",))
+    ref = ours(default, q, k, v, do, causal)
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    det = [ours(m, q, k, v, do, causal, deterministic=True) for m in (mod, mod, default)]
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*det))
 
 
 @pytest.mark.gpu

@@ -10,12 +10,15 @@ number (the book's page keeps the output of their run on an H200).
   column with the same host slack and L2 flush;
 - `dq_step`: the step from the first version's dQ (V8B_DQ_BULK=0: red.global from every consumer thread) to the
   bulk reduction, and the deterministic mode on it: the kernel file called directly on the same o and lse, every
-  column alike, one interleaved run per configuration.
+  column alike, one interleaved run per configuration;
+- `order_step`: the same for the order of the blocks (V8B_HEAD_GROUP): heads first, key tiles first, four heads at
+  a time (not run for the book yet: `python -m flashattn.book.backward_hopper_live order`).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 
 import torch
 
@@ -25,6 +28,7 @@ from flashattn.book.notebook import gpu, md
 from flashattn.loader import build
 from flashattn.measure.backward import backward_call, backward_flops
 from flashattn.measure.timing import guarded, time_interleaved
+from flashattn.measure.variants import SETS
 from flashattn.validate import check_inputs
 
 NEEDS = ("Needs a Hopper GPU (compute capability 9.0), which this machine does not have: kernels/v8_backward.cu "
@@ -48,13 +52,14 @@ def hopper() -> bool:
 
 
 @functools.cache
-def module(dq_atomics: bool = False):
-    """kernels/v8_backward.cu built as the loader builds it (sm_90a, its `backward` binding); dq_atomics: the
-    first version's dQ path (-DV8B_DQ_BULK=0), under the name tests/test_v8_backward.py gives that build."""
-    if not dq_atomics:
+def module(build_name: str = "default"):
+    """kernels/v8_backward.cu built as the loader builds it (sm_90a, its `backward` binding), or as the build
+    `build_name` of flashattn.measure.variants' "v8-backward" set, under a module name of its own (the one
+    tests/test_v8_backward.py gives the dq_atomics build, so either builds it once)."""
+    if build_name == "default":
         return build("v8_backward", archs=["9.0a"], functions=("backward",))
-    return build("v8_backward", extra_cuda_cflags=["-DV8B_DQ_BULK=0"], archs=["9.0a"], functions=("backward",),
-                 module_name="flashattn_v8_backward_dq_atomics")
+    return build("v8_backward", extra_cuda_cflags=SETS["v8-backward"][build_name].flags, archs=["9.0a"],
+                 functions=("backward",), module_name=f"flashattn_v8_backward_{build_name}")
 
 
 def inputs(B, H, H_kv, M, N, D, seed=0):
@@ -125,29 +130,64 @@ def timing(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int
               "v6 / v8_backward: above 1, this kernel is faster.")
 
 
-def dq_step(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int = 10, max_seconds: float = 1.5,
-            host_slack_us: float = 1000.0):
-    """Median µs of the kernel file's `backward` (pre-pass, dK/dV kernel, dQ conversion) in three builds and
-    modes, called directly on the same o and lse from V8's forward: red.global dQ, the bulk reduction, and the
-    bulk reduction in deterministic mode."""
-    if not hopper():
-        print(NEEDS.format(what="dQ-step times"))
-        return None
-    steps = {"red.global (V8B_DQ_BULK=0)": (True, False), "bulk reduction (default)": (False, False),
-             "bulk, deterministic": (False, True)}
-    lines = ["| B, H, M = N, D | causal | " + " | ".join(f"{c}: µs" for c in steps) + " | red.global / bulk | "
-             "deterministic / bulk |", "|---|---|" + "--:|" * (len(steps) + 2)]
+def time_builds(steps: dict, targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int = 10,
+                max_seconds: float = 1.5, host_slack_us: float = 1000.0) -> list[tuple[tuple, list[float]]]:
+    """[(target, median µs of each of `steps`)]: steps maps a column to (build name, deterministic); each build's
+    `backward` (pre-pass, dK/dV kernel, dQ conversion) is called directly on the same o and lse from V8's
+    forward, one interleaved run per target."""
+    rows = []
     for B, H, L, D, causal in targets:
         q, k, v, do = inputs(B, H, H, L, L, D)
         o, lse = forward_module("v8").forward_lse(q, k, v, causal, None, -1, -1)
-        calls = {name: functools.partial(module(atomics).backward, q, k, v, o, lse, do, causal, det, None, -1, -1)
-                 for name, (atomics, det) in steps.items()}
+        calls = {c: functools.partial(module(b).backward, q, k, v, o, lse, do, causal, det, None, -1, -1)
+                 for c, (b, det) in steps.items()}
         timed = time_interleaved({n: (fn, contextlib.nullcontext) for n, fn in calls.items()}, warmup=warmup,
                                  repetitions=repetitions, rounds=rounds, max_seconds=max_seconds,
                                  host_slack_us=host_slack_us)
-        us = [timed[n].summary()["median_us"] for n in steps]
+        rows.append(((B, H, L, D, causal), [timed[c].summary()["median_us"] for c in steps]))
+    return rows
+
+
+def _table(steps: dict, rows, ratios: dict[str, tuple[int, int]], note: str):
+    lines = ["| B, H, M = N, D | causal | " + " | ".join(f"{c}: µs" for c in steps) + " | " + " | ".join(ratios) +
+             " |", "|---|---|" + "--:|" * (len(steps) + len(ratios))]
+    for (B, H, L, D, causal), us in rows:
         lines.append(f"| {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | " + " | ".join(f"{t:,.1f}" for t in us) +
-                     f" | {us[0] / us[1]:.2f}× | {us[2] / us[1]:.2f}× |")
+                     " | " + " | ".join(f"{us[a] / us[b]:.2f}×" for a, b in ratios.values()) + " |")
     return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16: CUDA events, L2 "
-              f"flushed before every call, {host_slack_us:.0f} µs of host slack, interleaved rounds, the median. "
-              "Ratios above 1: the bulk reduction is faster.")
+              "flushed before every call, 1000 µs of host slack, interleaved rounds, the median. " + note)
+
+
+def dq_step(targets=TARGETS):
+    """The step from the first version's dQ (red.global) to the bulk reduction, and the deterministic mode on it."""
+    if not hopper():
+        print(NEEDS.format(what="dQ-step times"))
+        return None
+    steps = {"red.global (V8B_DQ_BULK=0)": ("dq_atomics", False), "bulk reduction (default)": ("default", False),
+             "bulk, deterministic": ("default", True)}
+    return _table(steps, time_builds(steps, targets), {"red.global / bulk": (0, 1), "deterministic / bulk": (2, 1)},
+                  "Ratios above 1: the bulk reduction is faster.")
+
+
+def order_step(targets=TARGETS):
+    """The order of the blocks (V8B_HEAD_GROUP): all kv heads at once (the default), key tiles first, four heads
+    at a time."""
+    if not hopper():
+        print(NEEDS.format(what="block-order times"))
+        return None
+    steps = {"heads first (default)": ("default", False), "key tiles first": ("keys_first", False),
+             "4 heads at a time": ("heads4", False)}
+    return _table(steps, time_builds(steps, targets), {"keys first / default": (1, 0), "4 heads / default": (2, 0)},
+                  "Ratios below 1: that order is faster.")
+
+
+def main(argv=None) -> int:
+    """`python -m flashattn.book.backward_hopper_live dq|order`: print that step's table (a Hopper GPU)."""
+    step = (argv if argv is not None else sys.argv[1:]) or ["order"]
+    table = {"dq": dq_step, "order": order_step}[step[0]]()
+    print(table.data if table is not None else "")
+    return 0 if table is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

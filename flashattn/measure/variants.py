@@ -10,7 +10,8 @@ from the step before. SETS holds them by set, each set a dict name -> Variant in
 - "v7-builds", "v8-builds", "v8-candidates": the builds tests/test_v7.py and tests/test_v8.py compile, check
   and sanitize (both head dims per build; "default" is the file as committed);
 - "backward-layouts", "backward-dq", "backward-tile", "backward-det": the backward chapter's steps
-  (`python -m flashattn.book.backward_steps --set layouts|dq|tile|det`).
+  (`python -m flashattn.book.backward_steps --set layouts|dq|tile|det`);
+- "v8-backward": the Hopper backward's builds (flashattn.book.backward_hopper_live).
 
 Why each variant is there: docs/v5_design.md, docs/v6_notes.md, docs/v8_notes.md, docs/backward_notes.md.
 tests/test_variants.py checks that every macro named here is one its kernel file tests (`#ifndef NAME`).
@@ -227,6 +228,15 @@ BACKWARD_TILE = (BACKWARD_DQ[2], _backward("v6_layout2_bulk_br128", "B_r = 128 a
 BACKWARD_DET = (BACKWARD_TILE[1], _backward("v6_det_split", "deterministic mode on bwd_dkdv_split", 2, bulk=1,
                                             br=128, det_split=1))
 
+# The Hopper backward's builds ("The backward on Hopper": flashattn.book.backward_hopper_live): its first dQ path,
+# and the order of its blocks.
+V8_BACKWARD = (
+    Variant("default", "v8_backward", None),
+    Variant("dq_atomics", "v8_backward", None, {"V8B_DQ_BULK": 0}, "dQ by 16 red.global per consumer thread and step"),
+    Variant("keys_first", "v8_backward", None, {"V8B_HEAD_GROUP": 1}, "the blocks ordered key tiles first"),
+    Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
+)
+
 # ---------------------------------------------------------------------------------------------- sets
 SETS: dict[str, dict[str, Variant]] = {
     "v5": _by_name(V5_TILES),
@@ -244,6 +254,7 @@ SETS: dict[str, dict[str, Variant]] = {
     "backward-dq": _by_name(BACKWARD_DQ),
     "backward-tile": _by_name(BACKWARD_TILE),
     "backward-det": _by_name(BACKWARD_DET),
+    "v8-backward": _by_name(V8_BACKWARD),
 }
 SWEEPS = ("v5", "v6", "v7", "v8", "v6-steps", "v5-steps")   # the sets `python -m flashattn.measure.sweep` runs
 
