@@ -92,12 +92,13 @@
 //   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
 //   distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
 //
-// Next steps, in the order of what each should gain: time V8B_DQ_BULK 0 against 1 and the deterministic
-// mode (neither has run on a GPU yet: they were written after the first version's GPU tests), overlapping
-// the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and causal
+// Next steps, in the order the profile beside FlashAttention-4's suggests (the chapter "The backward on
+// Hopper"): the order of the blocks (heads first makes the blocks running at one time read every head's
+// Q_i, dO_i and dQ accumulator, far more than L2 holds), fewer integer and uniform instructions per step,
+// overlapping the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and causal
 // scheduling.
 //
-// Results: none yet. When measured: results/h200/ (python -m flashattn.measure.bench), as for v6's backward.
+// Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
 // the accumulator's tile and a producer warp adds the whole tile with one bulk reduction
 // (cp.reduce.async.bulk .add.f32), which also allows the deterministic mode; 0: every consumer thread adds

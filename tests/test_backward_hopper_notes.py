@@ -364,3 +364,16 @@ def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):
     assert rows and all(r.count("|") == 4 and r.split("|")[2] == r.split("|")[3] for r in rows)   # one report twice
     pipes = [r for r in profile.pipe_table().data.splitlines()[2:] if r.startswith("|")]
     assert len(pipes) == len(profile.PIPES) + 1 and all(r.rstrip(" |").endswith(("1.00×", "—")) for r in pipes)
+
+
+@needs_tools
+@pytest.mark.parametrize("D", notes.HEAD_DIMS)
+def test_mix_puts_every_instruction_of_the_plain_step_in_one_group(D):
+    """The lab notes' opcode groups add up to the plain step's length, the wgmma group holds its wgmma and the
+    P, dS group its exponentials, and nothing but a handful falls outside the named groups."""
+    rows = notes.mix_rows(D)
+    plain = next(r for r in notes.step_rows() if r["D"] == D and r["step"] == "plain")
+    assert sum(rows.values()) == plain["instructions"]
+    assert rows["wgmma, its fences and waits"] >= plain["hgmma"] + plain["waits"]
+    assert rows["P, dS: FFMA, FADD, FMUL, MUFU, FSEL, F2FP"] >= plain["ex2"]
+    assert rows["other"] <= 10

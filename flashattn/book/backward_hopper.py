@@ -252,6 +252,37 @@ def step_table(flags=()) -> str:
     return "\n".join(lines)
 
 
+# What a plain step's instructions do, by opcode (the first group that matches); "uniform" is the warp-uniform
+# datapath and R2UR, the moves into it: there the wgmma descriptors and the tiles' addresses are computed
+MIX = (("wgmma, its fences and waits", ("HGMMA", "WARPGROUP")),
+       ("P, dS: FFMA, FADD, FMUL, MUFU, FSEL, F2FP", ("FFMA", "FADD", "FMUL", "MUFU", "FSEL", "F2FP")),
+       ("uniform datapath (U*, R2UR)", ("U", "R2UR")),
+       ("integer and logic: LOP3, SHF, IMAD, VIADD, LEA, ISETP, SEL", ("LOP3", "SHF", "IMAD", "VIADD", "IADD",
+                                                                      "LEA", "ISETP", "SEL", "MOV", "PRMT")),
+       ("shared memory: LDS, STS", ("LDS", "STS")),
+       ("barriers, mbarriers, fences", ("SYNCS", "BAR", "FENCE", "MEMBAR")))
+
+
+def mix_rows(D: int) -> dict[str, int]:
+    """The plain step's instructions per consumer thread by MIX group ("other": the rest)."""
+    plain = min(step_spans(texts(D), layout(D)), key=lambda span: span_counts(span)["fsel"])
+    got = Counter()
+    for t in plain:
+        op = _op(t)
+        got[next((name for name, prefixes in MIX if op.startswith(prefixes)), "other")] += 1
+    return {name: got[name] for name, _ in MIX + (("other", ()),)}
+
+
+def mix_table() -> str:
+    rows = {D: mix_rows(D) for D in HEAD_DIMS}
+    lines = ["| instructions of one plain step, per thread | " + " | ".join(f"D={D}" for D in rows) + " |",
+             "|---|" + "--:|" * len(rows)]
+    for name in rows[HEAD_DIMS[0]]:
+        lines.append(f"| {name} | " + " | ".join(str(r[name]) for r in rows.values()) + " |")
+    lines.append("| all | " + " | ".join(str(sum(r.values())) for r in rows.values()) + " |")
+    return "\n".join(lines)
+
+
 def dq_rows() -> list[dict]:
     """The plain step of the default build beside the V8B_DQ_BULK=0 build's, per head dim: what runs in dQ's
     window, the step's length, the kernel's bulk reductions and its shared memory."""

@@ -1,9 +1,9 @@
 """Nsight Compute profile of one fused kernel: `python -m flashattn.measure.profile VERSION [options]`.
 
-VERSION is a fused version (one kernel launch per forward: v1 and later), `all` for every one of them, or
-a backward kernel file (`v6_backward`, `v8_backward`: its main kernel, the one that accumulates dK and dV, profiled in a
-gradient call given dO, after the forward ran once), or `fa4_backward`: FlashAttention-4's main backward
-kernel in its own gradient call, to set beside ours. baseline and v0 launch several kernels, so one
+VERSION is a fused version (one kernel launch per forward: v1 and later), `all` for every one of them, a
+backward kernel file (`v6_backward`, `v8_backward`: its main kernel, the one that accumulates dK and dV,
+profiled in a gradient call given dO, after the forward ran once), or `fa4_backward`: FlashAttention-4's
+main backward kernel in its own gradient call, to set beside ours. baseline and v0 launch several kernels, so one
 roofline point or occupancy figure would be ambiguous, and sdpa is PyTorch's kernel rather than this
 project's: passing them is an error that says so.
 
