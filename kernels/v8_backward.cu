@@ -2,8 +2,8 @@
 // and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200:
-// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200,
+// before V8B_HEAD_GROUP and V8B_DESC_ADD (which no GPU has run yet): every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
 // compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes
 // (results/h200/logs/*_77b169c.log, pytest_backward_fixes_506e705.log; the first version's runs, before the
 // empty barrier took an arrival from every consumer thread: *_f50ce76.log). Timed through autograd beside
@@ -141,6 +141,14 @@
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP 0
 #endif
+// How a product's shared-memory descriptors are made. 1 (default): one per operand tile, with each k step's
+// offset added to its start-address field (opdesc below); 0: make_desc for every wgmma from the operand's
+// address (the first version), whose mask and shifts ptxas cannot fold across the k steps, so that a step
+// spent more instructions on descriptors than on P^T and dS^T (the chapter's lab notes count them). Not
+// measured yet.
+#ifndef V8B_DESC_ADD
+#define V8B_DESC_ADD 1
+#endif
 
 namespace v8b {
 
@@ -242,6 +250,18 @@ __device__ __forceinline__ void pin(float (&r)[R]) {
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// The descriptor of the operand `off` bytes into the tile at `tile` (leading byte offset `lbo`, SBO 1024).
+// V8B_DESC_ADD: the tile's descriptor (the same expression for every k step, so ptxas makes it once) plus
+// off / 16 in the start-address field; exact because no shared-memory address reaches 256 KB, so the sum
+// never carries out of the field's 14 bits.
+__device__ __forceinline__ uint64_t opdesc(uint32_t tile, uint32_t off, uint32_t lbo) {
+#if V8B_DESC_ADD
+  return make_desc(tile, lbo, 1024) + (off >> 4);
+#else
+  return make_desc(tile + off, lbo, 1024);
+#endif
 }
 
 #define BWD_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -640,15 +660,15 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      Wgmma<BR, T>::template ss<0, 0>(s_acc, make_desc(sK + panel * BC * 128 + cwg * 64 * 128 + within, 16, 1024),
-                                      make_desc(sQ(st) + panel * BR * 128 + within, 16, 1024), kk > 0);
+      Wgmma<BR, T>::template ss<0, 0>(s_acc, opdesc(sK + cwg * 64 * 128, panel * BC * 128 + within, 16),
+                                      opdesc(sQ(st), panel * BR * 128 + within, 16), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-      Wgmma<BR, T>::template ss<0, 0>(dp, make_desc(sV + panel * BC * 128 + cwg * 64 * 128 + within, 16, 1024),
-                                      make_desc(sdO(st) + panel * BR * 128 + within, 16, 1024), kk > 0);
+      Wgmma<BR, T>::template ss<0, 0>(dp, opdesc(sV + cwg * 64 * 128, panel * BC * 128 + within, 16),
+                                      opdesc(sdO(st), panel * BR * 128 + within, 16), kk > 0);
     }
     wgmma_commit();
   };
@@ -660,18 +680,18 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
     const uint32_t b_base = sK + (L::SPLIT_ROWS ? 0 : cwg * BC * 128);         // K_j panel of my columns
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
-      Wgmma<64, T>::template ss<1, 1>(dq, make_desc(a_base + kk * 16 * 128, BC * 128, 1024),
-                                      make_desc(b_base + kk * 16 * 128, BC * 128, 1024), kk > 0);
+      Wgmma<64, T>::template ss<1, 1>(dq, opdesc(a_base, kk * 16 * 128, BC * 128),
+                                      opdesc(b_base, kk * 16 * 128, BC * 128), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
       const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
-      Wgmma<D, T>::rs(dv, a, make_desc(sdO(st) + kk * 16 * 128, BR * 128, 1024));
+      Wgmma<D, T>::rs(dv, a, opdesc(sdO(st), kk * 16 * 128, BR * 128));
     }
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
       const uint32_t a[4] = {ds_pack[2 * kk][0], ds_pack[2 * kk][1], ds_pack[2 * kk + 1][0], ds_pack[2 * kk + 1][1]};
-      Wgmma<D, T>::rs(dk, a, make_desc(sQ(st) + kk * 16 * 128, BR * 128, 1024));
+      Wgmma<D, T>::rs(dk, a, opdesc(sQ(st), kk * 16 * 128, BR * 128));
     }
     wgmma_commit();
   };

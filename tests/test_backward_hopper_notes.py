@@ -341,7 +341,7 @@ def test_timing_columns_are_the_benchmarks_names():
                     reason="a Hopper GPU runs these cells for real")
 def test_live_cells_say_they_need_a_hopper(capsys):
     assert live.correctness() is None and live.timing() is None and live.dq_step() is None
-    assert live.order_step() is None and live.main(["order"]) == 1
+    assert live.step_times("order") is None and live.main(["descriptors"]) == 1 and live.main(["nope"]) == 2
     out = [line for line in capsys.readouterr().out.strip().splitlines() if line]
     assert len(out) == 5 and all(line.startswith("Needs a Hopper GPU") for line in out)
 
@@ -367,13 +367,25 @@ def test_profile_pair_reads_both_reports(tmp_path, monkeypatch):
 
 
 @needs_tools
+@pytest.mark.parametrize("flags", [(), notes.DESC_MAKE], ids=["default", "desc_make"])
 @pytest.mark.parametrize("D", notes.HEAD_DIMS)
-def test_mix_puts_every_instruction_of_the_plain_step_in_one_group(D):
+def test_mix_puts_every_instruction_of_the_plain_step_in_one_group(D, flags):
     """The lab notes' opcode groups add up to the plain step's length, the wgmma group holds its wgmma and the
     P, dS group its exponentials, and nothing but a handful falls outside the named groups."""
-    rows = notes.mix_rows(D)
-    plain = next(r for r in notes.step_rows() if r["D"] == D and r["step"] == "plain")
+    rows = notes.mix_rows(D, flags)
+    plain = next(r for r in notes.step_rows(flags) if r["D"] == D and r["step"] == "plain")
     assert sum(rows.values()) == plain["instructions"]
     assert rows["wgmma, its fences and waits"] >= plain["hgmma"] + plain["waits"]
     assert rows["P, dS: FFMA, FADD, FMUL, MUFU, FSEL, F2FP"] >= plain["ex2"]
     assert rows["other"] <= 10
+
+
+@needs_tools
+@pytest.mark.parametrize("D", notes.HEAD_DIMS)
+def test_descriptors_plus_offsets_take_instructions_out_of_the_step(D):
+    """V8B_DESC_ADD (the default) against make_desc for every wgmma: the same wgmma and the same P, dS work, and
+    fewer uniform and integer instructions in the plain step."""
+    new, old = notes.mix_rows(D), notes.mix_rows(D, notes.DESC_MAKE)
+    for same in ("wgmma, its fences and waits", "P, dS: FFMA, FADD, FMUL, MUFU, FSEL, F2FP"):
+        assert new[same] == old[same], same
+    assert sum(new.values()) < sum(old.values()) - 100

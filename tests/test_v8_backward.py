@@ -53,6 +53,7 @@ from test_backward import compare_grads, rel_err  # noqa: E402
 from test_gqa import make  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
+from flashattn.book import backward_hopper  # noqa: E402
 from flashattn.loader import binding_params, source  # noqa: E402
 from flashattn.measure import sass as sass_tools  # noqa: E402
 from flashattn.reference import attention_gradients  # noqa: E402
@@ -92,8 +93,8 @@ def head_dim(kernel: str) -> int:
 
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
-                                   ["-DV8B_HEAD_GROUP=1"]],
-                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first"])
+                                   ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"]],
+                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -211,6 +212,31 @@ def store_ds_tile(mem, base, dsT: np.ndarray) -> list[list[int]]:
                         addrs.append(byte)
                     instructions.append(addrs)
     return instructions
+
+
+def make_desc(saddr: int, lbo: int, sbo: int) -> int:
+    """The kernel's make_desc: start address, LBO and SBO in 16-byte units, 128-byte swizzle."""
+    return ((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32) | (1 << 62)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_opdesc_adds_offsets_exactly(D):
+    """V8B_DESC_ADD: a tile's descriptor plus off / 16 is the descriptor make_desc builds at tile + off, for every
+    tile and k-step offset of the kernel's products, wherever the block's shared memory starts (1024-aligned,
+    below the 256 KB that the start-address field's 18 bits reach): no sum carries into the LBO field."""
+    BR, L = query_tile(D), backward_hopper.layout(D)
+    assert L["DYNAMIC"] + 1024 <= 1 << 18
+    tiles = [(L["K_OFF"] + cwg * 64 * 128, 16) for cwg in range(2)] + [(L["V_OFF"], 16)]
+    tiles += [(L[f"{t}_OFF"] + s * L["QO_BYTES"], lbo) for t in ("Q", "DO") for s in range(L["STAGES"])
+              for lbo in (16, BR * 128)]
+    tiles += [(L["DS_OFF"] + b * L["DS_BYTES"] + h * BC * 128, BC * 128) for b in range(2) for h in range(2)]
+    offsets = {panel * n * 128 + within for panel in range(D // 64) for n in (BC, BR) for within in (0, 32, 64, 96)}
+    offsets |= {kk * 16 * 128 for kk in range(max(BC, BR) // 16)}
+    for base in range(0, (1 << 18) - L["DYNAMIC"], 1024 * 37):
+        for tile, lbo in tiles:
+            for off in offsets:
+                if base + tile + off < L["DYNAMIC"] + base:
+                    assert make_desc(base + tile, lbo, 1024) + (off >> 4) == make_desc(base + tile + off, lbo, 1024)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -438,6 +464,10 @@ MIRRORED = [
     "return (((cwg * 4 + wq) * 16 + 2 * t + h) * 32 + 4 * g + q) * 2 + c % 2;",
     "float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;",
     "for (int h = 0; h < 2; ++h) img[(2 * t + h) * 32] = make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);",
+    # a descriptor plus an offset (V8B_DESC_ADD): test_opdesc_adds_offsets_exactly
+    "return make_desc(tile, lbo, 1024) + (off >> 4);",
+    "return make_desc(tile + off, lbo, 1024);",
+    "return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |",
     # the order of the blocks (V8B_HEAD_GROUP): block_tile() below
     "const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;",
     "const int HG = V8B_HEAD_GROUP <= 0 || V8B_HEAD_GROUP > BH_kv ? BH_kv : V8B_HEAD_GROUP;",
@@ -767,16 +797,17 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("head_group", [1, 4])
+@pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_block_orders_match_float64_and_stay_deterministic(head_group, causal):
-    """The orders of the blocks (V8B_HEAD_GROUP) compute the same gradients: dK and dV bit for bit as the
-    default order (each written once, from the same sums), and in the deterministic mode dQ too (the key tiles
-    add in index order whatever order the blocks start in)."""
+def test_builds_match_the_default_bit_for_bit(flag, causal):
+    """Other orders of the blocks (V8B_HEAD_GROUP) and descriptors made for every wgmma (V8B_DESC_ADD=0) compute
+    the same gradients: dK and dV bit for bit as the default build (each written once, from the same sums), and
+    in the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in)."""
     from flashattn.loader import build
-    mod = build("v8_backward", extra_cuda_cflags=[f"-DV8B_HEAD_GROUP={head_group}"], archs=["9.0a"],
-                functions=("backward",), module_name=f"flashattn_v8_backward_head_group{head_group}")
-    q, k, v, do = make(3, 6, 3, 333, 1025, 128, torch.bfloat16, seed=head_group)
+    name = flag.removeprefix("-DV8B_").replace("=", "").lower()
+    mod = build("v8_backward", extra_cuda_cflags=[flag], archs=["9.0a"], functions=("backward",),
+                module_name=f"flashattn_v8_backward_{name}")
+    q, k, v, do = make(3, 6, 3, 333, 1025, 128, torch.bfloat16, seed=len(flag))
     got = ours(mod, q, k, v, do, causal)
     compare_grads(got, q, k, v, do, causal)
     default = build("v8_backward", archs=["9.0a"], functions=("backward",))

@@ -263,9 +263,9 @@ MIX = (("wgmma, its fences and waits", ("HGMMA", "WARPGROUP")),
        ("barriers, mbarriers, fences", ("SYNCS", "BAR", "FENCE", "MEMBAR")))
 
 
-def mix_rows(D: int) -> dict[str, int]:
+def mix_rows(D: int, flags=()) -> dict[str, int]:
     """The plain step's instructions per consumer thread by MIX group ("other": the rest)."""
-    plain = min(step_spans(texts(D), layout(D)), key=lambda span: span_counts(span)["fsel"])
+    plain = min(step_spans(texts(D, False, flags), layout(D, flags=flags)), key=lambda span: span_counts(span)["fsel"])
     got = Counter()
     for t in plain:
         op = _op(t)
@@ -273,11 +273,15 @@ def mix_rows(D: int) -> dict[str, int]:
     return {name: got[name] for name, _ in MIX + (("other", ()),)}
 
 
+DESC_MAKE = ("-DV8B_DESC_ADD=0",)   # make_desc for every wgmma: the first version's descriptors
+
+
 def mix_table() -> str:
-    rows = {D: mix_rows(D) for D in HEAD_DIMS}
-    lines = ["| instructions of one plain step, per thread | " + " | ".join(f"D={D}" for D in rows) + " |",
-             "|---|" + "--:|" * len(rows)]
-    for name in rows[HEAD_DIMS[0]]:
+    """Per head dim, the first version's descriptors (V8B_DESC_ADD=0) beside the default's."""
+    rows = {f"D={D}, {label}": mix_rows(D, flags) for D in HEAD_DIMS
+            for label, flags in (("make_desc per wgmma", DESC_MAKE), ("descriptor + offset", ()))}
+    lines = ["| instructions of one plain step, per thread | " + " | ".join(rows) + " |", "|---|" + "--:|" * len(rows)]
+    for name in next(iter(rows.values())):
         lines.append(f"| {name} | " + " | ".join(str(r[name]) for r in rows.values()) + " |")
     lines.append("| all | " + " | ".join(str(sum(r.values())) for r in rows.values()) + " |")
     return "\n".join(lines)

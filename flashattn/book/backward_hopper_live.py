@@ -11,8 +11,9 @@ number (the book's page keeps the output of their run on an H200).
 - `dq_step`: the step from the first version's dQ (V8B_DQ_BULK=0: red.global from every consumer thread) to the
   bulk reduction, and the deterministic mode on it: the kernel file called directly on the same o and lse, every
   column alike, one interleaved run per configuration;
-- `order_step`: the same for the order of the blocks (V8B_HEAD_GROUP): heads first, key tiles first, four heads at
-  a time (not run for the book yet: `python -m flashattn.book.backward_hopper_live order`).
+- `step_times("order")`, `step_times("descriptors")`: the same for the order of the blocks (V8B_HEAD_GROUP: heads
+  first, key tiles first, four heads at a time) and for how the wgmma descriptors are made (V8B_DESC_ADD); not
+  run for the book yet: `python -m flashattn.book.backward_hopper_live order` (or `descriptors`).
 """
 from __future__ import annotations
 
@@ -158,33 +159,43 @@ def _table(steps: dict, rows, ratios: dict[str, tuple[int, int]], note: str):
               "flushed before every call, 1000 µs of host slack, interleaved rounds, the median. " + note)
 
 
+# The steps timed build against build: (what a table shows, its columns: (build, deterministic), its ratios:
+# (column a, column b) -> a / b, how to read them)
+STEPS = {
+    "dq": ("dQ-step times", {"red.global (V8B_DQ_BULK=0)": ("dq_atomics", False),
+                             "bulk reduction (default)": ("default", False), "bulk, deterministic": ("default", True)},
+           {"red.global / bulk": (0, 1), "deterministic / bulk": (2, 1)},
+           "Ratios above 1: the bulk reduction is faster."),
+    "order": ("block-order times", {"heads first (default)": ("default", False),
+                                    "key tiles first": ("keys_first", False), "4 heads at a time": ("heads4", False)},
+              {"keys first / default": (1, 0), "4 heads / default": (2, 0)}, "Ratios below 1: that order is faster."),
+    "descriptors": ("descriptor-step times", {"make_desc per wgmma (V8B_DESC_ADD=0)": ("desc_make", False),
+                                              "descriptor + offset (default)": ("default", False)},
+                    {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
+}
+
+
+def step_times(name: str, targets=TARGETS):
+    """One of STEPS as a table, measured now (a Hopper GPU; elsewhere one line saying it needs one)."""
+    what, steps, ratios, note = STEPS[name]
+    if not hopper():
+        print(NEEDS.format(what=what))
+        return None
+    return _table(steps, time_builds(steps, targets), ratios, note)
+
+
 def dq_step(targets=TARGETS):
     """The step from the first version's dQ (red.global) to the bulk reduction, and the deterministic mode on it."""
-    if not hopper():
-        print(NEEDS.format(what="dQ-step times"))
-        return None
-    steps = {"red.global (V8B_DQ_BULK=0)": ("dq_atomics", False), "bulk reduction (default)": ("default", False),
-             "bulk, deterministic": ("default", True)}
-    return _table(steps, time_builds(steps, targets), {"red.global / bulk": (0, 1), "deterministic / bulk": (2, 1)},
-                  "Ratios above 1: the bulk reduction is faster.")
-
-
-def order_step(targets=TARGETS):
-    """The order of the blocks (V8B_HEAD_GROUP): all kv heads at once (the default), key tiles first, four heads
-    at a time."""
-    if not hopper():
-        print(NEEDS.format(what="block-order times"))
-        return None
-    steps = {"heads first (default)": ("default", False), "key tiles first": ("keys_first", False),
-             "4 heads at a time": ("heads4", False)}
-    return _table(steps, time_builds(steps, targets), {"keys first / default": (1, 0), "4 heads / default": (2, 0)},
-                  "Ratios below 1: that order is faster.")
+    return step_times("dq", targets)
 
 
 def main(argv=None) -> int:
-    """`python -m flashattn.book.backward_hopper_live dq|order`: print that step's table (a Hopper GPU)."""
-    step = (argv if argv is not None else sys.argv[1:]) or ["order"]
-    table = {"dq": dq_step, "order": order_step}[step[0]]()
+    """`python -m flashattn.book.backward_hopper_live STEP`: print that step's table (STEPS; a Hopper GPU)."""
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 1 or args[0] not in STEPS:
+        print(f"usage: python -m flashattn.book.backward_hopper_live {{{','.join(STEPS)}}}", file=sys.stderr)
+        return 2
+    table = step_times(args[0])
     print(table.data if table is not None else "")
     return 0 if table is not None else 1
 

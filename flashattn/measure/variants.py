@@ -229,12 +229,13 @@ BACKWARD_DET = (BACKWARD_TILE[1], _backward("v6_det_split", "deterministic mode 
                                             br=128, det_split=1))
 
 # The Hopper backward's builds ("The backward on Hopper": flashattn.book.backward_hopper_live): its first dQ path,
-# and the order of its blocks.
+# the order of its blocks, its first way of making descriptors.
 V8_BACKWARD = (
     Variant("default", "v8_backward", None),
     Variant("dq_atomics", "v8_backward", None, {"V8B_DQ_BULK": 0}, "dQ by 16 red.global per consumer thread and step"),
     Variant("keys_first", "v8_backward", None, {"V8B_HEAD_GROUP": 1}, "the blocks ordered key tiles first"),
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
+    Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
 )
 
 # ---------------------------------------------------------------------------------------------- sets
