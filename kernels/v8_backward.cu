@@ -3,8 +3,9 @@
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200,
-// before V8B_HEAD_GROUP and V8B_DESC_ADD (which no GPU has run yet): every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
-// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes
+// before V8B_HEAD_GROUP and V8B_DESC_ADD (which no GPU has run yet): every GPU test of
+// tests/test_v8_backward.py and tests/test_backward_choice.py passes, and compute-sanitizer's memcheck,
+// racecheck and synccheck are clean in both modes
 // (results/h200/logs/*_77b169c.log, pytest_backward_fixes_506e705.log; the first version's runs, before the
 // empty barrier took an arrival from every consumer thread: *_f50ce76.log). Timed through autograd beside
 // V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json (README: "The backward pass
