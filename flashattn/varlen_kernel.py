@@ -16,9 +16,9 @@ sequence, on that sequence's slices of q, k, v, o, do and lse, which needs the l
 copy per backward call, which waits for the GPU's queue).
 
 The kernel's item mapping, bands, TMA coordinates and masks are checked on the CPU
-(tests/test_varlen_bounds.py), its results against float64 on an H200 by tests/test_varlen.py; its forward
-was timed once by flashattn.measure.varlen_bench (results/h200/logs/varlen_bench_77b169c_cut.log: 0.71x
-FlashAttention-4's varlen forward on the H200, 4.0x cuDNN on the padded batch).
+(tests/test_varlen_bounds.py), its results against float64 on an H200 by tests/test_varlen.py; its speed
+by flashattn.measure.varlen_bench (results/h200/varlen.json: 0.71x FlashAttention-4's varlen forward on the
+H200, 4.0x cuDNN on the padded batch).
 """
 from __future__ import annotations
 
