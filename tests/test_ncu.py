@@ -213,14 +213,16 @@ def test_recorded_dq_profile_backs_the_backward_chapter():
 
 
 def test_every_backward_file_profiles_its_dk_dv_kernel():
-    """`python -m flashattn.measure.profile v6_backward` / `v8_backward`: ncu's filter names a kernel that the
-    file declares, and the gradient call of the Hopper backward is the one that trains V8 on it."""
-    assert set(profile.BACKWARD) == {"v6_backward", "v8_backward"}
-    for file, (_, kernel) in profile.BACKWARD.items():
-        assert kernel in profile.kernel_names(file), (file, kernel)
+    """`python -m flashattn.measure.profile v6_backward` / `v8_backward` / `fa4_backward`: ncu's filter names a
+    kernel that the file declares (FlashAttention-4's: a name of its own), the gradient call is a benchmark
+    name (the Hopper backward's the one that trains V8 on it, V6's that of the version it belongs to)."""
+    assert set(profile.BACKWARD) == {"v6_backward", "v8_backward", "fa4_backward"}
+    for file, (version, kernel, call) in profile.BACKWARD.items():
+        if file != "fa4_backward":
+            assert kernel in profile.kernel_names(file), (file, kernel)
         assert profile.kernel_filter(file) == "regex:" + kernel
         assert profile.default_dtype(file) == "bfloat16"
-    assert "v8_backward" in BACKWARD_NAMES and "v6_backward" not in BACKWARD_NAMES
-    name, regex = profile.PEER_BACKWARD["fa4_backward"]
-    assert name in BACKWARD_NAMES and profile.kernel_filter("fa4_backward") == regex
-    assert profile.refusal("fa4_backward") is None and "fa4_backward" in profile.refusal("nope")
+        assert call in BACKWARD_NAMES + (version,) and profile.refusal(file) is None
+    assert profile.BACKWARD["v8_backward"].call == "v8_backward" and profile.BACKWARD["fa4_backward"].call == "fa4"
+    assert profile.BACKWARD["v6_backward"].call == "v6" and "v6_backward" not in BACKWARD_NAMES
+    assert "fa4_backward" in profile.refusal("nope")

@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import pytest
@@ -14,6 +15,7 @@ import torch
 from flashattn.book import training as tr
 from flashattn.book import training_data as td
 from flashattn.book import training_model as tm
+from flashattn.validate import check_backward
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -266,3 +268,9 @@ def test_the_hopper_backward_is_a_choice_not_a_default():
     assert "flashattn_hopper" in tm.ATTEND and "flashattn_hopper" not in tm.ATTENTIONS
     with pytest.raises(ValueError, match="flashattn_hopper"):
         tm.attend_flashattn_hopper(*(torch.randn(1, 2, 8, 64) for _ in range(3)))
+    # the call it makes is one flashattn.attention accepts: a version that the Hopper backward can train
+    on_gpu = mock.Mock(device=torch.device("cuda"))
+    with mock.patch.object(tm, "attention") as attention:
+        tm.attend_flashattn_hopper(on_gpu, on_gpu, on_gpu)
+    kwargs = attention.call_args.kwargs
+    assert check_backward(kwargs["backward"], kwargs["version"]) == "v8_backward" and kwargs["causal"] is True

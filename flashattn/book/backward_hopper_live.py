@@ -24,13 +24,12 @@ import sys
 import torch
 
 from flashattn import reference
-from flashattn.autograd import attention, forward_module
+from flashattn.autograd import forward_module
 from flashattn.book.notebook import gpu, md
 from flashattn.loader import build
 from flashattn.measure.backward import backward_call, backward_flops
 from flashattn.measure.timing import guarded, time_interleaved
 from flashattn.measure.variants import SETS
-from flashattn.validate import check_inputs
 
 NEEDS = ("Needs a Hopper GPU (compute capability 9.0), which this machine does not have: kernels/v8_backward.cu "
          "is built for sm_90a, and this page shows no {what} until a Hopper GPU runs this cell.")
@@ -43,9 +42,9 @@ CASES = (
 )
 # V6's backward targets (flashattn.book.backward_steps.TARGETS): B, H, M = N, D, causal
 TARGETS = ((4, 12, 2048, 64, False), (2, 16, 8192, 128, False), (4, 12, 2048, 64, True), (2, 16, 8192, 128, True))
-# column -> flashattn.measure.backward's name (None: v8_deterministic_call, which backward_call has no name for)
-COLUMNS = {"v8_backward": "v8_backward", "v8_backward, deterministic": None, "v6": "v6", "cuDNN": "sdpa_cudnn",
-           "FA4": "fa4"}
+# column -> flashattn.measure.backward's name
+COLUMNS = {"v8_backward": "v8_backward", "v8_backward, deterministic": "v8_backward_deterministic", "v6": "v6",
+           "cuDNN": "sdpa_cudnn", "FA4": "fa4"}
 
 
 def hopper() -> bool:
@@ -68,15 +67,6 @@ def inputs(B, H, H_kv, M, N, D, seed=0):
     q, do = (torch.randn(B, H, M, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, H_kv, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
     return q, k, v, do
-
-
-def v8_deterministic_call(q, k, v, do, causal: bool = False):
-    """backward_call("v8_backward", ...) with deterministic=True, which that name does not pass on: V8's forward
-    once, then every call torch.autograd.grad through kernels/v8_backward.cu's deterministic mode."""
-    check_inputs(q, k, v, "v8", causal)
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    o = attention(q, k, v, causal=causal, version="v8", deterministic=True, backward="v8_backward")
-    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
 def correctness(cases=CASES):
@@ -115,8 +105,7 @@ def timing(targets=TARGETS, warmup: int = 10, repetitions: int = 50, rounds: int
              " | v6 / v8_backward |", "|---|---|" + "--:|" * (len(COLUMNS) + 1)]
     for B, H, L, D, causal in targets:
         q, k, v, do = inputs(B, H, H, L, L, D)
-        calls = {c: guarded(backward_call, name, q, k, v, do, causal) if name else
-                 guarded(v8_deterministic_call, q, k, v, do, causal) for c, name in COLUMNS.items()}
+        calls = {c: guarded(backward_call, name, q, k, v, do, causal) for c, name in COLUMNS.items()}
         timed = time_interleaved({n: (fn, contextlib.nullcontext) for n, fn in calls.items()}, warmup=warmup,
                                  repetitions=repetitions, rounds=rounds, max_seconds=max_seconds,
                                  host_slack_us=host_slack_us)

@@ -81,15 +81,14 @@ def stall_pair(top: int = 6):
 
 @functools.cache
 def _pipe_counts(path: str) -> dict[str, float]:
-    """{pipe: instructions in units of one pipe-peak cycle of one SM} and "all": instructions executed, from one
-    report: a pipe's share of its peak times the cycles elapsed (the same GPU, so ratios between two reports
-    are ratios of instruction counts)."""
+    """{pipe: instructions in units of one pipe-peak cycle of one SM}, "all": instructions executed, and
+    "cycles": the cycles elapsed, from one report: a pipe's share of its peak times the cycles elapsed (the same
+    GPU, so ratios between two reports are ratios of instruction counts)."""
     action = ncu.load_action(path)
     cycles = ncu.metric(action, "gpc__cycles_elapsed.avg")
     got = {p: ncu.metric(action, f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_elapsed") / 100 * cycles
            for p in PIPES}
-    got["all"] = ncu.metric(action, "sm__inst_executed.sum.per_cycle_elapsed") * cycles
-    return got
+    return {**got, "all": ncu.metric(action, "sm__inst_executed.sum.per_cycle_elapsed") * cycles, "cycles": cycles}
 
 
 def pipe_table():
@@ -98,19 +97,13 @@ def pipe_table():
     got, missing = summaries()
     if got is None:
         return md(missing)
-    paths = {n: str(records.report_path(n, SHAPE["seq_len"])) for n in PAIR}
-    counts = {n: _pipe_counts(p) for n, p in paths.items()}
+    counts = {n: _pipe_counts(str(records.report_path(n, SHAPE["seq_len"]))) for n in PAIR}
     ours, theirs = counts["v8_backward"], counts["fa4_backward"]
     lines = ["| Pipe | What runs there | " + " | ".join(f"{v}: % of peak" for v in PAIR.values()) +
              " | instructions, ours / FA4 |", "|---|---|--:|--:|--:|"]
     for pipe, what in PIPES.items():
-        pct = [100 * counts[n][pipe] / _cycles(paths[n]) for n in PAIR]
+        pct = [100 * counts[n][pipe] / counts[n]["cycles"] for n in PAIR]
         ratio = f"{ours[pipe] / theirs[pipe]:.2f}×" if theirs[pipe] else "—"
         lines.append(f"| {pipe} | {what} | {pct[0]:.1f} | {pct[1]:.1f} | {ratio} |")
     lines.append(f"| all | every instruction issued | | | {ours['all'] / theirs['all']:.2f}× |")
     return md("\n".join(lines) + "\n\nFrom `sm__inst_executed_pipe_*` and `sm__inst_executed` in both reports.")
-
-
-@functools.cache
-def _cycles(path: str) -> float:
-    return ncu.metric(ncu.load_action(path), "gpc__cycles_elapsed.avg")

@@ -9,8 +9,8 @@ attention is a function of q, k, v [B, H, T, D], one of ATTEND:
   backend choice;
 * ``sdpa_fp32``: the same call on float32 copies of q, k, v with autocast off. It is the yardstick for
   "the noise of bf16": how far PyTorch's own bf16 attention moves the loss from a float32 attention;
-* ``flashattn_hopper``: ``flashattn`` with ``backward="v8_backward"`` (kernels/v8_backward.cu, Hopper only),
-  trained only when asked for (``--attn``).
+* ``flashattn_hopper``: ``flashattn.attention(..., version="v8", backward="v8_backward")``, V8's forward and
+  kernels/v8_backward.cu (Hopper only), trained only when asked for (``--attn``).
 
 `build_model` draws the weights from the config's seed alone, so every attention starts from the same ones.
 """
@@ -57,19 +57,21 @@ def attend_sdpa_fp32(q, k, v):
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
 
 
-def attend_flashattn(q, k, v):
+def _on_the_gpu(q, attn: str) -> None:
     if q.device.type != "cuda":
-        raise ValueError("attn='flashattn' needs CUDA tensors (the kernels run on the GPU); use attn='sdpa' on CPU")
+        raise ValueError(f"attn={attn!r} needs CUDA tensors (the kernels run on the GPU); use attn='sdpa' on CPU")
+
+
+def attend_flashattn(q, k, v):
+    _on_the_gpu(q, "flashattn")
     return attention(q, k, v, causal=True)
 
 
 def attend_flashattn_hopper(q, k, v):
-    """flashattn's attention with its backward on kernels/v8_backward.cu (Hopper only): --attn to compare a
-    training step on it with the default's and SDPA's."""
-    if q.device.type != "cuda":
-        raise ValueError("attn='flashattn_hopper' needs CUDA tensors (the kernels run on the GPU); use attn='sdpa' "
-                         "on CPU")
-    return attention(q, k, v, causal=True, backward="v8_backward")
+    """V8's forward and kernels/v8_backward.cu (Hopper only): --attn to compare a training step on it with the
+    default's (V6 both ways) and SDPA's."""
+    _on_the_gpu(q, "flashattn_hopper")
+    return attention(q, k, v, causal=True, version="v8", backward="v8_backward")
 
 
 ATTEND = {"sdpa": attend_sdpa, "flashattn": attend_flashattn, "sdpa_fp32": attend_sdpa_fp32,

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -49,37 +50,40 @@ BASE_SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "Lau
                  "ComputeWorkloadAnalysis", "WarpStateStats")
 TENSOR_SECTION = "SpeedOfLight_HierarchicalTensorRooflineChart"
 PRIMARY = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
-# Backward kernel files that can be profiled: (the version they belong to, the kernel ncu selects: the one
-# that accumulates dK and dV). A file that serves several versions (v6_backward: v6, v7, v8) belongs to the
-# first, whose forward it was written for; one a version trains on only when asked (Version.backwards:
-# v8_backward) to the first that can ask, and its gradient call is flashattn.measure.backward's of that name.
+class Backward(NamedTuple):
+    """A backward that can be profiled: the version whose dtype and tensor-core choice it takes, its main
+    kernel (the one that accumulates dK and dV: ncu's filter) and its gradient call (flashattn.measure.backward)."""
+    version: str
+    kernel: str
+    call: str
+
+
+# Backward kernel files, and a peer's backward to set beside ours. A file that serves several versions
+# (v6_backward: v6, v7, v8) belongs to the first, whose forward it was written for, and trains it; one a
+# version trains on only when asked (Version.backwards: v8_backward) belongs to the first that can ask and is
+# called by its own name. FlashAttention-4's backward is profiled beside v8's (its sm90 backward class is
+# compiled into the name of its main kernel).
 DKDV_KERNEL = {"v6_backward": "bwd_dkdv", "v8_backward": "flash_bwd_ws"}
-BACKWARD: dict[str, tuple[str, str]] = {}
+BACKWARD: dict[str, Backward] = {}
 for _name, _v in INFO.items():
     for _file in (_v.backward, *_v.backwards) if _v.backward else ():
-        BACKWARD.setdefault(_file, (_name, DKDV_KERNEL[_file]))
-# A peer's backward, to set beside ours: (its flashattn.measure.backward name, the ncu filter of its main
-# kernel, the one that accumulates dK and dV: FlashAttention-4's sm90 backward class is compiled into it)
-PEER_BACKWARD = {"fa4_backward": ("fa4", "regex:FlashAttentionBackwardSm90")}
+        BACKWARD.setdefault(_file, Backward(_name, DKDV_KERNEL[_file], _file if _file in BACKWARD_NAMES else _name))
+BACKWARD["fa4_backward"] = Backward("v8", "FlashAttentionBackwardSm90", "fa4")
 
 
 def owner(version: str) -> str:
     """The version whose kernels these are: itself, or the version a backward kernel file belongs to."""
-    return BACKWARD[version][0] if version in BACKWARD else version
+    return BACKWARD[version].version if version in BACKWARD else version
 
 
 def uses_tensor_cores(version: str) -> bool:
-    """v6 (mma.sync) and the versions versions.py flags with extra={'tensor_cores': True} (v7); a peer's backward."""
-    if version in PEER_BACKWARD:
-        return True
+    """v6 (mma.sync) and the versions versions.py flags with extra={'tensor_cores': True} (v7)."""
     version = owner(version)
     return bool(INFO[version].extra.get("tensor_cores", version == "v6"))
 
 
 def default_dtype(version: str) -> str:
     """bfloat16 for tensor-core kernels (and any version without float32), float32 otherwise."""
-    if version in PEER_BACKWARD:
-        return "bfloat16"
     info = INFO[owner(version)]
     fp32 = any(str(d) == "torch.float32" for d in info.dtypes)
     return "float32" if fp32 and not uses_tensor_cores(version) else "bfloat16"
@@ -87,11 +91,10 @@ def default_dtype(version: str) -> str:
 
 def refusal(version: str) -> str | None:
     """Why `version` cannot be profiled here, or None when it can."""
-    if version in BACKWARD or version in PEER_BACKWARD:
+    if version in BACKWARD:
         return None
     if version not in INFO:
-        choices = PROFILED + tuple(BACKWARD) + tuple(PEER_BACKWARD)
-        return f"unknown VERSION {version!r}; choose all or one of {', '.join(choices)}"
+        return f"unknown VERSION {version!r}; choose all or one of {', '.join(PROFILED + tuple(BACKWARD))}"
     if version == "sdpa" or not INFO[version].kernel and version != "baseline":
         return (f"{version} is PyTorch's own attention kernel, not one of this project's, so it is not profiled "
                 f"here; the fused versions are {', '.join(PROFILED)}")
@@ -124,9 +127,7 @@ def kernel_filter(version: str) -> str:
     """ncu --kernel-name value matching the version's kernels (and its fallback's: v3-v5 hand head dims
     they are not written for to v2; a backward file: its dK/dV kernel only)."""
     if version in BACKWARD:
-        return "regex:" + BACKWARD[version][1]
-    if version in PEER_BACKWARD:
-        return PEER_BACKWARD[version][1]
+        return "regex:" + BACKWARD[version].kernel
     names = kernel_names(version) + (kernel_names(INFO[version].fallback) if INFO[version].fallback else [])
     if not names:
         raise SystemExit(f"no __global__ kernel found in {KERNELS_DIR / (version + '.cu')}; pass --kernel-regex")
@@ -301,11 +302,9 @@ def run_target(args) -> int:
     shape = (args.batch_size, args.num_heads, args.seq_len, args.head_dim)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-    if args.target in BACKWARD or args.target in PEER_BACKWARD:   # one dK/dV launch per gradient call
+    if args.target in BACKWARD:                    # one dK/dV launch per gradient call
         do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
-        name = (PEER_BACKWARD[args.target][0] if args.target in PEER_BACKWARD else
-                args.target if args.target in BACKWARD_NAMES else owner(args.target))
-        grads = backward_call(name, q, k, v, do, args.causal)
+        grads = backward_call(BACKWARD[args.target].call, q, k, v, do, args.causal)
         for _ in range(args.warmup + 1):
             out = grads()
         torch.cuda.synchronize()
@@ -321,10 +320,9 @@ def run_target(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flashattn.measure.profile", description=__doc__.split("\n\n")[0],
                                 epilog=f"profiled versions: {', '.join(PROFILED)} (all = every one of them); "
-                                       f"backward kernel files: {', '.join(BACKWARD)}; a peer's backward: "
-                                       f"{', '.join(PEER_BACKWARD)}")
+                                       f"backward kernels: {', '.join(BACKWARD)}")
     p.add_argument("version", nargs="?", metavar="VERSION",
-                   help="all or one of " + ", ".join(PROFILED + tuple(BACKWARD) + tuple(PEER_BACKWARD)))
+                   help="all or one of " + ", ".join(PROFILED + tuple(BACKWARD)))
     p.add_argument("--out", default="/tmp", help="folder for the reports (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="input dtype (default: float32; bfloat16 for the tensor-core versions "
