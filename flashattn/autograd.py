@@ -54,7 +54,7 @@ import torch
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
-from flashattn.validate import aligned, check_backward, check_inputs, check_window
+from flashattn.validate import aligned, check_backward, check_backward_head_dim, check_inputs, check_window
 from flashattn.versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -223,6 +223,8 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
     if requires_grad(q, k, v) and q.dtype not in BACKWARD_DTYPES:
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
+    if requires_grad(q, k, v):
+        check_backward_head_dim(q.shape[-1], version)
     extra = list(window) if reference.window_narrows(causal, window) else []
     if backward not in (None, INFO[version].backward):   # the kernel file's name comes after the window
         extra = (extra or [-1, -1]) + [backward]

@@ -63,6 +63,32 @@ def _no_tensor(device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.int32, device=device)
 
 
+# Per device, the fused merge's arrival counters (kernels/decode.cu, DECODE_FUSED_MERGE), newest last.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def merge_counters(device, n: int) -> torch.Tensor:
+    """At least `n` int32 counters on `device`, zero: the split blocks of a fused-merge build count their
+    arrivals there, one counter per (sequence, kv head, row block), and the last block of each sets its
+    counter back to 0. So the buffer is zeroed once, when it is made, and never again: zeroing it per call
+    would be the launch the fused merge exists to save. A build without the fused merge never reads it.
+
+    One buffer per device, shared by every call: safe for calls made one after another, on one stream or on
+    several used in turn. Two calls that may run at the same time on different streams would count on the
+    same counters, and must not be made; a buffer per stream would allow them, but would have every new
+    stream, a CUDA graph's capture stream among them, make its buffer on its first call. A buffer that
+    grows is replaced by one twice as large and the old one is kept, not freed: a CUDA graph may hold its
+    address. Made during a capture, where torch.zeros is recorded and not run, a buffer is zero only in the
+    graph's replays: it serves that call and is not kept (a call before the capture avoids the extra fill)."""
+    held = _COUNTERS.setdefault(torch.device(device), [])
+    if held and held[-1].numel() >= n:
+        return held[-1]
+    fresh = torch.zeros(max(n, 2 * held[-1].numel() if held else n), dtype=torch.int32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        held.append(fresh)
+    return fresh
+
+
 def blocks_per_sequence(M: int, H_q: int, H_kv: int) -> int:
     """Blocks of the split kernel one sequence needs per split: one per kv head and 16 packed rows."""
     return H_kv * math.ceil(M * (H_q // H_kv) / ROWS_PER_BLOCK)
@@ -302,7 +328,8 @@ def _attention(mod, q, k_cache, v_cache, k, v, cache_seqlens, block_table, causa
         num_splits = splits_for(B, M, H_q, k_cache.shape[2], after, mod.tile_keys(), _sm_count(q.device))
     return mod.decode(q, k_cache, v_cache, seqlens.contiguous(),
                       _no_tensor(q.device) if block_table is None else block_table, longest,
-                      1.0 / math.sqrt(D) if scale is None else float(scale), causal, num_splits)
+                      1.0 / math.sqrt(D) if scale is None else float(scale), causal, num_splits,
+                      merge_counters(q.device, B * blocks_per_sequence(M, H_q, k_cache.shape[2])))
 
 
 def paged_copy(k_cache, v_cache, page_size: int, generator=None):

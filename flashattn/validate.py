@@ -87,6 +87,15 @@ def check_backward(backward, version: str = "v6") -> str:
     return backward
 
 
+def check_backward_head_dim(D: int, version: str = "v8") -> None:
+    """For a call whose inputs require grad: ValueError naming head_dim when `version`'s backward kernels do not
+    take D (Version.backward_head_dims), though its forward does (v8's forward takes D = 192 and 256)."""
+    dims = _version(version).backward_head_dims
+    if dims is not None and D not in dims:
+        raise ValueError(f"head_dim D={D} has no backward in {version}: its backward kernels take D in {dims}, "
+                         f"and an input requires grad (the forward alone runs D={D} under torch.no_grad())")
+
+
 def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None,
                  window=(-1, -1)) -> str:
     """Validate q [B, H, M, D], k and v [B, H_kv, N, D], the softmax scale and the sliding window

@@ -35,7 +35,7 @@ import torch
 
 from flashattn import reference
 from flashattn.autograd import TRAINING_VERSIONS, attention, requires_grad
-from flashattn.validate import check_scale, check_window
+from flashattn.validate import check_backward_head_dim, check_scale, check_window
 from flashattn.varlen_kernel import varlen_attention_forward, varlen_forward
 from flashattn.versions import INFO
 
@@ -101,6 +101,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if INFO[version].head_dims is not None and q.shape[2] not in INFO[version].head_dims:
         raise ValueError(f"head_dim D={q.shape[2]} is not supported by {version}; it takes D in "
                          f"{INFO[version].head_dims}")
+    if requires_grad(q, k, v):
+        check_backward_head_dim(q.shape[2], version)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     check_scale(scale, version)

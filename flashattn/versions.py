@@ -39,6 +39,7 @@ class Version:
     archs: tuple[str, ...] | None = None   # build exactly these ("9.0a"), ignoring TORCH_CUDA_ARCH_LIST
     backward: str | None = None            # kernel file of this version's backward pass, e.g. "v6_backward"
     backwards: tuple[str, ...] = ()        # other backward kernel files it can train on: attention(backward=...)
+    backward_head_dims: tuple | None = None   # the D its backward kernels take, where fewer than head_dims
     extra: dict = field(default_factory=dict)
 
 
@@ -81,8 +82,9 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "V7 plus FlashAttention-3's scheduling: a producer warpgroup issuing TMA, setmaxnreg moving "
             "registers to the consumers, ping-pong between consumer warpgroups and the softmax of one tile "
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
-            dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, window=True, min_sm=(9, 0),
-            archs=("9.0a",), backward="v6_backward", backwards=("v8_backward",), extra={"tensor_cores": True}),
+            dtypes=HALF, head_dims=(64, 128, 192, 256), max_head_dim=256, causal=True, gqa=True, scale=True,
+            window=True, min_sm=(9, 0), archs=("9.0a",), backward="v6_backward", backwards=("v8_backward",),
+            backward_head_dims=(64, 128), extra={"tensor_cores": True}),
 )}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)

@@ -17,7 +17,8 @@
 // inference", 2023; FlashAttention-2's split-KV kernel):
 //   * split the keys: block (sequence b, kv head h, split s) handles a contiguous range of key tiles and
 //     writes its partial output O_s (normalized by its own row sums, float32) and its log-sum-exp lse_s;
-//     a second kernel merges the splits exactly: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s.
+//     a second kernel merges the splits exactly: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s
+//     (or, built with DECODE_FUSED_MERGE, the last split block of each (sequence, kv head) merges them itself).
 //     With one split the first kernel writes the output itself and no merge runs;
 //   * grouped-query heads: the G = H_q / H_kv query heads that share a kv head are packed as extra rows of
 //     one tile (row p = m * G + g for new token m and query head h * G + g), so K and V are read once per
@@ -63,7 +64,13 @@
 // block ends about 4 us after the median one stops streaming, and the merge about 4 us after that (the
 // lab notes' table: medians of five traced calls). The streaming alone takes most of the 125 us
 // target; fusing the merge into the last split's block, the step left, would save its launch gap and part
-// of its 2.7 us, not enough by itself.
+// of its 2.7 us, not enough by itself. That step is built (DECODE_FUSED_MERGE below, the fused merge's
+// section), passes the tests and compute-sanitizer on the H200, and lost: at rows16_32k it took 139.5 us
+// against the merge kernel's 135.7 in one interleaved run, and at the other split shapes it was within
+// 1.2% of it (results/h200/decode_fused.json, decode_bench's `fused` part). The last block of a group
+// merges its 16 rows after streaming its own keys, while the merge kernel spreads every group's rows over
+// the whole GPU; we have not traced the fused build to confirm that this is where the time goes. It stays
+// a build, off by default.
 //
 // Compile-time settings (-D at build time, for the chapter's sweep):
 //   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)
@@ -76,9 +83,13 @@
 //                  many bytes around each request from memory at once
 //   DECODE_PDL     1 (default): on sm_90, launch the merge kernel as a programmatic dependent of the split
 //                  kernel; 0: an ordinary launch after it
+//   DECODE_FUSED_MERGE 0 (default): the merge kernel combines the splits; 1: no merge kernel, the split block
+//                  that finishes last of its (sequence, kv head, row block) merges them, counting arrivals on
+//                  a zeroed int32 buffer that the caller owns (Params::counters; flashattn.decode keeps one)
 //   DECODE_TRACE   1: every block stamps the GPU's global timer as it starts, when its first tile has landed,
-//                  after its last tile and as it leaves (the merge kernel's blocks: start and end), and the
-//                  binding `trace` reads the stamps back (flashattn.measure.decode_timeline)
+//                  after its last tile and as it leaves (the merge kernel's blocks: start and end; with
+//                  DECODE_FUSED_MERGE the merging block's end comes after its merge), and the binding `trace`
+//                  reads the stamps back (flashattn.measure.decode_timeline)
 #include <cstdint>
 
 namespace splitkv {
@@ -103,6 +114,8 @@ struct Params {
   int row_blocks;                       // ceil(M * G / kRows)
   int tiles_per_split, splits;
   float scale_log2;                     // softmax scale * log2(e): scores go straight to exp2
+  int* counters;                        // [B * H_kv * row_blocks] (DECODE_FUSED_MERGE, splits > 1): zero on
+                                        // entry, left zero; last so the other fields keep their offsets
 };
 }  // namespace splitkv
 
@@ -131,6 +144,9 @@ struct Params {
 #endif
 #ifndef DECODE_PDL
 #define DECODE_PDL 1
+#endif
+#ifndef DECODE_FUSED_MERGE
+#define DECODE_FUSED_MERGE 0
 #endif
 #ifndef DECODE_TRACE
 #define DECODE_TRACE 0
@@ -226,9 +242,10 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 
 // Programmatic dependent launch (sm_90): the split kernel lets the merge kernel be launched while its own
 // blocks still run, and the merge kernel waits at its top until the split kernel has finished and its
-// writes are visible. What it saves is the gap between the two kernels, not work.
+// writes are visible. What it saves is the gap between the two kernels, not work. A fused build has no
+// merge kernel to let in.
 __device__ __forceinline__ void launch_dependents() {
-#if DECODE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if DECODE_PDL && !DECODE_FUSED_MERGE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
@@ -236,6 +253,14 @@ __device__ __forceinline__ void wait_for_primary() {
 #if DECODE_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// The fused merge's arrival: add 1 to a counter in global memory, returning the count before, as one atomic
+// that is both a release and an acquire at GPU scope (the fused merge's section says why it needs both).
+__device__ __forceinline__ int arrive_acq_rel(int* counter) {
+  int before;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+  return before;
 }
 
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
@@ -303,6 +328,11 @@ __device__ __forceinline__ int kv_offset(int row, int chunk) {
 template <int D, bool BULK>
 __host__ __device__ constexpr int kv_row_bytes() { return BULK ? D * 2 + 16 : D * 2; }
 
+// DECODE_FUSED_MERGE: the split blocks of a (sequence, kv head, row block) merge their splits themselves
+// (the fused merge's section, after the merge kernel whose row code it shares).
+template <typename T, int D, typename RowOffset>
+__device__ __forceinline__ void merge_if_last(const Params& p, int n_rows, RowOffset row_offset);
+
 template <typename T, int D, int BC, int STAGES, int PAGING, bool CAUSAL, bool BULK>
 __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(const Params p) {
   constexpr int kChunks = D / 8;                         // 16-byte chunks per row
@@ -354,6 +384,9 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       for (int i = tid; i < kRows * D; i += kThreads)
         if (row0 + i / D < rows) o[row_offset(i / D) * D + i % D] = from_float<T>(0.f);
     }
+#if DECODE_FUSED_MERGE
+    if (p.splits > 1) merge_if_last<T, D>(p, min(kRows, rows - row0), row_offset);   // an empty split counts too
+#endif
     DECODE_STAMP(trace_row, 2)         // no tile: every stamp of this call, none left from an earlier one
     DECODE_STAMP(trace_row, 3)
     DECODE_STAMP(trace_row, 4)
@@ -610,39 +643,44 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
 
   constexpr int kPerThread = kRows * D / kThreads;       // 8 (D = 64) or 16 (D = 128) columns of one row
   const int r = tid / (D / kPerThread), c0 = (tid % (D / kPerThread)) * kPerThread;
-  if (row0 + r >= rows) return;
-  float m_max = -CUDART_INF_F;
+  if (row0 + r < rows) {             // past the last packed row: nothing to write, but the fused merge's
+                                     // barriers below need the whole block
+    float m_max = -CUDART_INF_F;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, sM[w * kRows + r]);
-  float weight[kWarps], l_sum = 0.f;
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, sM[w * kRows + r]);
+    float weight[kWarps], l_sum = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    weight[w] = m_max == -CUDART_INF_F ? 0.f : ex2(sM[w * kRows + r] - m_max);
-    l_sum += weight[w] * sL[w * kRows + r];
+    for (int w = 0; w < kWarps; ++w) {
+      weight[w] = m_max == -CUDART_INF_F ? 0.f : ex2(sM[w * kRows + r] - m_max);
+      l_sum += weight[w] * sL[w * kRows + r];
+    }
+    const float inv_l = l_sum > 0.f ? 1.f / l_sum : 0.f;   // a row that saw no key: output 0
+    float out[kPerThread];
+#pragma unroll
+    for (int c = 0; c < kPerThread; ++c) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc += weight[w] * sO[(w * kRows + r) * kOStride + c0 + c];
+      out[c] = acc * inv_l;
+    }
+    const int64_t row = row_offset(r);
+    if (p.splits == 1) {
+      T* o = static_cast<T*>(p.o) + row * D + c0;
+#pragma unroll
+      for (int c = 0; c < kPerThread; c += 2)
+        *reinterpret_cast<uint32_t*>(o + c) = pack2<T>(out[c], out[c + 1]);
+    } else {
+      const int64_t part = split * static_cast<int64_t>(p.B) * p.M * p.H_q + row;
+      float4* o = reinterpret_cast<float4*>(p.o_part + part * D + c0);
+#pragma unroll
+      for (int c = 0; c < kPerThread; c += 4) o[c / 4] = make_float4(out[c], out[c + 1], out[c + 2], out[c + 3]);
+      // natural log of the row's sum of exp(scaled score): (m + log2 l) / log2(e)
+      if (c0 == 0) p.lse_part[part] = l_sum > 0.f ? (m_max + __log2f(l_sum)) * 0.6931471805599453f : -CUDART_INF_F;
+    }
   }
-  const float inv_l = l_sum > 0.f ? 1.f / l_sum : 0.f;   // a row that saw no key: output 0
-  float out[kPerThread];
-#pragma unroll
-  for (int c = 0; c < kPerThread; ++c) {
-    float acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) acc += weight[w] * sO[(w * kRows + r) * kOStride + c0 + c];
-    out[c] = acc * inv_l;
-  }
-  const int64_t row = row_offset(r);
-  if (p.splits == 1) {
-    T* o = static_cast<T*>(p.o) + row * D + c0;
-#pragma unroll
-    for (int c = 0; c < kPerThread; c += 2)
-      *reinterpret_cast<uint32_t*>(o + c) = pack2<T>(out[c], out[c + 1]);
-  } else {
-    const int64_t part = split * static_cast<int64_t>(p.B) * p.M * p.H_q + row;
-    float4* o = reinterpret_cast<float4*>(p.o_part + part * D + c0);
-#pragma unroll
-    for (int c = 0; c < kPerThread; c += 4) o[c / 4] = make_float4(out[c], out[c + 1], out[c + 2], out[c + 3]);
-    // natural log of the row's sum of exp(scaled score): (m + log2 l) / log2(e)
-    if (c0 == 0) p.lse_part[part] = l_sum > 0.f ? (m_max + __log2f(l_sum)) * 0.6931471805599453f : -CUDART_INF_F;
-  }
+#if DECODE_FUSED_MERGE
+  if (p.splits > 1) merge_if_last<T, D>(p, min(kRows, rows - row0), row_offset);
+#endif
   DECODE_STAMP(trace_row, 4)
 }
 
@@ -660,32 +698,34 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
 #define DECODE_MERGE_UNROLL 8
 #endif
 constexpr int kMergeUnroll = DECODE_MERGE_UNROLL;
-template <typename T, int D>
-__global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_part,
-                                                    const float* __restrict__ lse_part, T* __restrict__ o,
-                                                    int64_t rows, int splits) {
+// One warp merges output row `row` of the partials [splits, rows]. kThisGrid: the partials were written by
+// the grid that reads them (the fused merge), so they are loaded at L2 (ld.global.cg); a read-only load
+// (ld.global.nc), which the compiler may choose for data that looks constant, need not see stores made by
+// other blocks of the same grid.
+template <typename T, int D, bool kThisGrid>
+__device__ __forceinline__ void merge_row(const float* o_part, const float* lse_part, T* o, int64_t rows, int splits,
+                                          int64_t row, int lane) {
   constexpr int kPerLane = D / 32;                       // 2 or 4 columns
   using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
-  wait_for_primary();
-  DECODE_STAMP(kTraceRows / 2 + blockIdx.x, 1)
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  auto load = [](const auto* at) {
+    if constexpr (kThisGrid) return __ldcg(at);
+    else return *at;
+  };
   float lse_max = -CUDART_INF_F;
-  for (int s = lane; s < splits; s += 32) lse_max = fmaxf(lse_max, lse_part[s * rows + row]);
+  for (int s = lane; s < splits; s += 32) lse_max = fmaxf(lse_max, load(lse_part + s * rows + row));
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
   float acc[kPerLane] = {};
   float total = 0.f;
   if (lse_max != -CUDART_INF_F) {
     for (int s0 = 0; s0 < splits; s0 += 32) {
-      const float my_w = s0 + lane < splits ? __expf(lse_part[(s0 + lane) * rows + row] - lse_max) : 0.f;
+      const float my_w = s0 + lane < splits ? __expf(load(lse_part + (s0 + lane) * rows + row) - lse_max) : 0.f;
       total += my_w;
       const int n = min(32, splits - s0);
 #pragma unroll kMergeUnroll
       for (int j = 0; j < n; ++j) {
         const float w = __shfl_sync(0xffffffffu, my_w, j);
-        const Vec x = *reinterpret_cast<const Vec*>(o_part + ((s0 + j) * rows + row) * D + lane * kPerLane);
+        const Vec x = load(reinterpret_cast<const Vec*>(o_part + ((s0 + j) * rows + row) * D + lane * kPerLane));
         const float* xs = reinterpret_cast<const float*>(&x);
 #pragma unroll
         for (int c = 0; c < kPerLane; ++c) acc[c] += w > 0.f ? w * xs[c] : 0.f;   // never 0 * garbage
@@ -699,7 +739,52 @@ __global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_
 #pragma unroll
   for (int c = 0; c < kPerLane; c += 2)
     *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128) merge_kernel(const float* __restrict__ o_part,
+                                                    const float* __restrict__ lse_part, T* __restrict__ o,
+                                                    int64_t rows, int splits) {
+  wait_for_primary();
+  DECODE_STAMP(kTraceRows / 2 + blockIdx.x, 1)
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row >= rows) return;
+  merge_row<T, D, false>(o_part, lse_part, o, rows, splits, row, threadIdx.x % 32);
   DECODE_STAMP(kTraceRows / 2 + blockIdx.x, 2)
+}
+
+// ---------------------------------------------------------------- the fused merge ----------------------
+//
+// DECODE_FUSED_MERGE: no merge kernel. Every split block of a (sequence, kv head, row block) counts itself on
+// that group's counter once its partial rows are written, and the block that arrives last, which alone knows
+// that every partial is there, merges the group's rows with the merge kernel's row code (one warp per row)
+// and sets the counter back to 0 for the next call. This is the last-block pattern of CUDA's
+// threadFenceReduction sample (cuda-samples, Samples/2_Concepts_and_Techniques/threadFenceReduction): the
+// merge starts the moment the last partial is written, with no second launch to wait for.
+//
+// Memory ordering: the last block must see every other block's partial stores.
+//   * release: __syncthreads() orders all of this block's stores before thread 0's arrival, an atomic add
+//     with .acq_rel semantics at GPU scope: its release half makes what precedes it (cumulatively: the whole
+//     block's stores, through the barrier) visible to any thread that later acquires the counter;
+//   * acquire: the last block's arrival reads the count the others released, and its acquire half orders the
+//     block's later loads after their stores; __syncthreads_or() hands that ordering on to the other threads.
+// This is the order of cooperative groups' grid sync (a barrier, one thread's ordered atomic, a barrier); a
+// __threadfence() before and after a relaxed atomicAdd, the sample's form, is the same pair of fences. The
+// partials are then loaded past L1 (merge_row's kThisGrid).
+//
+// The reset needs no ordering of its own: every block of the group has arrived, so nothing else touches the
+// counter in this grid, and the next call's kernel starts after this one has finished.
+template <typename T, int D, typename RowOffset>
+__device__ __forceinline__ void merge_if_last(const Params& p, int n_rows, RowOffset row_offset) {
+  __syncthreads();
+  int last = 0;
+  if (threadIdx.x == 0) last = arrive_acq_rel(p.counters + blockIdx.x) == p.splits - 1;
+  if (!__syncthreads_or(last)) return;
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+  const int64_t rows = static_cast<int64_t>(p.B) * p.M * p.H_q;
+  for (int r = threadIdx.x / 32; r < n_rows; r += kWarps)
+    merge_row<T, D, true>(p.o_part, p.lse_part, static_cast<T*>(p.o), rows, p.splits, row_offset(r),
+                          threadIdx.x % 32);
 }
 
 // ---------------------------------------------------------------- launch -------------------------------
@@ -720,21 +805,23 @@ const char* launch(const Params& p, bool pdl, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  if (p.splits > 1) {
-    const int64_t rows = static_cast<int64_t>(p.B) * p.M * p.H_q;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
-    config.blockDim = dim3(128);
-    config.stream = stream;
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = pdl;
-    config.numAttrs = DECODE_PDL && pdl ? 1 : 0;
-    err = cudaLaunchKernelEx(&config, merge_kernel<T, D>, static_cast<const float*>(p.o_part),
-                             static_cast<const float*>(p.lse_part), static_cast<T*>(p.o), rows, p.splits);
-    if (err == cudaSuccess) err = cudaGetLastError();
-    if (err != cudaSuccess) return cudaGetErrorString(err);
+  if constexpr (!DECODE_FUSED_MERGE) {   // fused: the split kernel has merged already (and has no merge kernel)
+    if (p.splits > 1) {
+      const int64_t rows = static_cast<int64_t>(p.B) * p.M * p.H_q;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+      config.blockDim = dim3(128);
+      config.stream = stream;
+      cudaLaunchAttribute dependent[1];
+      dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      dependent[0].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = dependent;
+      config.numAttrs = DECODE_PDL && pdl ? 1 : 0;
+      err = cudaLaunchKernelEx(&config, merge_kernel<T, D>, static_cast<const float*>(p.o_part),
+                               static_cast<const float*>(p.lse_part), static_cast<T*>(p.o), rows, p.splits);
+      if (err == cudaSuccess) err = cudaGetLastError();
+      if (err != cudaSuccess) return cudaGetErrorString(err);
+    }
   }
   return nullptr;
 }
@@ -762,6 +849,7 @@ const char* dispatch(const Params& p, int D, bool causal, bool pdl, cudaStream_t
 }  // namespace splitkv
 
 size_t decode_tile_keys() { return DECODE_BC; }
+bool decode_fused_merge() { return DECODE_FUSED_MERGE != 0; }
 
 // DECODE_TRACE builds: the stamps of the last call, [kTraceRows][kTraceCols] into `host`; otherwise no rows.
 int decode_trace_rows() { return DECODE_TRACE ? splitkv::kTraceRows : 0; }
@@ -802,6 +890,7 @@ const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cud
 
 
 size_t decode_tile_keys();
+bool decode_fused_merge();
 int decode_trace_rows();
 const char* decode_read_trace(unsigned long long* host);
 const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream);
@@ -824,11 +913,13 @@ at::Tensor trace() {
 
 // q [B, M, H_q, D]; k_cache, v_cache [B, max_len, H_kv, D] or paged [pages, page_size, H_kv, D] with
 // block_table [B, pages_per_seq] int32 (an empty tensor: not paged); seqlens_k [B] int32 (empty: every
-// sequence has max_seqlen_k keys); max_seqlen_k: the largest length (sizes the splits); num_splits >= 1.
+// sequence has max_seqlen_k keys); max_seqlen_k: the largest length (sizes the splits); num_splits >= 1;
+// counters: int32, at least B * H_kv * ceil(M * G / 16) of them, all zero, on q's device (read only by a
+// DECODE_FUSED_MERGE build, which leaves them zero; no two calls that may run at once may share them).
 // flashattn.attention_with_kvcache checks all of it first, with messages that name values; these checks
 // only keep a direct call from reading out of bounds.
 at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor seqlens_k, at::Tensor block_table,
-                  int64_t max_seqlen_k, double scale, bool causal, int64_t num_splits) {
+                  int64_t max_seqlen_k, double scale, bool causal, int64_t num_splits, at::Tensor counters) {
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda(), "q, k_cache and v_cache must be CUDA tensors");
   TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "q, k_cache and v_cache must have rank 4");
   const auto dtype = q.scalar_type();
@@ -859,11 +950,17 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
   const c10::cuda::CUDAGuard guard(q.device());
   const int B = q.size(0), M = q.size(1), H_q = q.size(2), H_kv = k_cache.size(2);
   const int G = H_q / H_kv;
+  const int row_blocks = (M * G + 15) / 16;
   const int64_t tile = tile_keys();
   const int64_t capacity = paged ? block_table.size(1) * k_cache.size(1) : k_cache.size(1);
   const int64_t n_tiles = (std::max<int64_t>(max_seqlen_k, 1) + tile - 1) / tile;
   const int64_t per_split = (n_tiles + num_splits - 1) / num_splits;
   const int64_t splits = (n_tiles + per_split - 1) / per_split;   // no split is empty for the longest sequence
+
+  const bool counted = decode_fused_merge() && splits > 1;
+  TORCH_CHECK(!counted || (counters.scalar_type() == at::kInt && counters.is_contiguous() &&
+                           counters.device() == q.device() && counters.numel() >= int64_t(B) * H_kv * row_blocks),
+              "counters must be int32 on q's device, contiguous, with at least B * H_kv * ceil(M * G / 16) elements");
 
   auto o = at::empty({B, M, H_q, D}, q.options());
   at::Tensor o_part, lse_part;
@@ -891,10 +988,11 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
   p.B = B, p.M = M, p.H_q = H_q, p.H_kv = H_kv, p.G = G;
   // without per-sequence lengths every sequence has max_seqlen_k keys (an int cache_seqlens, or a full cache)
   p.max_len = static_cast<int>(lengths ? capacity : std::min<int64_t>(max_seqlen_k, capacity));
-  p.row_blocks = (M * G + 15) / 16;
+  p.row_blocks = row_blocks;
   p.tiles_per_split = static_cast<int>(per_split);
   p.splits = static_cast<int>(splits);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.counters = counted ? counters.data_ptr<int>() : nullptr;
   const char* err = decode_forward(p, dtype == at::kBFloat16 ? 0 : 1, static_cast<int>(D), causal,
                                    c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);

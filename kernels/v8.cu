@@ -1,6 +1,7 @@
 // v8: v7 plus FlashAttention-3's scheduling -- warp specialization, a register split between the roles,
 // ping-pong between consumer warpgroups, the softmax of one tile overlapped with the products of the
-// next, and persistent blocks. bf16/fp16, fp32 accumulation, causal masking, head dims 64 and 128.
+// next, and persistent blocks. bf16/fp16, fp32 accumulation, causal masking, head dims 64, 128, 192 and
+// 256.
 // Needs an sm_90a build (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0
 // (H100, H200).
 //
@@ -47,7 +48,8 @@
 //   scale > 0: the softmax scale, o = softmax(scale * q k^T) v (flashattn passes 1/sqrt(D) for
 //   scale=None); the launcher folds log2(e) into it once (scale_log2).
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
-//     in the input dtype. D in {64, 128}; any M, N >= 1 (M != N allowed); B * H * ceil(M / B_r) < 2^31.
+//     in the input dtype. D in {64, 128, 192, 256}; any M, N >= 1 (M != N allowed);
+//     B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
 //   window (window_left, window_right), FlashAttention-2's window_size, aligned the same way: row i may
@@ -72,7 +74,7 @@
 //     layout. Its kernels (flash_fwd_varlen) are compiled only with -DFLASHATTN_VARLEN=1
 //     (flashattn.varlen_kernel) and share flash_fwd_ws's code (flash_fwd_body, VARLEN a template constant):
 //     the other kernels' machine code is as it was (tests/test_v8.py). Checked on an H200
-//     (tests/test_varlen.py), not yet timed.
+//     (tests/test_varlen.py) and timed beside FlashAttention-4 and cuDNN in results/h200/varlen.json.
 //
 // Tiles (per template instance; override with -D at build time, see the V8_* macros below):
 //   D=64 : 3 consumer warpgroups + 1 producer (B_r = 192, 512 threads), B_c = 128, 2 stages. smem 24 KB
@@ -81,9 +83,23 @@
 //   D=128: 2 consumer warpgroups + 1 producer (B_r = 128, 384 threads), B_c = 128, 2 stages. smem 32 KB
 //          Q_i + 2 x (32 + 32 KB) = 160 KB: 1 block per SM. Registers: 168 at entry (65,536 / 384,
 //          down to a multiple of 8); producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168).
+//   D=192: D=128's block (B_r = 128, 384 threads, the same register split), B_c = 112, 2 stages: smem
+//          48 KB Q_i + 2 x (42 + 42 KB) = 216 KB. B_c = 128 would need 240 KB.
+//   D=256: the same block, B_c = 80, 2 stages: smem 64 KB Q_i + 2 x (40 + 40 KB) = 224 KB, the most that
+//          fits with the barriers and the alignment under the 227 KB a block may opt in to. The tiles at
+//          both dims are FlashAttention-3's (hopper/tile_size.h: 128 x 112 and 128 x 80 "hit the limit of
+//          smem"); a row block of 192 would leave no room for two stages.
+//          D=192 and D=256: checked against float64 and under compute-sanitizer on an H200
+//          (tests/test_v8_head_dims.py; results/h200/logs/*_head_dims_wip.log) and timed beside cuDNN and
+//          FlashAttention-2 in results/h200/prefill_wide.json (FlashAttention-4 not installed in that run);
+//          forward only (the backward kernels take 64 and 128). In their SASS ptxas leaves few of a tile's
+//          exponentials inside the window in which P_j V_j is in flight (tests/test_v8.py counts them; at
+//          D=128 it keeps a good share there): the softmax of the wide dims is barely overlapped, and the
+//          clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed at these dims.
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
-//   overlap; the consumers fit their share with no spills and no stack frame (tests/test_v8.py checks
-//   the split in the SASS). V8_D128_BC=176 is FlashAttention-3's key tile at D=128 (32 KB + 2 x (44 +
+//   overlap (D=128: 64 + 64 + 32; D=192: 96 + 56 + 28; D=256: 128 + 40 + 20, of 240 registers); the
+//   consumers fit their share with no spills and no stack frame (tests/test_v8.py checks the split in the
+//   SASS at every head dim). V8_D128_BC=176 is FlashAttention-3's key tile at D=128 (32 KB + 2 x (44 +
 //   44 KB) = 208 KB of shared memory).
 //
 // Why these defaults (the chapter's sweep): specialization alone lost to v7's loop, and setmaxnreg did
@@ -125,10 +141,13 @@
 #define V8_OVERLAP V8_SPECIALIZE
 #endif
 // Tile choices (override with -D for a sweep):
-//   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts);
-//   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses: one wgmma's N
-//                 for S_ij, and a multiple of 16 for P V's k steps);
-//   V8_STAGES     K/V slots in shared memory (at least 2).
+//   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts;
+//                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
+//   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses; 112 at D=192 and
+//                 80 at D=256: one wgmma's N for S_ij, and a multiple of 16 for P V's k steps);
+//   V8_STAGES     K/V slots in shared memory (at least 2) at D=64 and 128;
+//   V8_D192_STAGES, V8_D256_STAGES  the same at D=192 and 256, where Q_i and two stages of the default
+//                 B_c already fill shared memory: they stay at 2 when a sweep raises V8_STAGES.
 #ifndef V8_D64_WG
 #define V8_D64_WG (V8_SPECIALIZE ? 3 : 2)
 #endif
@@ -141,14 +160,33 @@
 #ifndef V8_D128_BC
 #define V8_D128_BC 128
 #endif
+#ifndef V8_D192_WG
+#define V8_D192_WG 2
+#endif
+#ifndef V8_D192_BC
+#define V8_D192_BC 112
+#endif
+#ifndef V8_D256_WG
+#define V8_D256_WG 2
+#endif
+#ifndef V8_D256_BC
+#define V8_D256_BC 80
+#endif
 #ifndef V8_STAGES
 #define V8_STAGES 2
+#endif
+#ifndef V8_D192_STAGES
+#define V8_D192_STAGES 2
+#endif
+#ifndef V8_D256_STAGES
+#define V8_D256_STAGES 2
 #endif
 // Scheduling across blocks:
 //   V8_PERSISTENT     (on with the producer) grid = one block per SM, each looping over work items (a
 //                     Q_i block of one head): the producer loads the next item's Q_i and first K/V
 //                     tiles while the consumers finish the last P V and write O_i, and the ping-pong
-//                     turns run on across items. V8_D64_PERSISTENT / V8_D128_PERSISTENT per head dim,
+//                     turns run on across items. V8_D64_PERSISTENT / V8_D128_PERSISTENT /
+//                     V8_D192_PERSISTENT / V8_D256_PERSISTENT per head dim,
 //                     V8_D64_CAUSAL_PERSISTENT for the causal D=64 kernel (persistent with the snake
 //                     order below; with plain bands it was slower than one block per item);
 //   V8_SNAKE          (causal, persistent) a block takes items c, 2G - 1 - c, 2G + c, ... (G blocks)
@@ -166,6 +204,12 @@
 #endif
 #ifndef V8_D128_PERSISTENT
 #define V8_D128_PERSISTENT V8_PERSISTENT
+#endif
+#ifndef V8_D192_PERSISTENT
+#define V8_D192_PERSISTENT V8_PERSISTENT
+#endif
+#ifndef V8_D256_PERSISTENT
+#define V8_D256_PERSISTENT V8_PERSISTENT
 #endif
 #ifndef V8_D64_CAUSAL_PERSISTENT
 #define V8_D64_CAUSAL_PERSISTENT V8_D64_PERSISTENT
@@ -382,6 +426,89 @@ template <> struct Wgmma<176, __half> {
   }
 };
 
+// The wide head dims: their key tiles (B_c = 112 at D = 192, 80 at D = 256, the widest that fit two stages
+// of K_j and V_j next to Q_i in shared memory) for S, and N = D for P V.
+#define V8_ACC80(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32)
+template <> struct Wgmma<80, __nv_bfloat16> {
+  // S only (B_c = 80, D = 256's key tile): A (64 x 16) and B (80 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC80(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct Wgmma<80, __half> {
+  // S only (B_c = 80, D = 256's key tile): A (64 x 16) and B (80 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC80(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+#define V8_ACC112(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32), V8_ACC8(d, 40), V8_ACC8(d, 48)
+template <> struct Wgmma<112, __nv_bfloat16> {
+  // S only (B_c = 112, D = 192's key tile): A (64 x 16) and B (112 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[56], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC112(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct Wgmma<112, __half> {
+  // S only (B_c = 112, D = 192's key tile): A (64 x 16) and B (112 x 16) from shared memory, K-major.
+  static __device__ __forceinline__ void ss(float (&d)[56], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1, 0, 0;\n}\n"
+        : V8_ACC112(d)
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+#define V8_ACC192(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80), V8_ACC8(d, 88)
+template <> struct Wgmma<192, __nv_bfloat16> {
+  // P V only (N = D = 192): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+  static __device__ __forceinline__ void rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 1, 1, 1, 1;\n"
+        : V8_ACC192(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <> struct Wgmma<192, __half> {
+  // P V only (N = D = 192): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+  static __device__ __forceinline__ void rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 1, 1, 1, 1;\n"
+        : V8_ACC192(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+#define V8_ACC256(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80), V8_ACC8(d, 88), V8_ACC8(d, 96), V8_ACC8(d, 104), V8_ACC8(d, 112), V8_ACC8(d, 120)
+template <> struct Wgmma<256, __nv_bfloat16> {
+  // P V only (N = D = 256): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+        : V8_ACC256(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <> struct Wgmma<256, __half> {
+  // P V only (N = D = 256): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+        : V8_ACC256(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+
 // ---------------------------------------------------------------- trace (V8_TRACE) ------------------
 // The instrumentation, all of it here. With V8_TRACE=1 one lane of the producer and of every consumer
 // warpgroup writes clock64 stamps at its events per key tile into a buffer (forward_trace), which
@@ -483,6 +610,9 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 
 template <int D, int NWG, int BC, int STAGES, bool SPECIALIZE>
 struct Layout {
+  // A 128-byte-swizzled panel is 64 columns: D = 96 would need a half panel of another swizzle.
+  static_assert(D % 64 == 0, "v8's tiles are whole 64-column panels");
+  static_assert(BC % 16 == 0, "P V takes the key tile in k steps of 16");
   static constexpr int BR = 64 * NWG;
   static constexpr int THREADS = 128 * (NWG + (SPECIALIZE ? 1 : 0));
   static constexpr int PANELS = D / 64;
@@ -1241,7 +1371,15 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
-  return "v8 supports head_dim 64 and 128 only";
+  if (D == 192)
+    return launch<T, 192, V8_D192_WG, V8_D192_BC, CAUSAL, V8_D192_STAGES, SPEC, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D192_PERSISTENT != 0, WITH_LSE, VARLEN>(
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
+  if (D == 256)
+    return launch<T, 256, V8_D256_WG, V8_D256_BC, CAUSAL, V8_D256_STAGES, SPEC, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D256_PERSISTENT != 0, WITH_LSE, VARLEN>(
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
+  return "v8 supports head_dim 64, 128, 192 and 256 only";
 }
 
 // lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
@@ -1272,7 +1410,7 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 inline const char* check_call(int H, int H_kv, int D, float scale, int dtype) {
   if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
-  if (D != 64 && D != 128) return "v8 supports head_dim 64 and 128 only";
+  if (D != 64 && D != 128 && D != 192 && D != 256) return "v8 supports head_dim 64, 128, 192 and 256 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -1365,7 +1503,7 @@ const char* v8_forward_varlen(const void* q, const void* k, const void* v, void*
                               int64_t window_right, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
-// float16, on one CUDA device of compute capability 9.0; D in {64, 128}; scale None means 1/sqrt(D), a
+// float16, on one CUDA device of compute capability 9.0; D in {64, 128, 192, 256}; scale None means 1/sqrt(D), a
 // window side -1 no bound. Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no
 // numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see
 // flashattn/book/trace.py.
@@ -1387,7 +1525,8 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
     for (int d = 0; d < 4; ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v8 supports head_dim 64 and 128 only");
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128 || q.size(3) == 192 || q.size(3) == 256,
+              "q: v8 supports head_dim 64, 128, 192 and 256 only");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
@@ -1462,7 +1601,8 @@ static std::tuple<at::Tensor, at::Tensor> run_forward_varlen(at::Tensor q, at::T
     for (int d = 0; d < 3; ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "q: v8 supports head_dim 64 and 128 only");
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128 || q.size(2) == 192 || q.size(2) == 256,
+              "q: v8 supports head_dim 64, 128, 192 and 256 only");
   TORCH_CHECK(k.size(2) == q.size(2), "k must match q in head_dim");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [total_k, H_kv, D]");

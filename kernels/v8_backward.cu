@@ -2,16 +2,20 @@
 // and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200,
-// before V8B_HEAD_GROUP and V8B_DESC_ADD (which no GPU has run yet): every GPU test of
-// tests/test_v8_backward.py and tests/test_backward_choice.py passes, and compute-sanitizer's memcheck,
-// racecheck and synccheck are clean in both modes
-// (results/h200/logs/*_77b169c.log, pytest_backward_fixes_506e705.log; the first version's runs, before the
-// empty barrier took an arrival from every consumer thread: *_f50ce76.log). Timed through autograd beside
-// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json (README: "The backward pass
-// against SDPA's backends and FlashAttention-4"), and profiled beside FlashAttention-4's in
-// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep; the chapter "The backward on Hopper" reads
-// both. flashattn trains v7 and v8 on it only when asked (attention(..., backward="v8_backward")).
+// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
+// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
+// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, with the block order and
+// descriptors of this file (results/h200/logs/pytest_v8b_l2order_decode_fused_wip.log: its one failure, a
+// CPU emulation's float64 tolerance, is fixed in the test) and before them (*_77b169c.log,
+// pytest_backward_fixes_506e705.log; the first version's runs, before the empty barrier took an arrival from
+// every consumer thread: *_f50ce76.log). Timed through autograd beside V6's backward, cuDNN and
+// FlashAttention-4 in results/h200/bench_backward.json (README: "The backward pass against SDPA's backends
+// and FlashAttention-4"; recorded before V8B_HEAD_GROUP and V8B_DESC_ADD, whose steps are timed in
+// results/h200/logs/backward_{order,descriptors}_*.log), and profiled beside FlashAttention-4's in
+// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version) and
+// flash_v8_backward_l2order_s8192_profile.ncu-rep (this file); the chapter "The backward on Hopper" and its
+// lab notes read them. flashattn trains v7 and v8 on it only when asked (attention(..., backward=
+// "v8_backward")).
 //
 // What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
@@ -132,21 +136,27 @@
 #ifndef V8B_EXP_FENCE
 #define V8B_EXP_FENCE 1
 #endif
-// The order of the blocks: V8B_HEAD_GROUP kv heads at a time, the key tiles of a group's heads interleaved
-// (heads fastest inside the group), group after group. 0 (default): all heads in one group, so consecutive
-// blocks take the same key tile of different heads (the first key tiles, which see the most query tiles
-// under the causal mask, start first); 1: key tiles first, one head after another. The blocks that run at one
-// time read the Q_i, dO_i and dQ accumulator of the heads they cover, 8 MiB per head at N = 8192 and D = 128:
-// all heads of a large batch do not fit in L2, a few do. Not measured yet. Key tile j of a head always
-// has a higher blockIdx than key tile j - 1 of that head, which the deterministic mode's turns rely on.
+// The order of the blocks: G kv heads at a time, the key tiles of a group's heads interleaved (heads fastest
+// inside the group), group after group. The blocks that run at one time read the Q_i, dO_i and dQ
+// accumulator rows of the heads they cover, 8 MiB per kv head at N = 8192 and D = 128: all heads of a large
+// batch do not fit in L2, a few do. V8B_HEAD_GROUP -1 (default): G is the most kv heads whose Q, dO and dQ
+// accumulator rows fit in half the L2 (l2_head_group below; the other half is left to K_j, V_j, dK_j and dV_j);
+// 0: all heads in one group, so consecutive blocks take the same key tile of different heads (the first key
+// tiles, which see the most query tiles under the causal mask, start first: the first version's order);
+// 1: key tiles first, one head after another; G > 1: G heads. Key tile j of a head always has a higher
+// blockIdx than key tile j - 1 of that head, which the deterministic mode's turns rely on. On the H200 the
+// default was the fastest order or within 3% of it at the four target shapes, 5% faster than 0 at (2, 16,
+// 8192, 128) non-causal, where the DRAM traffic fell from 2.30 TB/s to 0.24 TB/s under Nsight Compute
+// (results/h200/logs/backward_order_l2_wip.log, the lab notes of "The backward on Hopper").
 #ifndef V8B_HEAD_GROUP
-#define V8B_HEAD_GROUP 0
+#define V8B_HEAD_GROUP -1
 #endif
 // How a product's shared-memory descriptors are made. 1 (default): one per operand tile, with each k step's
 // offset added to its start-address field (opdesc below); 0: make_desc for every wgmma from the operand's
 // address (the first version), whose mask and shifts ptxas cannot fold across the k steps, so that a step
-// spent more instructions on descriptors than on P^T and dS^T (the chapter's lab notes count them). Not
-// measured yet.
+// spent more instructions on descriptors than on P^T and dS^T (the chapter's lab notes count them). On the
+// H200 1 took 0% to 3% less time than 0 at the four target shapes
+// (results/h200/logs/backward_descriptors_916a455.log).
 #ifndef V8B_DESC_ADD
 #define V8B_DESC_ADD 1
 #endif
@@ -491,7 +501,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
                  const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                  const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
                  int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
-                 int N, int M_pad, float scale_log2, float scale, int lo, int hi) {
+                 int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
   static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
   using L = Layout<D, STAGES>;
   constexpr int BR = L::BR, BC = L::BC, PANELS = D / 64;
@@ -516,7 +526,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   // The block's key tile (V8B_HEAD_GROUP: group grp of HG kv heads, `width` of them in the last group) and
   // the query tiles it visits (the same for every query head of the kv head's group).
   const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;
-  const int HG = V8B_HEAD_GROUP <= 0 || V8B_HEAD_GROUP > BH_kv ? BH_kv : V8B_HEAD_GROUP;
+  const int HG = head_group <= 0 || head_group > BH_kv ? BH_kv : head_group;
   const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);
   const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;
   const int m_tiles = M_pad / BR;
@@ -898,6 +908,22 @@ inline long long padded_rows(int M, int D) {
   return ((long long)M + query_tile(D) - 1) / query_tile(D) * query_tile(D);
 }
 
+// V8B_HEAD_GROUP -1: the most kv heads (at least one) whose rows that every key tile of the head reads or adds
+// to -- Q and dO in the input dtype, the dQ accumulator in fp32, for each of the `group` query heads that
+// share the kv head -- take at most half of an L2 of l2 bytes (0 heads if l2 is 0: all heads, the first
+// version's order). At N = 8192 and D = 128 a kv head's rows take 8 MiB (bf16).
+inline int l2_head_group(long long l2, int group, long long M_pad, int D, size_t elem) {
+  const long long per_head = (long long)group * M_pad * D * (2 * (long long)elem + 4);
+  const long long heads = l2 / 2 / per_head;
+  return l2 <= 0 ? 0 : heads < 1 ? 1 : heads > 0x7fffffffLL ? 0x7fffffff : (int)heads;
+}
+inline long long l2_bytes() {
+  int dev = 0, bytes = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev);
+  return bytes;
+}
+
 struct Args {
   const void *q, *k, *v, *o, *lse, *dout;
   void *dq, *dk, *dv;
@@ -958,7 +984,8 @@ const char* run(const Args& a) {
   // 2. dK, dV and dQ's additions
   kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
       tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
-      static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi);
+      static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi,
+      V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP : l2_head_group(l2_bytes(), a.H / a.H_kv, M_pad, D, sizeof(T)));
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 

@@ -389,3 +389,33 @@ def test_descriptors_plus_offsets_take_instructions_out_of_the_step(D):
     for same in ("wgmma, its fences and waits", "P, dS: FFMA, FADD, FMUL, MUFU, FSEL, F2FP"):
         assert new[same] == old[same], same
     assert sum(new.values()) < sum(old.values()) - 100
+
+
+def test_order_table_reads_the_three_reports(tmp_path, monkeypatch):
+    """The two steps' table puts the first version's report, the new default's and FlashAttention-4's side by
+    side, and says which report is missing while one is."""
+    monkeypatch.setattr(records, "RESULTS", tmp_path)
+    assert "Needs the three reports" in profile.order_table().data
+    if not records.ncu_report_importable():
+        pytest.skip("ncu_report is not installed (pip install ncu-report)")
+    for name in profile.ORDER:
+        shutil.copy(REPO_ROOT / "results" / "h200" / "flash_v6_backward_s2048_profile.ncu-rep",
+                    records.report_path(name, profile.SHAPE["seq_len"]))
+    rows = [r for r in profile.order_table().data.splitlines() if r.startswith("|")]
+    assert len(rows) == 2 + len(profile.ORDER_ROWS) + 1
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows[2:]]
+    assert all(len(set(c[1:])) == 1 for c in cells[:-1])   # one report three times: the same value
+    assert cells[-1][1:] == ["1.00×"] * 3
+
+
+@pytest.mark.parametrize("log,columns", [("backward_order_l2_wip.log", 7), ("backward_descriptors_916a455.log", 3)])
+def test_step_logs_hold_the_four_targets(log, columns):
+    """The lab notes' step tables are the ones the H200 printed: a row per target shape, every cell a time or a
+    ratio, and the sentence that says how they were measured."""
+    text = profile.step_log(log).data
+    rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| B,")]
+    assert len(rows) == len(live.TARGETS) == 4
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")][2:]
+        assert len(cells) == columns and all(re.fullmatch(r"[\d,]+\.\d|\d\.\d\d×", c) for c in cells), r
+    assert "Measured on NVIDIA H200" in text

@@ -55,6 +55,11 @@ def test_requirements_say_what_each_version_takes():
     for v in VERSIONS:
         t = text(notebook.requirements(v))
         assert f"| causal | {'yes' if INFO[v].causal else 'no'} |" in t
+        # a version whose backward takes fewer head dims than its forward says which
+        backward = INFO[v].backward_head_dims
+        assert (backward is not None) == ("(backward: " in t), v
+        if backward is not None:
+            assert "(backward: " + ", ".join(map(str, backward)) + ")" in t
 
 
 def test_no_gpu_paths_say_so_in_one_line(capsys, tmp_path, monkeypatch):

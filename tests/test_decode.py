@@ -1,7 +1,8 @@
 """attention_with_kvcache (kernels/decode.cu): against float64 over each sequence's valid cache, within twice
 the error SDPA makes in the same dtype; split counts from 1 to more than there are tiles; grouped-query
 heads; paged caches; per-sequence lengths including 0; new keys appended in place and nowhere else; bad
-arguments refused by name before any launch."""
+arguments refused by name before any launch. The tests that split run both builds: the default (a merge
+kernel) and the one whose last split block merges (DECODE_FUSED_MERGE), whose counters are checked too."""
 import math
 
 import pytest
@@ -10,9 +11,20 @@ from conftest import poison_allocator, randn, run_sanitized
 
 import flashattn
 from flashattn import decode
+from flashattn.measure.decode_bench import FUSED
+from flashattn.measure.resources import compile_report
 from flashattn.reference import relative_error
 
 gpu = pytest.mark.gpu
+# The builds that merge splits: the default, and the fused merge as decode_bench times it (the same module).
+BUILDS = {"merge-kernel": (), "fused-merge": FUSED}
+
+
+@pytest.fixture(params=list(BUILDS))
+def attend(request):
+    """attention_with_kvcache of one build of BUILDS."""
+    flags = BUILDS[request.param]
+    return decode.variant(flags) if flags else flashattn.attention_with_kvcache
 
 
 def check(q, k_cache, v_cache, lengths, causal, out, scale=None, block_table=None):
@@ -39,43 +51,43 @@ SHAPES = [(1, 1, 2, 2, 1), (2, 1, 4, 4, 17), (3, 1, 8, 2, 1023), (1, 3, 6, 3, 11
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}M{}H{}/{}N{}".format(*s))
 @pytest.mark.parametrize("causal", [False, True])
-def test_matches_float64(dtype, D, shape, causal):
+def test_matches_float64(dtype, D, shape, causal, attend):
     B, M, H_q, H_kv, N = shape
     q = randn(B, M, H_q, D, dtype=dtype)
     k_cache, v_cache = caches(B, N, H_kv, D, dtype)
     poison_allocator(q)
-    out = flashattn.attention_with_kvcache(q, k_cache, v_cache, causal=causal)
+    out = attend(q, k_cache, v_cache, causal=causal)
     check(q, k_cache, v_cache, [N] * B, causal, out)
 
 
 @gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64, 128])
-def test_every_split_count(num_splits):
+def test_every_split_count(num_splits, attend):
     """From one split to more splits than the 17 tiles of the cache (the binding then uses one per tile)."""
     B, M, H, D, N = 2, 2, 4, 128, 1050
     q = randn(B, M, H, D, dtype=torch.bfloat16)
     k_cache, v_cache = caches(B, N, H, D, torch.bfloat16)
-    out = flashattn.attention_with_kvcache(q, k_cache, v_cache, causal=True, num_splits=num_splits)
+    out = attend(q, k_cache, v_cache, causal=True, num_splits=num_splits)
     check(q, k_cache, v_cache, [N] * B, True, out)
 
 
 @gpu
 @pytest.mark.parametrize("num_splits", [0, 1, 5, 40])
-def test_lengths_per_sequence(num_splits):
+def test_lengths_per_sequence(num_splits, attend):
     """Lengths 0 to 3000 in one batch: short sequences leave whole splits empty, length 0 gives zeros."""
     lengths = [0, 1, 17, 3000, 64, 1023, 0, 2]
     B, H_q, H_kv, D = len(lengths), 8, 2, 128
     q = randn(B, 1, H_q, D, dtype=torch.bfloat16)
     k_cache, v_cache = caches(B, 3000, H_kv, D, torch.bfloat16)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    out = flashattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=num_splits)
+    out = attend(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=num_splits)
     assert (out[0] == 0).all() and (out[6] == 0).all()
     check(q, k_cache, v_cache, lengths, True, out)
 
 
 @gpu
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_paged_cache_equals_contiguous(page_size):
+def test_paged_cache_equals_contiguous(page_size, attend):
     """The same keys in shuffled pages give bit-for-bit the contiguous cache's output."""
     B, M, H_q, H_kv, D, N = 3, 2, 8, 4, 128, 1000
     lengths = torch.tensor([1000, 517, 1], dtype=torch.int32, device="cuda")
@@ -92,9 +104,8 @@ def test_paged_cache_equals_contiguous(page_size):
         full[:, :N] = cache
         pages[block_table.flatten().long()] = full.view(B * pages_per_seq, page_size, H_kv, D)
     for splits in (1, 4):
-        flat = flashattn.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits)
-        paged = flashattn.attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths, block_table=block_table,
-                                                 num_splits=splits)
+        flat = attend(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits)
+        paged = attend(q, k_pages, v_pages, cache_seqlens=lengths, block_table=block_table, num_splits=splits)
         assert torch.equal(flat, paged)
     check(q, k_pages, v_pages, lengths.tolist(), True, paged, block_table=block_table)
 
@@ -151,13 +162,13 @@ def test_int_lengths_and_append():
 
 
 @gpu
-def test_large_logits_and_scale():
+def test_large_logits_and_scale(attend):
     """Scores in the hundreds (exp overflows without the running max) and an explicit scale."""
     B, M, H, D, N = 2, 4, 4, 128, 777
     q = randn(B, M, H, D, dtype=torch.bfloat16, scale=25.0)
     k_cache, v_cache = caches(B, N, H, D, torch.bfloat16)
     for scale in (None, 0.3):
-        out = flashattn.attention_with_kvcache(q, k_cache, v_cache, scale=scale, num_splits=3)
+        out = attend(q, k_cache, v_cache, scale=scale, num_splits=3)
         check(q, k_cache, v_cache, [N] * B, True, out, scale=scale)
 
 
@@ -169,6 +180,49 @@ def test_strided_views():
     q = randn(B, H, 1, D, dtype=torch.float16).transpose(1, 2)
     out = flashattn.attention_with_kvcache(q, k_bhnd.transpose(1, 2), v_bhnd.transpose(1, 2))
     check(q, k_bhnd.transpose(1, 2), v_bhnd.transpose(1, 2), [N] * B, True, out)
+
+
+# ------------------------------------------------------------------------ the fused merge's counters
+
+@gpu
+def test_fused_merge_calls_in_a_row_each_find_zeroed_counters():
+    """Calls of the fused build one after another, each with its own shape, split count and fresh inputs,
+    are each right: a counter left non-zero would make the wrong block of the next call merge, or none (the
+    output is allocated over NaN). Among them a shape seen before, more counters than any earlier call of
+    the test (the buffer may grow), several row blocks per kv head and one split (no counter used)."""
+    attend = decode.variant(FUSED)
+    # (B, M, H_q, H_kv, N, num_splits)
+    for B, M, H_q, H_kv, N, splits in [(1, 16, 32, 32, 4096, 8), (3, 1, 8, 2, 1023, 5), (1, 16, 32, 32, 4096, 8),
+                                       (1, 16, 16, 4, 3000, 6), (2, 3, 12, 4, 2049, 0), (8, 1, 32, 8, 1500, 4),
+                                       (2, 1, 4, 4, 700, 1), (3, 1, 8, 2, 1023, 64)]:
+        q = randn(B, M, H_q, 128, dtype=torch.bfloat16)
+        k_cache, v_cache = caches(B, N, H_kv, 128, torch.bfloat16)
+        poison_allocator(q)
+        out = attend(q, k_cache, v_cache, causal=True, num_splits=splits)
+        check(q, k_cache, v_cache, [N] * B, True, out)
+
+
+@gpu
+def test_fused_merge_leaves_its_counters_zero():
+    """After a call whose batch has an empty sequence (all its splits empty) and four row blocks per kv head,
+    every counter of the device's buffer is back at 0."""
+    B, M, H_q, H_kv, D, N = 3, 16, 32, 8, 128, 5000
+    q = randn(B, M, H_q, D, dtype=torch.bfloat16)
+    k_cache, v_cache = caches(B, N, H_kv, D, torch.bfloat16)
+    lengths = [N, 0, 777]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = decode.variant(FUSED)(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=7)
+    torch.cuda.synchronize()
+    counters = decode.merge_counters(q.device, B * decode.blocks_per_sequence(M, H_q, H_kv))
+    assert counters.numel() >= B * H_kv * 4 and not counters.any()
+    check(q, k_cache, v_cache, lengths, True, out)
+
+
+def test_fused_merge_compiles_for_sm90_without_a_merge_kernel():
+    """nvcc alone: the fused build's kernels are split kernels only, none spilling."""
+    kernels = compile_report("decode", "90", FUSED)
+    assert kernels and all("split_kernel" in k["name"] for k in kernels), [k["name"] for k in kernels]
+    assert all(k["spill_store_bytes"] == k["spill_load_bytes"] == 0 for k in kernels), kernels
 
 
 # ------------------------------------------------------------------------ refused arguments
@@ -279,9 +333,17 @@ def test_binding_refuses_bad_input():
     for bad in (dict(q=q.float()), dict(q=q.cpu()), dict(k_cache=randn(1, 64, 3, 64, dtype=torch.bfloat16)),
                 dict(num_splits=0)):
         args = dict(q=q, k_cache=cache, v_cache=cache, seqlens_k=empty, block_table=empty, max_seqlen_k=64,
-                    scale=0.125, causal=True, num_splits=1) | bad
+                    scale=0.125, causal=True, num_splits=1, counters=empty) | bad
         with pytest.raises(RuntimeError):
             mod.decode(*args.values())
+    # the fused build counts only where it splits, and then on enough counters
+    long = randn(1, 256, 4, 64, dtype=torch.bfloat16)
+    call = dict(q=q, k_cache=long, v_cache=long, seqlens_k=empty, block_table=empty, max_seqlen_k=256, scale=0.125,
+                causal=True)
+    fused = decode.module(FUSED)
+    fused.decode(*call.values(), 1, empty)
+    with pytest.raises(RuntimeError, match="counters must be int32"):
+        fused.decode(*call.values(), 2, empty)
 
 
 # ------------------------------------------------------------------------ the split rule
@@ -305,10 +367,15 @@ def test_split_rule():
 
 
 @gpu
-def test_sanitizer_clean():
-    decode.module()                                    # build outside the sanitizer: nvcc under it is slow
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_sanitizer_clean(build):
+    flags = BUILDS[build]
+    if flags:                                          # build outside the sanitizer: nvcc under it is slow
+        decode.module(flags)
+    else:
+        decode.module()
     for tool in ("memcheck", "racecheck", "synccheck"):
-        _, ran = run_sanitized(tool, "decode_sanitizer_target.py")
+        _, ran = run_sanitized(tool, "decode_sanitizer_target.py", *flags)
         assert len(ran) >= 8, ran
 
 

@@ -40,3 +40,14 @@ def test_window_counts_of_exercise_two():
 def test_figures_draw():
     for fig in (notes.fig_gqa(), notes.fig_window(), notes.fig_varlen()):
         assert fig.axes
+
+
+def test_prefill_table_adds_the_wide_dims_when_recorded(tmp_path):
+    """The wide record's rows come below the main table, compared with cuDNN (FlashAttention-4 was not in that
+    run); without the record the table is the main one alone."""
+    with_wide = notes.prefill_table().data
+    without = notes.prefill_table(wide=tmp_path / "none.json").data
+    assert "Head dims 192 and 256" in with_wide and "Head dims 192 and 256" not in without
+    wide_rows = [r for r in with_wide.split("Head dims 192 and 256")[1].splitlines() if r.startswith("| 1,")
+                 or r.startswith("| 2,")]
+    assert len(wide_rows) == 3 and all(r.rstrip(" |").endswith("×") for r in wide_rows)

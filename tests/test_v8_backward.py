@@ -419,7 +419,10 @@ def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M
     else:
         ref = band_gradients(q, k, v, do, visible(M, N, causal, window_left, window_right), scale)
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):
-        assert torch.allclose(a, r, rtol=1e-9, atol=1e-9), f"{name}: {(a - r).abs().max().item():.3e}"
+        # float64 sums in another order (the H200 host's BLAS) differ by a few 1e-9 at these magnitudes; a step
+        # taken or skipped wrongly changes an entry by O(1)
+        tol = 1e-9 * max(1.0, r.abs().max().item())
+        assert torch.allclose(a, r, rtol=1e-9, atol=tol), f"{name}: {(a - r).abs().max().item():.3e}"
     BR = query_tile(D)
     banded, lo, hi = band(M, N, causal, window_left, window_right)
     m_tiles = -(-M // BR)
@@ -470,7 +473,11 @@ MIRRORED = [
     "return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |",
     # the order of the blocks (V8B_HEAD_GROUP): block_tile() below
     "const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;",
-    "const int HG = V8B_HEAD_GROUP <= 0 || V8B_HEAD_GROUP > BH_kv ? BH_kv : V8B_HEAD_GROUP;",
+    "const int HG = head_group <= 0 || head_group > BH_kv ? BH_kv : head_group;",
+    # V8B_HEAD_GROUP -1: l2_head_group() below
+    "const long long per_head = (long long)group * M_pad * D * (2 * (long long)elem + 4);",
+    "const long long heads = l2 / 2 / per_head;",
+    "return l2 <= 0 ? 0 : heads < 1 ? 1 : heads > 0x7fffffffLL ? 0x7fffffff : (int)heads;",
     "const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);",
     "const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;",
 ]
@@ -500,8 +507,33 @@ def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, wi
         assert [turn(j, it, BR, banded, lo) for j in js] == list(range(len(js))), (it, js)
 
 
+def l2_head_group(l2: int, group: int, M_pad: int, D: int, elem: int = 2) -> int:
+    """The kv heads at a time of the default order (V8B_HEAD_GROUP -1) with an L2 of l2 bytes."""
+    heads = l2 // 2 // (group * M_pad * D * (2 * elem + 4))
+    return 0 if l2 <= 0 else max(1, min(heads, 2**31 - 1))
+
+
+@pytest.mark.parametrize("l2_mib,group,M_pad,D,heads", [
+    (60, 1, 8192, 128, 3),     # (2, 16, 8192, 128): a kv head's Q, dO and dQ rows take 8 MiB
+    (50, 1, 8192, 128, 3),
+    (60, 1, 2048, 64, 30),     # (4, 12, 2048, 64): 1 MiB a head
+    (60, 4, 8192, 128, 1),     # grouped heads: four query heads' rows per kv head, 32 MiB: still one head
+    (60, 1, 1 << 20, 128, 1),  # longer than half the L2 holds: one head at a time, never none
+    (0, 1, 8192, 128, 0),      # no L2 size reported: all heads, the first version's order
+])
+def test_l2_head_group_fits_half_the_l2(l2_mib, group, M_pad, D, heads):
+    """The default order takes as many kv heads at a time as keep their Q, dO and dQ rows in half the L2."""
+    got = l2_head_group(l2_mib << 20, group, M_pad, D)
+    assert got == heads
+    if heads > 0:
+        per_head = group * M_pad * D * 8
+        assert got * per_head <= (l2_mib << 20) // 2 or got == 1
+        assert (got + 1) * per_head > (l2_mib << 20) // 2
+
+
 def block_tile(block: int, BH_kv: int, N: int, head_group: int) -> tuple[int, int]:
-    """(kv head, first key) of block `block` in flash_bwd_ws under V8B_HEAD_GROUP = head_group."""
+    """(kv head, first key) of block `block` in flash_bwd_ws, whose launcher passes head_group (V8B_HEAD_GROUP
+    or, by default, l2_head_group)."""
     n_kt = (N + BC - 1) // BC
     HG = BH_kv if head_group <= 0 or head_group > BH_kv else head_group
     grp = block // (HG * n_kt)
@@ -797,7 +829,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0"])
+@pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, causal):
     """Other orders of the blocks (V8B_HEAD_GROUP) and descriptors made for every wgmma (V8B_DESC_ADD=0) compute

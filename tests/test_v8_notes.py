@@ -34,8 +34,13 @@ def test_register_lines_add_up_within_the_launch_allotment():
     rows = [dict(d=128, causal=0, consumers=2, threads=384, entry=168, producer=24, consumer=240),
             dict(d=128, causal=1, consumers=2, threads=384, entry=168, producer=24, consumer=240)]
     text = v8_notes.register_lines(rows)
-    assert text == ("D=128: 2 consumers + 1 producer = 384 threads; 168 registers each at launch; producer 24, "
-                    "consumers 240: 24 + 2 x 240 = 504 <= 504")
+    assert text == ("D=128: 2 consumers + 1 producer = 384 threads at 168 registers; producer 24, consumers 240: "
+                    "24 + 2 x 240 = 504 <= 504")
+    wide = [dict(r, d=d) for d in (192, 256) for r in rows[:1]]
+    d64 = dict(d=64, causal=0, consumers=3, threads=512, entry=128, producer=32, consumer=160)
+    assert v8_notes.register_lines([d64] + rows + wide).splitlines() == [
+        "D=64: 3 consumers + 1 producer = 512 threads at 128 registers; producer 32, consumers 160: "
+        "32 + 3 x 160 = 512 <= 512", "D=128/192/256: " + text.removeprefix("D=128: ")]
 
 
 @needs_sweep

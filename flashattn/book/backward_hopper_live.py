@@ -11,9 +11,10 @@ number (the book's page keeps the output of their run on an H200).
 - `dq_step`: the step from the first version's dQ (V8B_DQ_BULK=0: red.global from every consumer thread) to the
   bulk reduction, and the deterministic mode on it: the kernel file called directly on the same o and lse, every
   column alike, one interleaved run per configuration;
-- `step_times("order")`, `step_times("descriptors")`: the same for the order of the blocks (V8B_HEAD_GROUP: heads
-  first, key tiles first, four heads at a time) and for how the wgmma descriptors are made (V8B_DESC_ADD); not
-  run for the book yet: `python -m flashattn.book.backward_hopper_live order` (or `descriptors`).
+- `step_times("order")`, `step_times("descriptors")`: the same for the order of the blocks (V8B_HEAD_GROUP: all
+  heads first, key tiles first, four heads at a time, and the default, as many heads as fit half the L2) and for
+  how the wgmma descriptors are made (V8B_DESC_ADD); `python -m flashattn.book.backward_hopper_live order` (or
+  `descriptors`, `dq`) prints the same table without Jupyter.
 """
 from __future__ import annotations
 
@@ -138,14 +139,14 @@ def time_builds(steps: dict, targets=TARGETS, warmup: int = 10, repetitions: int
     return rows
 
 
-def _table(steps: dict, rows, ratios: dict[str, tuple[int, int]], note: str):
+def _table(steps: dict, rows, ratios: dict[str, tuple[int, int]], note: str) -> str:
     lines = ["| B, H, M = N, D | causal | " + " | ".join(f"{c}: µs" for c in steps) + " | " + " | ".join(ratios) +
              " |", "|---|---|" + "--:|" * (len(steps) + len(ratios))]
     for (B, H, L, D, causal), us in rows:
         lines.append(f"| {B}, {H}, {L}, {D} | {'yes' if causal else 'no'} | " + " | ".join(f"{t:,.1f}" for t in us) +
                      " | " + " | ".join(f"{us[a] / us[b]:.2f}×" for a, b in ratios.values()) + " |")
-    return md("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16: CUDA events, L2 "
-              "flushed before every call, 1000 µs of host slack, interleaved rounds, the median. " + note)
+    return ("\n".join(lines) + f"\n\nMeasured now on {torch.cuda.get_device_name()}, bf16: CUDA events, L2 "
+            "flushed before every call, 1000 µs of host slack, interleaved rounds, the median. " + note)
 
 
 # The steps timed build against build: (what a table shows, its columns: (build, deterministic), its ratios:
@@ -155,22 +156,31 @@ STEPS = {
                              "bulk reduction (default)": ("default", False), "bulk, deterministic": ("default", True)},
            {"red.global / bulk": (0, 1), "deterministic / bulk": (2, 1)},
            "Ratios above 1: the bulk reduction is faster."),
-    "order": ("block-order times", {"heads first (default)": ("default", False),
-                                    "key tiles first": ("keys_first", False), "4 heads at a time": ("heads4", False)},
-              {"keys first / default": (1, 0), "4 heads / default": (2, 0)}, "Ratios below 1: that order is faster."),
+    "order": ("block-order times", {"all heads first (the first order)": ("heads_all", False),
+                                    "key tiles first": ("keys_first", False), "4 heads at a time": ("heads4", False),
+                                    "heads that fit half the L2 (default)": ("default", False)},
+              {"all heads / default": (0, 3), "keys first / default": (1, 3), "4 heads / default": (2, 3)},
+              "Ratios above 1: the default order is faster."),
     "descriptors": ("descriptor-step times", {"make_desc per wgmma (V8B_DESC_ADD=0)": ("desc_make", False),
                                               "descriptor + offset (default)": ("default", False)},
                     {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
 }
 
 
-def step_times(name: str, targets=TARGETS):
-    """One of STEPS as a table, measured now (a Hopper GPU; elsewhere one line saying it needs one)."""
+def step_text(name: str, targets=TARGETS) -> str | None:
+    """One of STEPS as a Markdown table, measured now (a Hopper GPU; elsewhere None, after one line saying it needs
+    one)."""
     what, steps, ratios, note = STEPS[name]
     if not hopper():
         print(NEEDS.format(what=what))
         return None
     return _table(steps, time_builds(steps, targets), ratios, note)
+
+
+def step_times(name: str, targets=TARGETS):
+    """step_text for a notebook cell."""
+    text = step_text(name, targets)
+    return None if text is None else md(text)
 
 
 def dq_step(targets=TARGETS):
@@ -184,8 +194,8 @@ def main(argv=None) -> int:
     if len(args) != 1 or args[0] not in STEPS:
         print(f"usage: python -m flashattn.book.backward_hopper_live {{{','.join(STEPS)}}}", file=sys.stderr)
         return 2
-    table = step_times(args[0])
-    print(table.data if table is not None else "")
+    table = step_text(args[0])
+    print(table or "")
     return 0 if table is not None else 1
 
 

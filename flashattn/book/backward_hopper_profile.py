@@ -1,7 +1,12 @@
 """The Hopper backward's Nsight Compute report beside FlashAttention-4's, for "The backward on Hopper":
 `python -m flashattn.measure.profile v8_backward -B 2 -H 16 -D 128 --seq-len 8192 --out results/h200` and the
 same with `fa4_backward` record each main kernel (the one that accumulates dK and dV) in its own gradient call
-at the shape where the two are furthest apart. Both tables read the committed reports only.
+at the shape where the two are furthest apart. Every table reads the committed reports only.
+
+For the lab notes, the steps the profile asked for: `order_table` adds the report of the order that is now the
+default (V8B_HEAD_GROUP -1, profiled by the same command and saved as flash_v8_backward_l2order_s8192_profile),
+and `step_log` reads the tables `python -m flashattn.book.backward_hopper_live order|descriptors` printed on the
+H200 (results/h200/logs).
 """
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import functools
 
 from flashattn.book import records
 from flashattn.book.notebook import md
+from flashattn.loader import REPO_ROOT
 from flashattn.measure import ncu, ncu_tables
 
 SHAPE = dict(batch_size=2, num_heads=16, seq_len=8192, head_dim=128)
@@ -107,3 +113,34 @@ def pipe_table():
         lines.append(f"| {pipe} | {what} | {pct[0]:.1f} | {pct[1]:.1f} | {ratio} |")
     lines.append(f"| all | every instruction issued | | | {ours['all'] / theirs['all']:.2f}× |")
     return md("\n".join(lines) + "\n\nFrom `sm__inst_executed_pipe_*` and `sm__inst_executed` in both reports.")
+
+
+# the chapter's report (the first version: all heads first, make_desc for every wgmma), the two steps' default
+# (heads that fit half the L2, each descriptor made once per tile), FlashAttention-4's
+ORDER = {"v8_backward": "first version", "v8_backward_l2order": "both steps (the default now)",
+         "fa4_backward": "FlashAttention-4"}
+ORDER_ROWS = ("Profiled duration", "Tensor pipe", "DRAM bandwidth")
+
+
+def order_table():
+    """The reports before and after the two steps beside FlashAttention-4's: time, tensor pipe, DRAM bandwidth and
+    instructions."""
+    got = {n: records.profile_summary(n, SHAPE["seq_len"]) for n in ORDER}
+    if any(s is None for s in got.values()):
+        return md("*Needs the three reports and `ncu_report`: " + ", ".join(
+            f"`{records.report_path(n, SHAPE['seq_len']).name}`" for n in ORDER) + ".*")
+    rows = {n: {a: b for a, b, _ in ncu_tables.table_rows(s)} for n, s in got.items()}
+    counts = {n: _pipe_counts(str(records.report_path(n, SHAPE["seq_len"]))) for n in ORDER}
+    lines = ["| Metric | " + " | ".join(ORDER.values()) + " |", "|---|--:|--:|--:|"]
+    lines += [f"| {m} | " + " | ".join(rows[n][m] for n in ORDER) + " |" for m in ORDER_ROWS]
+    lines.append("| Instructions, over FlashAttention-4's | " + " | ".join(
+        f"{counts[n]['all'] / counts['fa4_backward']['all']:.2f}×" for n in ORDER) + " |")
+    return md("\n".join(lines) + f"\n\nbf16, B = 2, H = 16, M = N = 8192, D = 128, non-causal, on "
+              f"{got['v8_backward']['device']}; durations under Nsight Compute, not the benchmark's.")
+
+
+def step_log(name: str):
+    """The table a `backward_hopper_live` step printed on the H200, from results/h200/logs/NAME."""
+    text = (REPO_ROOT / "results" / "h200" / "logs" / name).read_text()
+    kept = [ln for ln in text.splitlines() if ln.startswith("|") or ln.startswith("Measured now")]
+    return md("\n".join(kept).replace("\nMeasured now", "\n\nMeasured"))

@@ -66,6 +66,8 @@ def requirements(version: str):
     i = INFO[version]
     dims = f"any D from 1 to {i.max_head_dim}" if i.head_dims is None else \
         "D in {" + ", ".join(map(str, i.head_dims)) + "}" + (f" (other D run {i.fallback})" if i.fallback else "")
+    if i.backward_head_dims is not None:   # a forward-only head dim refuses inputs that require grad
+        dims += " (backward: " + ", ".join(map(str, i.backward_head_dims)) + ")"
     if i.archs:
         gpu_line = _exact_archs(i)
     else:
@@ -87,6 +89,8 @@ def gpu_table():
         i = INFO[v]
         dims = f"1–{i.max_head_dim}" if i.head_dims is None else ", ".join(map(str, i.head_dims)) + \
             (f" (others via {i.fallback})" if i.fallback else "")
+        if i.backward_head_dims is not None:
+            dims += " (backward: " + ", ".join(map(str, i.backward_head_dims)) + ")"
         if not i.kernel:
             dims, need = "any", "whatever PyTorch supports"
         elif i.archs:

@@ -24,6 +24,7 @@ from flashattn.measure.results import H200
 
 SKIP, FULL, MASKED = 0, 1, 2
 PREFILL = H200 / "prefill.json"
+PREFILL_WIDE = H200 / "prefill_wide.json"
 VARLEN = H200 / "varlen.json"
 
 
@@ -139,24 +140,37 @@ def _cell(r: dict | None) -> str:
     return "not run" if "does not import" in r.get("message", "") else "refused"
 
 
-def prefill_table(path=PREFILL, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
-    doc = results.read_if_exists(path, "prefill")
-    if doc is None:
-        return md("*Not recorded yet: `python -m flashattn.measure.prefill_bench --out results/h200`.*")
+def _forward_lines(doc: dict, columns, peer: str) -> list[str]:
+    """A forward record's rows as table lines, a shape per line, with the peer's time over ours."""
     rows = [r for r in doc["rows"] if r["part"] == "forward"]
     shapes = list(dict.fromkeys((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]) for r in rows))
     by = {((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]), r["column"]): r for r in rows}
-    lines = ["| B, H_q / H_kv, N, D | causal | " + " | ".join(columns) + " | v8 / fa4 |",
+    lines = ["| B, H_q / H_kv, N, D | causal | " + " | ".join(columns) + f" | v8 / {peer} |",
              "|---|---|" + "--:|" * (len(columns) + 1)]
     for s in shapes:
-        ours, fa4 = by.get((s, "v8")), by.get((s, "fa4"))
-        ratio = (f"{fa4['median_us'] / ours['median_us']:.2f}×" if ours and fa4 and ours["status"] == "ok"
-                 and fa4["status"] == "ok" else "—")
+        ours, other = by.get((s, "v8")), by.get((s, peer))
+        ratio = (f"{other['median_us'] / ours['median_us']:.2f}×" if ours and other and ours["status"] == "ok"
+                 and other["status"] == "ok" else "—")
         lines.append(f"| {s[0]}, {s[1]} / {s[2]}, {s[3]}, {s[4]} | {'yes' if s[5] else 'no'} | "
                      + " | ".join(_cell(by.get((s, c))) for c in columns) + f" | {ratio} |")
-    return md("\n".join(lines) + "\n\nMedian µs of one interleaved run per shape (bf16); v8 / fa4: FlashAttention-4's "
-              "time over ours, above 1 when ours is faster. Refused: the column cannot take the shape; not run: its "
-              "library did not import in that run.")
+    return lines
+
+
+def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
+    """The prefill record's forward rows, and below them the head dims 192 and 256 (prefill_wide.json) when
+    recorded."""
+    doc = results.read_if_exists(path, "prefill")
+    if doc is None:
+        return md("*Not recorded yet: `python -m flashattn.measure.prefill_bench --out results/h200`.*")
+    text = ("\n".join(_forward_lines(doc, columns, "fa4")) + "\n\nMedian µs of one interleaved run per shape "
+            "(bf16); v8 / fa4: FlashAttention-4's time over ours, above 1 when ours is faster. Refused: the column "
+            "cannot take the shape; not run: its library did not import in that run.")
+    wide_doc = results.read_if_exists(wide, "prefill")
+    if wide_doc is not None:
+        text += ("\n\nHead dims 192 and 256 (`python -m flashattn.measure.prefill_bench --parts wide`), another "
+                 "run:\n\n" + "\n".join(_forward_lines(wide_doc, columns, "sdpa_cudnn")) + "\n\nv8 / sdpa_cudnn: "
+                 "cuDNN's time over ours.")
+    return md(text)
 
 
 def varlen_table(path=VARLEN):

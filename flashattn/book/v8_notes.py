@@ -43,18 +43,20 @@ def excerpts(*spans: tuple[str, str | None], gap: str = "  ...") -> str:
 
 
 def register_lines(rows: list[dict] | None = None) -> str:
-    """One line per head dim: threads, registers at launch, the producer's and the consumers' allotments after
-    setmaxnreg, and the check that the split fits what the block was launched with."""
+    """One line per register split: threads and their registers at launch, the producer's and the consumers' allotments
+    after setmaxnreg, and the check that the split fits what the block was launched with; head dims that share a
+    split share its line."""
     rows = register_split() if rows is None else rows
-    out = []
+    lines: dict[str, list[int]] = {}
     for r in rows:
         if r["causal"]:
             continue                     # the causal kernels share the split of their head dim
         n, entry, p, c = r["consumers"], r["entry"], r["producer"], r["consumer"]
         launched = entry * r["threads"] // 128
-        out.append(f"D={r['d']}: {n} consumers + 1 producer = {r['threads']} threads; {entry} registers each at "
-                   f"launch; producer {p}, consumers {c}: {p} + {n} x {c} = {p + n * c} <= {launched}")
-    return "\n".join(out)
+        split = (f"{n} consumers + 1 producer = {r['threads']} threads at {entry} registers; producer {p}, "
+                 f"consumers {c}: {p} + {n} x {c} = {p + n * c} <= {launched}")
+        lines.setdefault(split, []).append(r["d"])
+    return "\n".join(f"D={'/'.join(map(str, ds))}: {split}" for split, ds in lines.items())
 
 
 # ----------------------------------------------------------------------------------- the machine code

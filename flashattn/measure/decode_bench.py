@@ -10,6 +10,9 @@ median; the host time recorded beside it as host_median_us), written as one reco
   forced, on [B, H, N, D] views of the same cache; grouped heads through enable_gqa) at the issue's shapes;
 * `ceiling`: torch.sum and torch.amax over as many bytes as the first shape's cache (a plain read);
 * `variants`: the chapter's builds of the kernel (VARIANTS), each at a fixed split count;
+* `fused`: the default call beside the build whose last split block merges the splits (DECODE_FUSED_MERGE,
+  no merge kernel) at every peers shape, each with the rule's split count: what that build would change if
+  it became the default;
 * `splits`: ours with every fixed split count and with the rule (flashattn.decode.choose_num_splits);
 * `paged`: the contiguous cache against pages of 64 and 256 rows in shuffled order;
 * `lengths`: a batch whose lengths range from 1 to 32k, against the same total spread evenly and against
@@ -67,8 +70,11 @@ VARIANTS = {
     "bulk rows, 3 stages": ("-DDECODE_BULK=1", "-DDECODE_STAGES=3"),
     "2 stages, merge launched after the split": ("-DDECODE_STAGES=2", "-DDECODE_PDL=0"),
     "2 stages, merge reading one split at a time": ("-DDECODE_STAGES=2", "-DDECODE_MERGE_UNROLL=1"),
+    "2 stages, merge fused into the last split": ("-DDECODE_STAGES=2", "-DDECODE_FUSED_MERGE=1"),
 }
 NO_PDL = VARIANTS["2 stages, merge launched after the split"]
+FUSED = VARIANTS["2 stages, merge fused into the last split"]
+FUSED_COLUMNS = {"ours": None, "ours, merge fused into the last split": FUSED}     # the fused part's builds
 VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
 LENGTHS = (1, 300, 1000, 2048, 4096, 8192, 16384, 32768)     # the "1 to 32k" batch
 
@@ -167,6 +173,17 @@ def variants_part(args) -> list[dict]:
         calls = {label: (ours(q, k, v, flags, num_splits=splits), None) for label, flags in VARIANTS.items()}
         rows += at_shape("variants", name, (B, H_q, H_kv, M, N, D), calls, args,
                          num_splits=lambda column, splits=splits: splits, flags=lambda column: list(VARIANTS[column]))
+    return rows
+
+
+def fused_part(args) -> list[dict]:
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in SHAPES:
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        calls = {column: (ours(q, k, v, flags), None) for column, flags in FUSED_COLUMNS.items()}
+        rule = planned(q, k, v, N)["num_splits"]          # both columns split as the default call does
+        rows += at_shape("fused", name, (B, H_q, H_kv, M, N, D), calls, args, num_splits=lambda column, rule=rule: rule,
+                         flags=lambda column: list(FUSED_COLUMNS[column] or ()))
     return rows
 
 
@@ -294,7 +311,8 @@ def peers_markdown(doc: dict) -> str:
 
 def main(argv=None) -> int:
     p = bench_parser("python -m flashattn.measure.decode_bench", __doc__,
-                     "ceiling,variants,peers,splits,paged,lengths,anatomy", repetitions=60, rounds=6, max_seconds=2.0)
+                     "ceiling,variants,peers,splits,paged,lengths,anatomy,fused", repetitions=60, rounds=6,
+                     max_seconds=2.0)
     p.add_argument("--profile", action="store_true", help="also record Nsight Compute reports (needs ncu)")
     p.add_argument("--ncu", default="ncu")
     p.add_argument("--target", help=argparse.SUPPRESS)      # internal: the program ncu profiles
@@ -320,8 +338,8 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     parts = {"peers": peers_part, "splits": splits_part, "paged": paged_part, "lengths": lengths_part,
-             "variants": variants_part, "ceiling": ceiling_part, "anatomy": anatomy_part}
-    if "variants" in args.parts or "anatomy" in args.parts:
+             "variants": variants_part, "ceiling": ceiling_part, "anatomy": anatomy_part, "fused": fused_part}
+    if any(part in args.parts for part in ("variants", "anatomy", "fused")):
         build_variants()
     rows = []
     for part in args.parts.split(","):

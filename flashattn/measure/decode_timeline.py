@@ -2,7 +2,9 @@
 
 A build of kernels/decode.cu with DECODE_TRACE=1 has every block of the split kernel stamp the GPU's
 global timer (nanoseconds) as it starts, when its first K/V tile has landed, after its last tile and as it
-leaves, beside the SM it ran on; the merge kernel's blocks stamp their start and end. This program makes
+leaves, beside the SM it ran on; the merge kernel's blocks stamp their start and end (a build with
+DECODE_FUSED_MERGE=1, `--flags -DDECODE_FUSED_MERGE=1`, has no merge kernel: the split block that merges
+stamps its end after the merge, so the split kernel's end is the call's). This program makes
 the chapter's shapes' calls (L2 flushed before each, as decode_bench times them), reads the stamps back
 and records, per shape and call, every block's stamps relative to the first start, as one record of kind
 "decode_timeline" (DIR/decode_timeline.json). `summary` turns one call's blocks into the numbers the
@@ -24,6 +26,7 @@ from flashattn.measure.decode_bench import DATASHEET_BYTES_PER_S, SHAPES, bytes_
 from flashattn.measure.timing import l2_flush_buffer
 
 TRACE_FLAGS = ("-DDECODE_TRACE=1",)
+FUSED_FLAG = "-DDECODE_FUSED_MERGE=1"
 TRACE_FUNCTIONS = ("decode", "tile_keys", "trace")
 SPLIT_STAMPS = ("sm", "start", "first_tile", "last_tile", "end")
 MERGE_STAMPS = ("sm", "start", "end")
@@ -79,8 +82,14 @@ def summary(call: dict, nbytes: int) -> dict:
     return out
 
 
-def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor) -> list[dict]:
-    """`calls` traced calls of ours at one shape, with the rule's split count."""
+def merge_kernel_blocks(B: int, H_q: int, M: int, splits: int, fused: bool = False) -> int:
+    """Blocks of the merge kernel: one per 4 output rows, none with one split or a fused merge."""
+    return 0 if fused or splits == 1 else (B * M * H_q + 3) // 4
+
+
+def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor, fused: bool = False) -> list[dict]:
+    """`calls` traced calls of ours at one shape, with the rule's split count; `fused`: `mod` was built with
+    DECODE_FUSED_MERGE=1."""
     B, H_q, H_kv, M, N, D = dims
     q, k, v = inputs(*dims)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -88,7 +97,7 @@ def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor) -> list[d
     nb = bytes_moved(B, H_q, H_kv, M, [N] * B, D)
     run = decode.bound(lambda: mod)
     split_blocks = grid_blocks(B, H_q, H_kv, M, splits)
-    merge_blocks = (B * M * H_q + 3) // 4 if splits > 1 else 0
+    merges = merge_kernel_blocks(B, H_q, M, splits, fused)
     for _ in range(3):
         run(q, k, v, causal=False, num_splits=splits)
     rows = []
@@ -96,7 +105,7 @@ def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor) -> list[d
         flush.zero_()
         run(q, k, v, causal=False, num_splits=splits)
         torch.cuda.synchronize()
-        call = stamps(mod.trace(), split_blocks, merge_blocks)
+        call = stamps(mod.trace(), split_blocks, merges)
         rows.append({"shape": name, "dims": list(dims), "splits": splits, "call": i, "bytes": nb,
                      "summary": summary(call, nb), **call})
     return rows
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
     rows = []
     for name, *dims in SHAPES:
         if name in wanted:
-            rows += trace_shape(mod, name, dims, args.calls, flush)
+            rows += trace_shape(mod, name, dims, args.calls, flush, fused=FUSED_FLAG in args.flags.split())
             s = rows[-1]["summary"]
             print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in s.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

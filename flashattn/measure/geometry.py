@@ -130,7 +130,9 @@ def v8_tiles(D: int, macros: dict | None = None) -> dict:
         m = re.search(rf"#define {name} \(V8_SPECIALIZE \? (\d+) : (\d+)\)", _text("v8"))
         NWG = int(m.group(1) if spec else m.group(2)) if m else constant("v8", name)
     B_c = int(macros.get(f"V8_D{D}_BC", constant("v8", f"V8_D{D}_BC")))
-    stages = int(macros.get("V8_STAGES", constant("v8", "V8_STAGES")))
+    # the wide head dims have a stages macro of their own (their shared memory holds no third slot)
+    slots = f"V8_D{D}_STAGES" if re.search(rf"#define V8_D{D}_STAGES\b", _text("v8")) else "V8_STAGES"
+    stages = int(macros.get(slots, constant("v8", slots)))
     B_r, smem = v8_smem(D, NWG, B_c, stages)
     return dict(D=D, warpgroups=NWG, producer=bool(spec), B_r=B_r, B_c=B_c, stages=stages,
                 threads=128 * (NWG + spec), smem=smem)

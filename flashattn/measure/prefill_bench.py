@@ -9,6 +9,9 @@ call, a GPU spin so that no column's Python time is timed, the median), written 
   grouped-query prefill of a Llama-3-8B layer, (1, 32 query / 8 kv heads, 8192, 128) causal: ours (v8, through
   flashattn.plan), FlashAttention-4 (`flash_attn.cute.flash_attn_func`, grouped heads native), cuDNN and
   FlashAttention-2 (SDPA with that backend forced, enable_gqa when the heads differ);
+* `wide`: head dims 192 and 256, which only v8 among our kernels takes (the Gemma-like (1, 16 query / 8 kv heads,
+  8192, 256) causal among them), the same columns as `forward`, written to its own record, prefill_wide.json
+  (`--parts wide`);
 * `backward`: the grouped-query shapes, every column through `torch.autograd.grad` on its forward's output
   (flashattn.measure.backward.backward_call; ours is v8's forward trained by kernels/v6_backward.cu).
 
@@ -33,6 +36,7 @@ FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2,
                   (2, 16, 16, 8192, 128, True), (1, 32, 32, 4096, 128, False), (1, 32, 32, 4096, 128, True),
                   (16, 16, 16, 1024, 128, False), (16, 16, 16, 1024, 128, True), (1, 8, 8, 2048, 128, False),
                   (1, 8, 8, 2048, 128, True), (1, 32, 8, 8192, 128, True), (4, 32, 8, 4096, 128, True)]
+WIDE_SHAPES = [(1, 16, 8, 8192, 256, True), (1, 16, 16, 4096, 256, False), (2, 16, 16, 4096, 192, True)]
 BACKWARD_SHAPES = [s for s in FORWARD_SHAPES if s[1] != s[2]]
 FORWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
 BACKWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
@@ -69,13 +73,17 @@ def rows_of(part, shape, timings: dict) -> list[dict]:
     return out
 
 
-def forward_part(args) -> list[dict]:
+def forward_part(args, shapes=FORWARD_SHAPES) -> list[dict]:
     rows = []
-    for shape in FORWARD_SHAPES:
+    for shape in shapes:
         q, k, v = inputs(*shape[:5])
         calls = {name: column(make_call, name, q, k, v, shape[5]) for name in FORWARD_COLUMNS}
         rows += rows_of("forward", shape, interleaved_args(calls, args))
     return rows
+
+
+def wide_part(args) -> list[dict]:
+    return forward_part(args, WIDE_SHAPES)
 
 
 def backward_part(args) -> list[dict]:
@@ -102,8 +110,12 @@ def main(argv=None) -> int:
                         rounds=4, max_seconds=1.0).parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.prefill_bench needs a CUDA GPU")
-    parts = {"forward": forward_part, "backward": backward_part}
-    write_record(args, argv, "prefill.json", [r for name in args.parts.split(",") for r in parts[name](args)])
+    parts = {"forward": forward_part, "backward": backward_part, "wide": wide_part}
+    names = args.parts.split(",")
+    if "wide" in names and names != ["wide"]:
+        raise SystemExit("--parts wide writes its own record (prefill_wide.json): run it alone")
+    write_record(args, argv, "prefill_wide.json" if names == ["wide"] else "prefill.json",
+                 [r for name in names for r in parts[name](args)])
     return 0
 
 

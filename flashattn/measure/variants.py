@@ -233,8 +233,12 @@ BACKWARD_DET = (BACKWARD_TILE[1], _backward("v6_det_split", "deterministic mode 
 V8_BACKWARD = (
     Variant("default", "v8_backward", None),
     Variant("dq_atomics", "v8_backward", None, {"V8B_DQ_BULK": 0}, "dQ by 16 red.global per consumer thread and step"),
+    Variant("heads_all", "v8_backward", None, {"V8B_HEAD_GROUP": 0},
+            "the blocks ordered all heads first (the first version's order)"),
     Variant("keys_first", "v8_backward", None, {"V8B_HEAD_GROUP": 1}, "the blocks ordered key tiles first"),
+    Variant("heads2", "v8_backward", None, {"V8B_HEAD_GROUP": 2}, "the blocks ordered two kv heads at a time"),
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
+    Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
     Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
 )
 
