@@ -54,13 +54,14 @@ from test_gqa import make  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
 from flashattn.book import backward_hopper  # noqa: E402
+from flashattn.book.block_order import block_tile, l2_head_group, waves  # noqa: E402
 from flashattn.loader import binding_params, source  # noqa: E402
 from flashattn.measure import sass as sass_tools  # noqa: E402
 from flashattn.reference import attention_gradients  # noqa: E402
 
 needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the v8 backward needs a GPU of compute capability 9.0 "
                                                           "(an sm_90a build: wgmma, TMA)")
-BC = 128   # keys per block (Layout::BC)
+BC = 128   # keys per block (Layout::BC; flashattn.book.block_order.BC)
 
 
 def query_tile(D: int) -> int:
@@ -471,10 +472,10 @@ MIRRORED = [
     "return make_desc(tile, lbo, 1024) + (off >> 4);",
     "return make_desc(tile + off, lbo, 1024);",
     "return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |",
-    # the order of the blocks (V8B_HEAD_GROUP): block_tile() below
+    # the order of the blocks (V8B_HEAD_GROUP): flashattn.book.block_order.block_tile
     "const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;",
     "const int HG = head_group <= 0 || head_group > BH_kv ? BH_kv : head_group;",
-    # V8B_HEAD_GROUP -1: l2_head_group() below
+    # V8B_HEAD_GROUP -1: flashattn.book.block_order.l2_head_group
     "const long long per_head = (long long)group * M_pad * D * (2 * (long long)elem + 4);",
     "const long long heads = l2 / 2 / per_head;",
     "return l2 <= 0 ? 0 : heads < 1 ? 1 : heads > 0x7fffffffLL ? 0x7fffffff : (int)heads;",
@@ -507,12 +508,6 @@ def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, wi
         assert [turn(j, it, BR, banded, lo) for j in js] == list(range(len(js))), (it, js)
 
 
-def l2_head_group(l2: int, group: int, M_pad: int, D: int, elem: int = 2) -> int:
-    """The kv heads at a time of the default order (V8B_HEAD_GROUP -1) with an L2 of l2 bytes."""
-    heads = l2 // 2 // (group * M_pad * D * (2 * elem + 4))
-    return 0 if l2 <= 0 else max(1, min(heads, 2**31 - 1))
-
-
 @pytest.mark.parametrize("l2_mib,group,M_pad,D,heads", [
     (60, 1, 8192, 128, 3),     # (2, 16, 8192, 128): a kv head's Q, dO and dQ rows take 8 MiB
     (50, 1, 8192, 128, 3),
@@ -531,16 +526,6 @@ def test_l2_head_group_fits_half_the_l2(l2_mib, group, M_pad, D, heads):
         assert (got + 1) * per_head > (l2_mib << 20) // 2
 
 
-def block_tile(block: int, BH_kv: int, N: int, head_group: int) -> tuple[int, int]:
-    """(kv head, first key) of block `block` in flash_bwd_ws, whose launcher passes head_group (V8B_HEAD_GROUP
-    or, by default, l2_head_group)."""
-    n_kt = (N + BC - 1) // BC
-    HG = BH_kv if head_group <= 0 or head_group > BH_kv else head_group
-    grp = block // (HG * n_kt)
-    rem, width = block - grp * HG * n_kt, min(HG, BH_kv - grp * HG)
-    return grp * HG + rem % width, (rem // width) * BC
-
-
 @pytest.mark.parametrize("head_group", [0, 1, 2, 3, 4, 40])
 @pytest.mark.parametrize("BH_kv,N", [(1, 1), (5, 300), (8, 8192), (7, 129)])
 def test_every_block_order_covers_each_key_tile_once_in_key_order(head_group, BH_kv, N):
@@ -556,6 +541,16 @@ def test_every_block_order_covers_each_key_tile_once_in_key_order(head_group, BH
         assert tiles == [(b % BH_kv, b // BH_kv * BC) for b in range(BH_kv * n_kt)]
     if head_group == 1:
         assert tiles == [(b // n_kt, b % n_kt * BC) for b in range(BH_kv * n_kt)]
+
+
+def test_block_order_figure_counts_the_first_waves_heads():
+    """The lab notes' figure: under the first order the first 132 blocks touch every head of (2, 16, 8192, 128);
+    under the default and key tiles first, the three heads whose rows fit half of a 60 MiB L2."""
+    first_heads = {hg: int((waves(32, 8192, hg, 132) == 0).any(axis=1).sum()) for hg in (0, 3, 1)}
+    assert first_heads == {0: 32, 3: 3, 1: 3}
+    for hg in (0, 3, 1):
+        grid = waves(32, 8192, hg, 132)
+        assert np.bincount(grid.ravel()).tolist() == [132] * 15 + [32 * 64 - 15 * 132]
 
 
 def image_float(D: int, r: int, c: int) -> int:
