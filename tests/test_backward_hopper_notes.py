@@ -395,7 +395,7 @@ def test_order_table_reads_the_three_reports(tmp_path, monkeypatch):
     """The two steps' table puts the first version's report, the new default's and FlashAttention-4's side by
     side, and says which report is missing while one is."""
     monkeypatch.setattr(records, "RESULTS", tmp_path)
-    assert "Needs the three reports" in profile.order_table().data
+    assert "Not recorded yet" in profile.order_table().data
     if not records.ncu_report_importable():
         pytest.skip("ncu_report is not installed (pip install ncu-report)")
     for name in profile.ORDER:

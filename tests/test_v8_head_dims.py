@@ -1,9 +1,10 @@
 """v8's forward at the wide head dims, D = 192 and 256 (Gemma's 256): the kernel's instances, the
 refusals of what it still does not take, and (on a Hopper GPU) what the instances compute.
 
-CPU tests (nvcc, no GPU): the default build compiles the new instances for sm_90a with no spills and no
-stack frame; D = 96 (v8 has no half-panel tile) and D = 320 are refused naming head_dim, and so is a call
-at D = 256 whose inputs require grad (the backward kernels take 64 and 128), before any launch.
+CPU tests (no GPU): D = 96 (v8 has no half-panel tile) and D = 320 are refused naming head_dim, and so is a
+call at D = 256 whose inputs require grad (the backward kernels take 64 and 128), before any launch. That the
+wide instances compile for sm_90a as their flags ask, without spills or a stack frame, is tests/test_v8.py's
+compile test, which covers every head dim.
 
 GPU tests (compute capability 9.0 only): forward and forward_lse against float64, error at most twice
 what PyTorch's SDPA makes in the same dtype (test_v7.check_output): odd shapes, M != N both ways, several B
@@ -29,7 +30,6 @@ from test_v7 import check_output, is_hopper  # noqa: E402
 
 import flashattn  # noqa: E402
 from flashattn import reference  # noqa: E402
-from flashattn.measure.resources import compile_report  # noqa: E402
 from flashattn.varlen import check_varlen  # noqa: E402
 
 WIDE = [D for D in flashattn.INFO["v8"].head_dims if D > 128]
@@ -39,29 +39,6 @@ BACKWARD_DIMS = flashattn.INFO["v8"].backward_head_dims
 def test_wide_dims_are_v8s_new_ones():
     assert WIDE == [192, 256]
     assert set(BACKWARD_DIMS) < set(flashattn.INFO["v8"].head_dims)
-
-
-# ================================================================ CPU: the instances
-@pytest.fixture(scope="module")
-def kernels():
-    """ptxas's report of the default forward build (one nvcc run for the module: CI compiles on 2 cores)."""
-    return compile_report("v8", "90a")
-
-
-def head_dim(k: dict) -> int:
-    return int(k["name"].split("<", 1)[1].split(",")[1])
-
-
-def test_wide_instances_compile_without_spills(kernels):
-    wide = [k for k in kernels if head_dim(k) in WIDE]
-    # two dtypes x (the unmasked instance, the banded one) per wide head dim
-    assert len(wide) == 2 * 2 * len(WIDE), [k["name"] for k in kernels]
-    for k in wide:
-        assert k["spill_store_bytes"] == 0 and k["spill_load_bytes"] == 0, f"spills: {k}"
-        assert k["stack_bytes"] == 0, f"stack frame: {k}"
-    # the same block as D = 128 (two consumer warpgroups and the producer): the same launch allotment
-    d128 = {k["registers"] for k in kernels if head_dim(k) == 128}
-    assert {k["registers"] for k in wide} == d128
 
 
 # ================================================================ CPU: refusals, before any launch

@@ -29,15 +29,19 @@ PIPES = {"tensor_op_gmma": "wgmma", "fma": "FP32 add, multiply, FMA; IMAD",
          "lsu": "loads and stores: shared, global", "uniform": "warp-uniform instructions (one value per warp)",
          "adu": "branches, barriers, constant loads"}
 COMMAND = ("`python -m flashattn.measure.profile {name} -B 2 -H 16 -D 128 --seq-len 8192 --out results/h200`")
+# reports kept under another name than the one `profile` writes: the name it was profiled as
+PROFILED = {"v8_backward_l2order": "v8_backward"}
 
 
-def summaries() -> tuple[dict | None, str | None]:
-    """({name: flashattn.measure.ncu summary} of both reports, None) or (None, the sentence to show instead)."""
+def summaries(names=PAIR) -> tuple[dict | None, str | None]:
+    """({name: flashattn.measure.ncu summary} of the reports of `names`, None) or (None, the sentence to show
+    instead)."""
     got = {}
-    for name in PAIR:
+    for name in names:
         path = records.report_path(name, SHAPE["seq_len"])
         if not path.exists():
-            return None, f"*Not recorded yet: `results/h200/{path.name}` ({COMMAND.format(name=name)}).*"
+            command = COMMAND.format(name=PROFILED.get(name, name))
+            return None, f"*Not recorded yet: `results/h200/{path.name}` ({command}).*"
         got[name] = records.profile_summary(name, SHAPE["seq_len"])
         if got[name] is None:
             return None, "*The reports are there but `ncu_report` is not installed (`pip install ncu-report`).*"
@@ -125,10 +129,9 @@ ORDER_ROWS = ("Profiled duration", "Tensor pipe", "DRAM bandwidth")
 def order_table():
     """The reports before and after the two steps beside FlashAttention-4's: time, tensor pipe, DRAM bandwidth and
     instructions."""
-    got = {n: records.profile_summary(n, SHAPE["seq_len"]) for n in ORDER}
-    if any(s is None for s in got.values()):
-        return md("*Needs the three reports and `ncu_report`: " + ", ".join(
-            f"`{records.report_path(n, SHAPE['seq_len']).name}`" for n in ORDER) + ".*")
+    got, missing = summaries(ORDER)
+    if got is None:
+        return md(missing)
     rows = {n: {a: b for a, b, _ in ncu_tables.table_rows(s)} for n, s in got.items()}
     counts = {n: _pipe_counts(str(records.report_path(n, SHAPE["seq_len"]))) for n in ORDER}
     lines = ["| Metric | " + " | ".join(ORDER.values()) + " |", "|---|--:|--:|--:|"]
