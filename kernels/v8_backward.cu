@@ -161,6 +161,18 @@
 #define V8B_DESC_ADD 1
 #endif
 
+// When dV_j += P^T dO_i is issued. Otherwise nothing of the consumers' is on the tensor cores while they
+// compute dS^T, store it and meet at the named barrier.
+//   0: with dK_j, after dQ_i (the first version);
+//   1: as soon as P^T is packed, before the wait for dP^T, so that it runs behind dP^T through the whole
+//      dS^T phase. D=128 only: at D=64 (B_r = 128) the packed P^T beside S^T and dP^T (B_r / 4 + B_r / 2 +
+//      B_r / 2 registers) does not fit the 240, and ptxas spills and waits after every wgmma; D=64 takes 0;
+//   2: once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place). At D=64 the
+//      banded kernel then keeps one value in 8 bytes of stack, outside the loop over query tiles.
+#ifndef V8B_EARLY_DV
+#define V8B_EARLY_DV 1
+#endif
+
 namespace v8b {
 
 constexpr int kThreads = 128;   // bwd_prep, bwd_convert: 4 warps
@@ -661,6 +673,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  constexpr int DV_AT = V8B_EARLY_DV == 1 && D != 128 ? 0 : V8B_EARLY_DV;   // V8B_EARLY_DV, 1 as 0 at D=64
   float s_acc[BR / 2], dp[BR / 2];   // S^T, then P^T in place; dP^T
   float dq[32];                      // this warpgroup's 64 x 64 half of dQ_i's tile
   uint32_t p_pack[NT][2], ds_pack[NT][2];
@@ -683,9 +696,17 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
     }
     wgmma_commit();
   };
+  // dV_j += P^T dO_i: A = P^T from registers (fragments of keys x 16 queries: rows g / g + 8, queries 2q..
+  // (n8 group 2kk) and 8 + 2q.. (2kk + 1)), B = dO_i MN-major. No commit: DV_AT decides its group.
+  auto issue_dv = [&](int st) {
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
+      Wgmma<D, T>::rs(dv, a, opdesc(sdO(st), kk * 16 * 128, BR * 128));
+    }
+  };
   // dQ's half: A = dS (queries x all B_c keys) read M-major from the stored dS^T, B = K_j MN-major; then
-  // dV_j += P^T dO_i and dK_j += dS^T Q_i with P^T, dS^T from registers (A fragments of keys x 16
-  // queries: rows g / g + 8, queries 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)). Two commit groups.
+  // (DV_AT == 0) dV_j and dK_j += dS^T Q_i with dS^T from registers, as P^T for dV_j. Two commit groups.
   auto issue_grads = [&](int st, int buf) {
     const uint32_t a_base = sdS(buf) + (L::SPLIT_ROWS ? cwg * BC * 128 : 0);   // dS^T panel of my queries
     const uint32_t b_base = sK + (L::SPLIT_ROWS ? 0 : cwg * BC * 128);         // K_j panel of my columns
@@ -694,11 +715,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
       Wgmma<64, T>::template ss<1, 1>(dq, opdesc(a_base, kk * 16 * 128, BC * 128),
                                       opdesc(b_base, kk * 16 * 128, BC * 128), kk > 0);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-      const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
-      Wgmma<D, T>::rs(dv, a, opdesc(sdO(st), kk * 16 * 128, BR * 128));
-    }
+    if constexpr (DV_AT == 0) issue_dv(st);
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
       const uint32_t a[4] = {ds_pack[2 * kk][0], ds_pack[2 * kk][1], ds_pack[2 * kk + 1][0], ds_pack[2 * kk + 1][1]};
@@ -752,8 +769,18 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
       }
     }
     pin(s_acc);   // keep the exponentials ahead of the wait below (in the PTX; V8B_EXP_FENCE in the SASS)
+    if constexpr (DV_AT == 1) {
+      // P^T packed now, and dV_j += P^T dO_i on the tensor cores behind dP^T: a third group
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) p_pack[t][h] = pack2<T>(s_acc[4 * t + 2 * h], s_acc[4 * t + 2 * h + 1]);
+      wgmma_fence();
+      issue_dv(st);
+      wgmma_commit();
+    }
     if constexpr (V8B_EXP_FENCE != 0) schedule_fence(dq_acc, M < 0);
-    wgmma_wait<0>();
+    wgmma_wait<DV_AT == 1 ? 1 : 0>();   // dP^T (dV_j may still run)
     pin(dp);
 
     // dS^T = P^T o (dP^T - D_i); both packed to 16 bits as A fragments, and dS^T also into shared memory
@@ -768,12 +795,17 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
       for (int h = 0; h < 2; ++h) {
         const float p0 = s_acc[4 * t + 2 * h], p1 = s_acc[4 * t + 2 * h + 1];
         const float ds0 = p0 * (dp[4 * t + 2 * h] - d2.x), ds1 = p1 * (dp[4 * t + 2 * h + 1] - d2.y);
-        p_pack[t][h] = pack2<T>(p0, p1);
+        if constexpr (DV_AT != 1) p_pack[t][h] = pack2<T>(p0, p1);
         ds_pack[t][h] = pack2<T>(ds0, ds1);
         const int r = key_row0 + g + 8 * h;   // r % 8 == g
         *reinterpret_cast<uint32_t*>(ds_tile + (t / 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q) =
             ds_pack[t][h];
       }
+    }
+    if constexpr (DV_AT == 2) {
+      wgmma_fence();
+      issue_dv(st);
+      wgmma_commit();
     }
     // both warpgroups' dS^T halves stored and visible to the tensor cores before either reads the whole
     fence_proxy_async_smem();
@@ -785,7 +817,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
 
     wgmma_fence();
     issue_grads(st, buf);
-    // dQ's half done (dV_j, dK_j may still run): out to the accumulator, no row test (padded rows)
+    // dQ's half done (and dV_j; dK_j may still run): out to the accumulator, no row test (padded rows)
     wgmma_wait<1>();
     pin(dq);
     if constexpr (L::DQ_BULK) {   // into the image, in fragment order (dq_image_float), for the writer

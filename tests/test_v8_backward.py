@@ -93,16 +93,46 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_bwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
+def dv_at(flags: list[str], D: int) -> int:
+    """Where the step issues dV_j (kernels/v8_backward.cu's DV_AT): 0 with dK_j, 1 before the wait for dP^T
+    (the default at D=128; at D=64 it falls back to 0), 2 after the dS^T stores."""
+    mode = int(next((f.split("=")[1] for f in flags if f.startswith("-DV8B_EARLY_DV=")), 1))
+    return 0 if mode == 1 and D != 128 else mode
+
+
+def between_waits(text: str) -> list[list[str]]:
+    """The instructions between consecutive wgmma waits (WARPGROUP.DEPBAR), from each wait to the next."""
+    out, cur = [], None
+    for line in text.splitlines():
+        if "WARPGROUP.DEPBAR.LE" in line:
+            if cur is not None:
+                out.append(cur)
+            cur = []
+        elif cur is not None and "/*" in line:
+            cur.append(line)
+    return out
+
+
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
-                                   ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"]],
-                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make"])
+                                   ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
+                                   ["-DV8B_EARLY_DV=2"]],
+                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
+                              "dv_after_ds"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
     # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 128); flash_bwd_ws also x causal
     assert len(entries) == 16, entries
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
+    frames = dict(re.findall(r"Compiling entry function '(\S+)'.*?(\d+ bytes stack frame, \d+ bytes spill stores, "
+                             r"\d+ bytes spill loads)", report, re.S))
+    assert len(frames) == len(entries), frames
+    for name, frame in frames.items():
+        # dV after the dS^T stores: ptxas keeps one value of the D=64 banded kernel in 8 bytes of stack,
+        # read only outside the loop over query tiles (its SASS is checked below)
+        allowed = {"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"}
+        if "-DV8B_EARLY_DV=2" in flags and "Li64ELb1E" in name:
+            allowed.add("8 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads")
+        assert frame in allowed, (name, frame)
     for line in report.splitlines():
         assert "warning" not in line.lower(), line
     main = {name: int(regs) for name, regs in entries if "flash_bwd_ws" in name}
@@ -120,29 +150,57 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         # two copies of the step (masked, plain), each with D/16 + D/16 + 8 + 2 B_r/16 wgmma
         assert text.count("HGMMA") == 2 * (D // 8 + 8 + query_tile(D) // 8), f"{name}: wgmma count"
         assert "UTMALDG" in text and "UBLKCP" in text, f"{name}: no TMA box or bulk copy"
-        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        local = [i for i, line in enumerate(text.splitlines()) if re.search(r"\b(LDL|STL)\b", line)]
+        if "-DV8B_EARLY_DV=2" in flags and "Li64ELb1E" in name:
+            hgmma = [i for i, line in enumerate(text.splitlines()) if "HGMMA" in line]
+            assert all(i < hgmma[0] or i > hgmma[-1] for i in local), f"{name}: local memory inside the steps"
+        else:
+            assert not local, f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} has mma.sync"
         moves = sass_tools.register_moves(text.splitlines())
         assert moves["release"] == [24] and moves["claim"] == [240], f"{name}: setmaxnreg {moves}"
         top = max(int(r) for r in re.findall(r"\bR(\d+)\b", text))
         assert top < 240, f"{name}: register R{top} past the 240 claimed"
-        # the waits the source asks for and no more (ptxas adds a full wait where it serialises)
-        assert waits(text) == [1, 0, 1, 0] * 2, f"{name}: waits {waits(text)}"
+        # the waits the source asks for and no more (ptxas adds a full wait where it serialises); with dV_j
+        # issued before the wait for dP^T, that wait leaves one group (dV_j) in flight
+        at = dv_at(flags, D)
+        assert waits(text) == ([1, 1, 1, 0] if at == 1 else [1, 0, 1, 0]) * 2, f"{name}: waits {waits(text)}"
+        # what each step issues between its waits: dV_j's B_r / 16 register-A wgmma sit between the waits
+        # for S^T and dP^T (1), between the wait for dP^T and dQ's (2), or after it with dK_j's (0)
+        gaps = between_waits(text)
+        rs = [sum(bool(re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", line)) for line in gap) for gap in gaps]
+        kdv = query_tile(D) // 16
+        expect = {0: [0, 2 * kdv, 0], 1: [kdv, kdv, 0], 2: [0, 2 * kdv, 0]}[at]
+        assert rs[:3] == expect and rs[4:7] == expect, f"{name}: register-A wgmma between waits {rs}"
+        if at == 2:   # dV_j's wgmma issued before the named barrier, dK_j's after it
+            second = gaps[1]
+            bar = next(i for i, line in enumerate(second) if re.search(r"\bBAR\.SYNC", line))
+            before = [bool(re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", line)) for line in second[:bar]]
+            assert sum(before) == kdv, f"{name}: dV_j's wgmma not before the named barrier"
+        # the stretches from a wait that leaves one group in flight to the wait for none: P^T's (not with dV_j
+        # issued before dP^T's wait, which leaves a group in flight there) and dQ's way out
         wins = windows(text)
-        # dQ leaves while dV_j, dK_j are on the tensor cores: as 16 red.global per thread, or (V8B_DQ_BULK,
+        assert len(wins) == (2 if at == 1 else 4), f"{name}: {wins}"
+        # dQ leaves while dK_j (and dV_j) are on the tensor cores: as 16 red.global per thread, or (V8B_DQ_BULK,
         # which does not fit beside 3 stages at D = 64) as 16 stores into the image and one mbarrier
         # arrival, and no branch there either way
         bulk = "-DV8B_DQ_BULK=0" not in flags and not (D == 64 and "-DV8B_STAGES=3" in flags)
+        out = wins if at == 1 else wins[1::2]
         if bulk:
-            assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in wins] == [(0, 0, 0), (16, 1, 0)] * 2, \
+            assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in out] == [(16, 1, 0)] * 2, \
                 f"{name}: dQ image stores outside dV/dK's window {wins}"
+            if at != 1:
+                assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in wins[::2]] == [(0, 0, 0)] * 2, wins
             assert "UBLKRED.G.S.ADD.F32" in text, f"{name}: no bulk reduction of the dQ image"
         else:
-            assert [w["REDG"] for w in wins] == [0, 16, 0, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
+            assert [w["REDG"] for w in out] == [16, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
             assert "UBLKRED" not in text, f"{name}: a bulk reduction without V8B_DQ_BULK"
         assert not any(w["BRA"] for w in wins), f"{name}: a branch between a wgmma and its wait {wins}"
-        if fence:
+        if fence and at != 1:
             assert [w["EX2"] for w in wins] == [query_tile(D) // 2, 0] * 2, f"{name}: P^T left dP^T's window {wins}"
+        if at == 1:   # every exponential between the wait for S^T and the wait for dP^T, whatever the fence
+            assert [sum("MUFU.EX2" in line for line in gaps[i]) for i in (0, 4)] == [query_tile(D) // 2] * 2, \
+                f"{name}: P^T left dP^T's window"
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
 
 
@@ -770,15 +828,34 @@ SANITIZE_MASKS = [(False, (-1, -1), False), (True, (-1, -1), False), (False, (40
                   (False, (40, 8), True)]
 
 
-def sanitize_target() -> None:
-    """What the sanitizer runs: every shape at both head dims, no mask, causal and a window, bf16, one line
-    per call."""
+def step_build(flag: str | None):
+    """The default build (None), or the build with one -D flag of a measured step under a module name of its
+    own."""
     from flashattn.loader import build
-    mod = build("v8_backward", archs=["9.0a"], functions=("backward",))
-    for B, H, H_kv, M, N in SANITIZE_SHAPES:
+    if flag is None:
+        return build("v8_backward", archs=["9.0a"], functions=("backward",))
+    name = flag.removeprefix("-DV8B_").replace("=", "").lower()
+    return build("v8_backward", extra_cuda_cflags=[flag], archs=["9.0a"], functions=("backward",),
+                 module_name=f"flashattn_v8_backward_{name}")
+
+
+# the step builds the sanitizer runs besides the default, on a small and an odd shape
+SANITIZE_STEPS = ["-DV8B_EARLY_DV=2", "-DV8B_STAGES=3"]
+
+
+def sanitize_target(flag: str | None = None) -> None:
+    """What the sanitizer runs: every shape (a step build: the first and third) at both head dims, no mask,
+    causal and a window, bf16, one line per call."""
+    mod = step_build(flag)
+    for B, H, H_kv, M, N in SANITIZE_SHAPES if flag is None else SANITIZE_SHAPES[0:3:2]:
         for D in (64, 128):
             for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
+                if det and flag == "-DV8B_STAGES=3" and D == 64:   # refused before any launch: no dQ image
+                    with pytest.raises(RuntimeError, match=r"needs the bulk dQ reduction"):
+                        ours(mod, q, k, v, do, causal, None, window, det)
+                    print(f"ran v8b B={B} M={M} N={N} D={D}: deterministic=True refused", flush=True)
+                    continue
                 dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det)
                 assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
                 print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window} "
@@ -824,22 +901,26 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0"])
+@pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
+                                  "-DV8B_EARLY_DV=0", "-DV8B_EARLY_DV=2", "-DV8B_STAGES=3"])
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_builds_match_the_default_bit_for_bit(flag, causal):
-    """Other orders of the blocks (V8B_HEAD_GROUP) and descriptors made for every wgmma (V8B_DESC_ADD=0) compute
-    the same gradients: dK and dV bit for bit as the default build (each written once, from the same sums), and
-    in the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in)."""
-    from flashattn.loader import build
-    name = flag.removeprefix("-DV8B_").replace("=", "").lower()
-    mod = build("v8_backward", extra_cuda_cflags=[flag], archs=["9.0a"], functions=("backward",),
-                module_name=f"flashattn_v8_backward_{name}")
-    q, k, v, do = make(3, 6, 3, 333, 1025, 128, torch.bfloat16, seed=len(flag))
+def test_builds_match_the_default_bit_for_bit(flag, D, causal):
+    """Other orders of the blocks (V8B_HEAD_GROUP), descriptors made for every wgmma (V8B_DESC_ADD=0), dV_j
+    issued elsewhere in the step (V8B_EARLY_DV) and a third slot (V8B_STAGES=3) compute the same gradients: dK
+    and dV bit for bit as the default build (each written once, from the same sums in the same order), and in
+    the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in)."""
+    mod = step_build(flag)
+    q, k, v, do = make(3, 6, 3, 333, 1025, D, torch.bfloat16, seed=len(flag) + D)
     got = ours(mod, q, k, v, do, causal)
     compare_grads(got, q, k, v, do, causal)
-    default = build("v8_backward", archs=["9.0a"], functions=("backward",))
+    default = step_build(None)
     ref = ours(default, q, k, v, do, causal)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    if flag == "-DV8B_STAGES=3" and D == 64:   # no room for dQ's image beside three slots: red.global, no turns
+        with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
+            ours(mod, q, k, v, do, causal, deterministic=True)
+        return
     det = [ours(m, q, k, v, do, causal, deterministic=True) for m in (mod, mod, default)]
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*det))
 
@@ -853,5 +934,17 @@ def test_sanitizer_clean(bwd, tool):
     assert len(ran) == len(SANITIZE_SHAPES) * 2 * len(SANITIZE_MASKS), out[-4000:]
 
 
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+@pytest.mark.parametrize("flag", SANITIZE_STEPS)
+def test_step_builds_sanitizer_clean(flag, tool):
+    step_build(flag)   # built outside the sanitizer
+    forward_lse(*make(1, 1, 1, 8, 8, 64, torch.bfloat16, seed=0)[:3], False, None)
+    out, ran = conftest.run_sanitized(tool, Path(__file__).resolve(), "--sanitize", flag, tag="ran v8b ")
+    assert len(ran) == 2 * 2 * len(SANITIZE_MASKS), out[-4000:]
+
+
 if __name__ == "__main__" and "--sanitize" in sys.argv:
-    sanitize_target()
+    rest = sys.argv[sys.argv.index("--sanitize") + 1:]
+    sanitize_target(rest[0] if rest else None)

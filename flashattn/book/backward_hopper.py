@@ -213,14 +213,20 @@ def _op(t: str) -> str:
 
 
 def span_counts(span: list[str]) -> dict:
-    """One step's instructions by kind, and what sits in its two windows (flashattn.measure.sass.wgmma_windows:
-    one product group still in flight): exponentials in the first, dQ's way out in the second."""
+    """One step's instructions by kind, and what sits in two of the stretches between its four waits
+    (flashattn.measure.sass.wgmma_gaps): the first, from S^T's wait to dP^T's (the exponentials), and the
+    third, from dQ's wait to the last (dQ's way out); dv_early: dV_j's wgmma (A in registers, B_r / 16 of
+    the 2 B_r / 16) issued before dP^T's wait."""
     ops, full = Counter(_op(t).split(".")[0] for t in span), Counter(_op(t) for t in span)
+    gaps = sass.wgmma_gaps(span)
+    first_gap = span[next(i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t):]
+    second_wait = next((i for i, t in enumerate(first_gap) if i and "DEPBAR.LE gsb0" in t), len(first_gap))
     return dict(instructions=len(span), hgmma=ops["HGMMA"],
                 register_a=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in span),
                 transposed_a=sum("tnspA" in t for t in span), waits=sum("DEPBAR.LE gsb0" in t for t in span),
                 ex2=full["MUFU.EX2"], fsel=ops["FSEL"], ds_stores=full["STS"], image_stores=full["STS.64"],
-                lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=sass.wgmma_windows(span))
+                lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=gaps[0:3:2],
+                dv_early=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in first_gap[:second_wait]))
 
 
 def step_rows(flags=(), banded: bool = False) -> list[dict]:
@@ -242,13 +248,14 @@ def out_of_window(w: Counter) -> str:
 
 def step_table(flags=()) -> str:
     lines = ["| D | step | instructions | wgmma (A in registers; A transposed) | waits | exp2 while dPᵀ runs | "
-             "while dV_j, dK_j run | dSᵀ stores | row-term loads | named barrier |",
-             "|--:|---|--:|--:|--:|--:|---|--:|--:|--:|"]
+             "dV_j's wgmma issued before dPᵀ's wait | while dK_j runs | dSᵀ stores | row-term loads | named barrier |",
+             "|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|"]
     for r in step_rows(flags):
         first, second = r["windows"]
         lines.append(f"| {r['D']} | {r['step']} | {r['instructions']} | {r['hgmma']} ({r['register_a']}; "
                      f"{r['transposed_a']}) | {r['waits']} | {first['MUFU.EX2']} of {r['ex2']} | "
-                     f"{out_of_window(second)} | {r['ds_stores']} | {r['lds']} | {r['bar']} |")
+                     f"{r['dv_early']} of {r['register_a'] // 2} | {out_of_window(second)} | {r['ds_stores']} | "
+                     f"{r['lds']} | {r['bar']} |")
     return "\n".join(lines)
 
 

@@ -164,6 +164,14 @@ STEPS = {
     "descriptors": ("descriptor-step times", {"make_desc per wgmma (V8B_DESC_ADD=0)": ("desc_make", False),
                                               "descriptor + offset (default)": ("default", False)},
                     {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
+    "dv": ("dV-step times", {"with dK_j (V8B_EARLY_DV=0)": ("dv_late", False),
+                             "after dSᵀ is stored (2)": ("dv_after_ds", False),
+                             "before dPᵀ's wait (default; D=64: with dK_j)": ("default", False)},
+           {"with dK_j / default": (0, 2), "after dSᵀ / default": (1, 2)},
+           "Ratios above 1: the default is faster. At D=64 the default build issues dV_j with dK_j."),
+    "stages": ("stage-count times", {"3 slots (V8B_STAGES=3)": ("stages3", False),
+                                     "2 slots (default)": ("default", False)},
+               {"3 / 2 slots": (0, 1)}, "Ratios above 1: two slots are faster."),
 }
 
 

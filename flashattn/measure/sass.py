@@ -373,6 +373,20 @@ def wgmma_windows(lines) -> list[Counter]:
     return out
 
 
+def wgmma_gaps(lines) -> list[Counter]:
+    """Per stretch from one WARPGROUP.DEPBAR.LE wait to the next, whatever it leaves in flight, its
+    instructions by opcode at every depth (as wgmma_windows); `lines`: texts, or cuobjdump's SASS as a string."""
+    out, inside = [], None
+    for line in lines.splitlines() if isinstance(lines, str) else lines:
+        if "WARPGROUP.DEPBAR.LE" in line:
+            if inside is not None:
+                out.append(inside)
+            inside = Counter()
+        elif inside is not None and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
+            inside.update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
+    return out
+
+
 def texts(fn: Function) -> list[str]:
     """The instruction texts of a disassembled function, in order (for the three functions above)."""
     return [i.text for i in fn.instructions]

@@ -229,7 +229,7 @@ BACKWARD_DET = (BACKWARD_TILE[1], _backward("v6_det_split", "deterministic mode 
                                             br=128, det_split=1))
 
 # The Hopper backward's builds ("The backward on Hopper": flashattn.book.backward_hopper_live): its first dQ path,
-# the order of its blocks, its first way of making descriptors.
+# the order of its blocks, its first way of making descriptors, where dV_j is issued, a third slot.
 V8_BACKWARD = (
     Variant("default", "v8_backward", None),
     Variant("dq_atomics", "v8_backward", None, {"V8B_DQ_BULK": 0}, "dQ by 16 red.global per consumer thread and step"),
@@ -240,6 +240,11 @@ V8_BACKWARD = (
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
     Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
     Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
+    Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0},
+            "dV_j issued with dK_j, after dQ_i (the first version)"),
+    Variant("dv_after_ds", "v8_backward", None, {"V8B_EARLY_DV": 2},
+            "dV_j issued once dS^T is stored, before the named barrier (FlashAttention-3's place)"),
+    Variant("stages3", "v8_backward", None, {"V8B_STAGES": 3}, "Q_i, dO_i and the row terms in three slots"),
 )
 
 # ---------------------------------------------------------------------------------------------- sets
