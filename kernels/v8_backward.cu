@@ -97,11 +97,12 @@
 //   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
 //   distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
 //
-// Next steps, in the order the profile beside FlashAttention-4's suggests (the chapter "The backward on
-// Hopper"): the order of the blocks (heads first makes the blocks running at one time read every head's
-// Q_i, dO_i and dQ accumulator, far more than L2 holds), fewer integer and uniform instructions per step,
-// overlapping the next tile's S^T and dP^T with this tile's dV/dK, stmatrix for dS^T, 3 stages, and causal
-// scheduling.
+// Steps taken since the first version, each a switch below, timed on the H200 (the lab notes of "The backward
+// on Hopper"): the order of the blocks (V8B_HEAD_GROUP, up to 5%), descriptors made once per tile
+// (V8B_DESC_ADD, 0-3%), where dV_j is issued (V8B_EARLY_DV, within 1%) and a third slot (V8B_STAGES, none
+// faster). Next: B_r = 80 at D=128 without a mask (FlashAttention-3's and -4's tile there, with dQ^T = K_j^T
+// dS^T so that the products' M stays 64: hopper/flash_bwd_launch_template.h), stmatrix for dS^T, fewer
+// integer and uniform instructions per step, and causal scheduling.
 //
 // Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
@@ -124,7 +125,8 @@
 
 // Q_i / dO_i / row-term slots in shared memory (at least 2: the producer fills slot u + 1 while the
 // consumers compute on slot u). 3 fits at both head dims (226 KB at D=128 with dQ's image, 195 KB at D=64,
-// where the image no longer fits: Layout below), 4 does not; 3 is not measured yet.
+// where the image no longer fits: Layout below), 4 does not. On the H200 3 was as fast as 2 at D=128 and
+// 8-9% slower at D=64, where it loses the image (results/h200/logs/backward_stages_9bde8ce.log).
 #ifndef V8B_STAGES
 #define V8B_STAGES 2
 #endif
@@ -167,10 +169,13 @@
 //   1: as soon as P^T is packed, before the wait for dP^T, so that it runs behind dP^T through the whole
 //      dS^T phase. D=128 only: at D=64 (B_r = 128) the packed P^T beside S^T and dP^T (B_r / 4 + B_r / 2 +
 //      B_r / 2 registers) does not fit the 240, and ptxas spills and waits after every wgmma; D=64 takes 0;
-//   2: once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place). At D=64 the
-//      banded kernel then keeps one value in 8 bytes of stack, outside the loop over query tiles.
+//   2 (default): once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place). At D=64
+//      the banded kernel keeps one value in 8 bytes of stack, read outside the loop over query tiles.
+// On the H200 the three took the same time within 1% at the four target shapes (2 fastest at D=128 by 1%,
+// results/h200/logs/backward_dv_9bde8ce.log); under Nsight Compute 1 cut the barrier stalls (1.56 -> 0.88
+// cycles per issued instruction) and not the kernel's duration (4.61 -> 4.63 ms): the lab notes.
 #ifndef V8B_EARLY_DV
-#define V8B_EARLY_DV 1
+#define V8B_EARLY_DV 2
 #endif
 
 namespace v8b {

@@ -95,8 +95,8 @@ def head_dim(kernel: str) -> int:
 
 def dv_at(flags: list[str], D: int) -> int:
     """Where the step issues dV_j (kernels/v8_backward.cu's DV_AT): 0 with dK_j, 1 before the wait for dP^T
-    (the default at D=128; at D=64 it falls back to 0), 2 after the dS^T stores."""
-    mode = int(next((f.split("=")[1] for f in flags if f.startswith("-DV8B_EARLY_DV=")), 1))
+    (D=128; at D=64 it falls back to 0), 2 after the dS^T stores (the default)."""
+    mode = int(next((f.split("=")[1] for f in flags if f.startswith("-DV8B_EARLY_DV=")), 2))
     return 0 if mode == 1 and D != 128 else mode
 
 
@@ -115,9 +115,9 @@ def between_waits(text: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
-                                   ["-DV8B_EARLY_DV=2"]],
+                                   ["-DV8B_EARLY_DV=1"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_after_ds"])
+                              "dv_before_dp_wait"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -127,10 +127,10 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
                              r"\d+ bytes spill loads)", report, re.S))
     assert len(frames) == len(entries), frames
     for name, frame in frames.items():
-        # dV after the dS^T stores: ptxas keeps one value of the D=64 banded kernel in 8 bytes of stack,
+        # dV_j after the dS^T stores: ptxas keeps one value of the D=64 banded kernel in 8 bytes of stack,
         # read only outside the loop over query tiles (its SASS is checked below)
         allowed = {"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"}
-        if "-DV8B_EARLY_DV=2" in flags and "Li64ELb1E" in name:
+        if dv_at(flags, 64) == 2 and "Li64ELb1E" in name:
             allowed.add("8 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads")
         assert frame in allowed, (name, frame)
     for line in report.splitlines():
@@ -151,7 +151,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         assert text.count("HGMMA") == 2 * (D // 8 + 8 + query_tile(D) // 8), f"{name}: wgmma count"
         assert "UTMALDG" in text and "UBLKCP" in text, f"{name}: no TMA box or bulk copy"
         local = [i for i, line in enumerate(text.splitlines()) if re.search(r"\b(LDL|STL)\b", line)]
-        if "-DV8B_EARLY_DV=2" in flags and "Li64ELb1E" in name:
+        if dv_at(flags, 64) == 2 and "Li64ELb1E" in name:
             hgmma = [i for i, line in enumerate(text.splitlines()) if "HGMMA" in line]
             assert all(i < hgmma[0] or i > hgmma[-1] for i in local), f"{name}: local memory inside the steps"
         else:
@@ -840,7 +840,7 @@ def step_build(flag: str | None):
 
 
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
-SANITIZE_STEPS = ["-DV8B_EARLY_DV=2", "-DV8B_STAGES=3"]
+SANITIZE_STEPS = ["-DV8B_EARLY_DV=1", "-DV8B_STAGES=3"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -902,7 +902,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
-                                  "-DV8B_EARLY_DV=0", "-DV8B_EARLY_DV=2", "-DV8B_STAGES=3"])
+                                  "-DV8B_EARLY_DV=0", "-DV8B_EARLY_DV=1", "-DV8B_STAGES=3"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):

@@ -23,11 +23,11 @@ REGION_COLORS = {"K_j": "#9ec5e8", "V_j": "#b8d4ee", "Q_i": "#f6c28b", "dO_i": "
 STEPS = ("1  wait full[s]", "2  Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ   (wgmma, both operands in shared)",
          "3  Pᵀ = exp2(Sᵀ · scale · log₂e − lse2_i)   while dPᵀ runs",
          "4  dSᵀ = Pᵀ ∘ (dPᵀ − D_i): kept as A operands, and stored",
-         "5  fence.proxy.async; bar.sync 1, 256; wait dq_empty (step u − 1's image read)",
-         "6  dQ half += dS K_j   (A = the stored dSᵀ, read transposed)",
-         "7  dV_j += Pᵀ dO_i,  dK_j += dSᵀ Q_i   (A in registers)",
-         "8  dQ half → the image (16 st.shared.v2.f32), arrive dq_full: while 7 runs",
-         "9  mbarrier.arrive on empty[s]")
+         "5  dV_j += Pᵀ dO_i   (A in registers)",
+         "6  fence.proxy.async; bar.sync 1, 256; wait dq_empty (step u − 1's image read)",
+         "7  dQ half += dS K_j   (A = the stored dSᵀ, read transposed);  dK_j += dSᵀ Q_i",
+         "8  dQ half → the image (16 st.shared.v2.f32), arrive dq_full: while dK_j runs",
+"9  mbarrier.arrive on empty[s]")
 
 
 def box(ax, x, y, w, h, title, sub="", color="white", edge="0.35", fs=10.5):
@@ -116,7 +116,7 @@ def fig_dataflow(show: bool = False):
     arrow(ax, (8.2, 6.9), (9.7, 6.75), "per step")
     arrow(ax, (9.7, 3.2), (8.2, 5.0), "sync", "9: arrive", at=(9.4, 3.56), ls="--")
     arrow(ax, (9.7, 5.4), (8.2, 4.35), "sync", "4: store", at=(9.35, 5.15))
-    arrow(ax, (8.2, 3.65), (9.7, 4.65), "sync", "6: read", at=(8.8, 4.05))
+    arrow(ax, (8.2, 3.65), (9.7, 4.65), "sync", "7: read", at=(8.8, 4.05))
     arrow(ax, (9.7, 3.74), (8.2, 1.75), "dq", "8: store,\narrive dq_full", at=(9.05, 2.87))
     arrow(ax, (9.7, 1.1), (8.2, 1.1), "dq", "issues", at=(8.95, 0.95))
     arrow(ax, (3.8, 1.4), (3.1, 1.4), "dq", "bulk\n.add.f32", at=(3.45, 1.8))

@@ -242,8 +242,8 @@ V8_BACKWARD = (
     Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
     Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0},
             "dV_j issued with dK_j, after dQ_i (the first version)"),
-    Variant("dv_after_ds", "v8_backward", None, {"V8B_EARLY_DV": 2},
-            "dV_j issued once dS^T is stored, before the named barrier (FlashAttention-3's place)"),
+    Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1},
+            "dV_j issued before the wait for dP^T (D=128; D=64 issues it with dK_j)"),
     Variant("stages3", "v8_backward", None, {"V8B_STAGES": 3}, "Q_i, dO_i and the row terms in three slots"),
 )
 
