@@ -4,18 +4,17 @@
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
 // every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
-// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, with the block order and
-// descriptors of this file (results/h200/logs/pytest_v8b_l2order_decode_fused_wip.log: its one failure, a
-// CPU emulation's float64 tolerance, is fixed in the test) and before them (*_77b169c.log,
-// pytest_backward_fixes_506e705.log; the first version's runs, before the empty barrier took an arrival from
-// every consumer thread: *_f50ce76.log). Timed through autograd beside V6's backward, cuDNN and
-// FlashAttention-4 in results/h200/bench_backward.json (README: "The backward pass against SDPA's backends
-// and FlashAttention-4"; recorded before V8B_HEAD_GROUP and V8B_DESC_ADD, whose steps are timed in
-// results/h200/logs/backward_{order,descriptors}_*.log), and profiled beside FlashAttention-4's in
-// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version) and
-// flash_v8_backward_l2order_s8192_profile.ncu-rep (this file); the chapter "The backward on Hopper" and its
-// lab notes read them. flashattn trains v7 and v8 on it only when asked (attention(..., backward=
-// "v8_backward")).
+// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for the default build and
+// the step builds V8B_EARLY_DV=2 and V8B_STAGES=3 (results/h200/logs/pytest_v8b_early_dv_9bde8ce.log; this
+// file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
+// build at D=128), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
+// the first version's runs: *_f50ce76.log). Timed through autograd beside V6's backward, cuDNN and
+// FlashAttention-4 in results/h200/bench_backward.json at 35a068a (README: "The backward pass against SDPA's
+// backends and FlashAttention-4"; this file differs from that run only in where D=64 issues dV_j, below), and profiled beside FlashAttention-4's in
+// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
+// reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
+// on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it only when asked (attention(...,
+// backward="v8_backward")).
 //
 // What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
@@ -149,7 +148,13 @@
 // blockIdx than key tile j - 1 of that head, which the deterministic mode's turns rely on. On the H200 the
 // default was the fastest order or within 3% of it at the four target shapes, 5% faster than 0 at (2, 16,
 // 8192, 128) non-causal, where the DRAM traffic fell from 2.30 TB/s to 0.24 TB/s under Nsight Compute
-// (results/h200/logs/backward_order_l2_wip.log, the lab notes of "The backward on Hopper").
+// (results/h200/logs/backward_order_l2_wip.log, the lab notes of "The backward on Hopper"). The deterministic
+// mode suffers from it: its turns let the key tiles of one head add into a query tile only one after another,
+// and with few heads at a time most of the running blocks are key tiles of the same head, waiting on each
+// other. At (2, 16, 8192, 128) causal it took 1.50x the default's time with the L2's group
+// (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the same record at
+// 77b169c). Giving the deterministic mode all heads in one group is the fix; it waits on the pending-gpu
+// branch for a GPU to time it.
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP -1
 #endif
@@ -167,13 +172,15 @@
 // compute dS^T, store it and meet at the named barrier.
 //   0: with dK_j, after dQ_i (the first version);
 //   1: as soon as P^T is packed, before the wait for dP^T, so that it runs behind dP^T through the whole
-//      dS^T phase. D=128 only: at D=64 (B_r = 128) the packed P^T beside S^T and dP^T (B_r / 4 + B_r / 2 +
-//      B_r / 2 registers) does not fit the 240, and ptxas spills and waits after every wgmma; D=64 takes 0;
-//   2 (default): once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place). At D=64
-//      the banded kernel keeps one value in 8 bytes of stack, read outside the loop over query tiles.
+//      dS^T phase;
+//   2 (default): once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place).
+// D=128 only: at D=64 (B_r = 128) the registers are too few. With 1 the packed P^T beside S^T and dP^T
+// (B_r / 4 + B_r / 2 + B_r / 2) do not fit the 240: ptxas spills and waits after every wgmma; with 2 the
+// banded kernel spills 8 to 32 bytes (with and without V8B_EXP_FENCE). D=64 issues dV_j with dK_j.
 // On the H200 the three took the same time within 1% at the four target shapes (2 fastest at D=128 by 1%,
-// results/h200/logs/backward_dv_9bde8ce.log); under Nsight Compute 1 cut the barrier stalls (1.56 -> 0.88
-// cycles per issued instruction) and not the kernel's duration (4.61 -> 4.63 ms): the lab notes.
+// results/h200/logs/backward_dv_9bde8ce.log, where 2 also ran at D=64); under Nsight Compute 1 cut the
+// barrier stalls (1.56 -> 0.88 cycles per issued instruction) and not the kernel's duration (4.61 -> 4.63
+// ms): the lab notes.
 #ifndef V8B_EARLY_DV
 #define V8B_EARLY_DV 2
 #endif
@@ -678,7 +685,7 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  constexpr int DV_AT = V8B_EARLY_DV == 1 && D != 128 ? 0 : V8B_EARLY_DV;   // V8B_EARLY_DV, 1 as 0 at D=64
+  constexpr int DV_AT = D == 128 ? V8B_EARLY_DV : 0;   // V8B_EARLY_DV: D=64 issues dV_j with dK_j
   float s_acc[BR / 2], dp[BR / 2];   // S^T, then P^T in place; dP^T
   float dq[32];                      // this warpgroup's 64 x 64 half of dQ_i's tile
   uint32_t p_pack[NT][2], ds_pack[NT][2];
@@ -816,8 +823,8 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
     fence_proxy_async_smem();
     named_bar_sync(1, 256);
     // V8B_DQ_BULK: the writer has handed the previous step's dQ image to the copy engine, which has read
-    // it (waited for here, where no wgmma is in flight: a wait loop between a wgmma and its wait would make
-    // ptxas wait for the wgmma first)
+    // it (waited for here, before dQ_i's products; dV_j may be in flight across the wait loop, and ptxas
+    // keeps it so: tests/test_v8_backward.py counts the waits)
     if (L::DQ_BULK && u > 0) mbar_wait(dq_empty, (u - 1) & 1);
 
     wgmma_fence();

@@ -122,3 +122,8 @@ def test_wgmma_windows_count_every_depth_of_the_opcode():
         assert (second["STS"], second["STS.64"], second["SYNCS"], second["SYNCS.ARRIVE"], second["REDG"]) == \
             (2, 1, 1, 1, 0)
         assert second["SYNCS.ARRIVE.TRANS64.A1T0"] == 1 and second["BRA"] == 0
+    # every stretch from one wait to the next, and the one after the last wait, with the wait's N
+    gaps = sass.wgmma_gaps(texts)
+    assert [n for n, _ in gaps] == [1, 0, 1, 0, 1]
+    assert gaps[1][1] == {"MUFU": 1, "MUFU.EX2": 1} and gaps[3][1] == {} and gaps[4][1]["REDG"] == 1
+    assert gaps == sass.wgmma_gaps(dump)

@@ -147,9 +147,13 @@ def test_plan_names_the_version_that_runs_and_runs_it_unchecked():
 def test_good_call_after_refused_calls(version):
     """A refused call leaves nothing behind: the next good call returns the right answer."""
     dtype = flashattn.INFO[version].dtypes[0]
+    info = flashattn.INFO[version]
+    # a head dim the version does not take, from what it declares (v8 takes 256 since it grew wide head dims)
+    bad_D = (info.max_head_dim + 8 if info.head_dims is None
+             else next(d for d in (80, 96, 48) if d not in info.head_dims))
     bad_calls = [
         lambda: flashattn.forward(*qkv(M=33, N=33, dtype=dtype), version=version),                # CPU
-        lambda: flashattn.forward(*qkv(M=33, N=33, D=256, dtype=dtype, device="cuda"), version=version),
+        lambda: flashattn.forward(*qkv(M=33, N=33, D=bad_D, dtype=dtype, device="cuda"), version=version),
         lambda: flashattn.forward(*qkv(M=33, N=33, dtype=torch.int32, device="cuda"), version=version),
     ]
     for call in bad_calls:

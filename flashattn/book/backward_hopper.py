@@ -213,12 +213,11 @@ def _op(t: str) -> str:
 
 
 def span_counts(span: list[str]) -> dict:
-    """One step's instructions by kind, and what sits in two of the stretches between its four waits
-    (flashattn.measure.sass.wgmma_gaps): the first, from S^T's wait to dP^T's (the exponentials), and the
-    third, from dQ's wait to the last (dQ's way out); dv_early: dV_j's wgmma (A in registers, B_r / 16 of
-    the 2 B_r / 16) issued before dP^T's wait."""
+    """One step's instructions by kind, and two stretches between its waits (flashattn.measure.sass.wgmma_gaps):
+    from S^T's wait to dP^T's (the exponentials), from dQ's to the last (dQ's way out); dv_early: dV_j's
+    wgmma (A in registers) issued before dP^T's wait."""
     ops, full = Counter(_op(t).split(".")[0] for t in span), Counter(_op(t) for t in span)
-    gaps = sass.wgmma_gaps(span)
+    gaps = [c for _, c in sass.wgmma_gaps(span)]
     first_gap = span[next(i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t):]
     second_wait = next((i for i, t in enumerate(first_gap) if i and "DEPBAR.LE gsb0" in t), len(first_gap))
     return dict(instructions=len(span), hgmma=ops["HGMMA"],

@@ -30,7 +30,7 @@ PIPES = {"tensor_op_gmma": "wgmma", "fma": "FP32 add, multiply, FMA; IMAD",
          "adu": "branches, barriers, constant loads"}
 COMMAND = ("`python -m flashattn.measure.profile {name} -B 2 -H 16 -D 128 --seq-len 8192 --out results/h200`")
 # reports kept under another name than the one `profile` writes: the name it was profiled as
-PROFILED = {"v8_backward_l2order": "v8_backward"}
+PROFILED = {"v8_backward_l2order": "v8_backward", "v8_backward_early_dv": "v8_backward"}
 
 
 def summaries(names=PAIR) -> tuple[dict | None, str | None]:
@@ -121,8 +121,7 @@ def pipe_table():
 
 # the chapter's report (the first version: all heads first, make_desc for every wgmma), the two steps' default
 # (heads that fit half the L2, each descriptor made once per tile), FlashAttention-4's
-ORDER = {"v8_backward": "first version", "v8_backward_l2order": "both steps (the default now)",
-         "fa4_backward": "FlashAttention-4"}
+ORDER = {"v8_backward": "first version", "v8_backward_l2order": "both steps", "fa4_backward": "FlashAttention-4"}
 ORDER_ROWS = ("Profiled duration", "Tensor pipe", "DRAM bandwidth")
 
 
@@ -147,3 +146,41 @@ def step_log(name: str):
     text = (REPO_ROOT / "results" / "h200" / "logs" / name).read_text()
     kept = [ln for ln in text.splitlines() if ln.startswith("|") or ln.startswith("Measured now")]
     return md("\n".join(kept).replace("\nMeasured now", "\n\nMeasured"))
+
+
+# dV_j with dK_j (the two steps' report), before dP^T's wait (V8B_EARLY_DV=1, the default when it was profiled),
+# FlashAttention-4's; at D=64, both kernels at (4, 12, 2048, 64) non-causal; the warp states that moved
+DV = {"v8_backward_l2order": "dV_j with dK_j", "v8_backward_early_dv": "dV_j before dPᵀ's wait",
+      "fa4_backward": "FlashAttention-4"}
+D64 = {"v8_backward": "V8 backward (`flash_bwd_ws`)", "fa4_backward": "FlashAttention-4"}
+D64_SHAPE = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
+STALLS = ("barrier", "short_scoreboard", "wait", "long_scoreboard")
+
+
+def stall_table(names: dict, seq_len: int = SHAPE["seq_len"]):
+    """Reports side by side: time, tensor pipe, and the warp states that differ (cycles per issued instruction)."""
+    got = {n: records.profile_summary(n, seq_len) for n in names}
+    if any(v is None for v in got.values()):
+        return md(f"*Not recorded here: {', '.join(str(records.report_path(n, seq_len).name) for n in names)} "
+                  "(or `ncu_report` is not installed).*")
+    rows = {n: {a: b for a, b, _ in ncu_tables.table_rows(s)} for n, s in got.items()}
+    lines = ["| Metric | " + " | ".join(names.values()) + " |", "|---|" + "--:|" * len(names)]
+    lines += [f"| {m} | " + " | ".join(rows[n][m] for n in names) + " |" for m in ORDER_ROWS[:2]]
+    lines += [f"| stall: {r.replace('_', ' ')} | " + " | ".join(f"{got[n]['stalls'].get(r, 0.0):.2f}" for n in names) +
+              " |" for r in STALLS]
+    lines.append("| all states, per issued instruction | " +
+                 " | ".join(f"{got[n]['warp_cycles_per_issue']:.2f}" for n in names) + " |")
+    shape = SHAPE if seq_len == SHAPE["seq_len"] else D64_SHAPE
+    return md("\n".join(lines) + f"\n\nbf16, B = {shape['batch_size']}, H = {shape['num_heads']}, M = N = "
+              f"{seq_len}, D = {shape['head_dim']}, non-causal, on {next(iter(got.values()))['device']}; "
+              "durations under Nsight Compute; stalls in cycles per issued instruction.")
+
+
+def dv_table():
+    """The build that issues dV_j before dP^T's wait beside the one that issues it with dK_j, and FA4's."""
+    return stall_table(DV)
+
+
+def d64_table():
+    """Both main kernels at (4, 12, 2048, 64), where FlashAttention-4's backward is furthest ahead."""
+    return stall_table(D64, D64_SHAPE["seq_len"])

@@ -168,8 +168,7 @@ def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_c
     wide_doc = results.read_if_exists(wide, "prefill")
     if wide_doc is not None:
         text += ("\n\nHead dims 192 and 256 (`python -m flashattn.measure.prefill_bench --parts wide`), another "
-                 "run:\n\n" + "\n".join(_forward_lines(wide_doc, columns, "sdpa_cudnn")) + "\n\nv8 / sdpa_cudnn: "
-                 "cuDNN's time over ours.")
+                 "run:\n\n" + "\n".join(_forward_lines(wide_doc, columns, "fa4")) + "\n\nv8 / fa4 as above.")
     return md(text)
 
 

@@ -316,8 +316,7 @@ def excerpt(loop: Loop, count: int = 24, skip: int = 0, first: str | None = None
 
 
 # ------------------------------------------------------------------------ Hopper scheduling (V8)
-# Lines are instruction texts such as "WARPGROUP.DEPBAR.LE gsb0, 0x1" or "@P0 FMUL R24, R24, R5": the
-# `text` of an Instruction here, or a line of cuobjdump's SASS with its offset and ';' stripped (tests).
+# Lines: instruction texts ("WARPGROUP.DEPBAR.LE gsb0, 0x1", "@P0 FMUL R24, R24, R5"), or cuobjdump's SASS.
 _HGMMA_RS = re.compile(r"HGMMA\.64 ?x(\d+)x16\S* R(\d+), R(\d+), gdesc")   # A from registers: P V
 _WRITES = re.compile(r"(?:@!?U?P\w+\s+)?\S+\s+R(\d+)\b")                  # first operand: the destination
 
@@ -358,33 +357,22 @@ def register_moves(lines: list[str]) -> dict[str, list[int]]:
     return moves
 
 
+def wgmma_gaps(lines) -> list[tuple[int, Counter]]:
+    """Per WARPGROUP.DEPBAR.LE gsb0, N wait: N, and the instructions from it to the next wait (or the end) by
+    opcode at every depth ("MUFU", "MUFU.EX2"); `lines`: texts, or cuobjdump's SASS as a string."""
+    out = []
+    for line in lines.splitlines() if isinstance(lines, str) else lines:
+        if wait := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", line):
+            out.append((int(wait[1], 16), Counter()))
+        elif out and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
+            out[-1][1].update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
+    return out
+
+
 def wgmma_windows(lines) -> list[Counter]:
-    """Per stretch from WARPGROUP.DEPBAR.LE gsb0, 0x1 to the next 0x0 (one wgmma group still in flight), its
-    instructions by opcode at every depth ("MUFU", "MUFU.EX2"); `lines`: texts, or cuobjdump's SASS as a string."""
-    out, inside = [], None
-    for line in lines.splitlines() if isinstance(lines, str) else lines:
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-            inside = Counter()
-        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
-            out.append(inside)
-            inside = None
-        elif inside is not None and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
-            inside.update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
-    return out
-
-
-def wgmma_gaps(lines) -> list[Counter]:
-    """Per stretch from one WARPGROUP.DEPBAR.LE wait to the next, whatever it leaves in flight, its
-    instructions by opcode at every depth (as wgmma_windows); `lines`: texts, or cuobjdump's SASS as a string."""
-    out, inside = [], None
-    for line in lines.splitlines() if isinstance(lines, str) else lines:
-        if "WARPGROUP.DEPBAR.LE" in line:
-            if inside is not None:
-                out.append(inside)
-            inside = Counter()
-        elif inside is not None and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
-            inside.update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
-    return out
+    """wgmma_gaps from a 0x1 wait to a 0x0 one: one wgmma group in flight all along."""
+    after = wgmma_gaps(lines)
+    return [c for (n, c), (m, _) in zip(after, after[1:]) if n == 1 and m == 0]
 
 
 def texts(fn: Function) -> list[str]:
