@@ -4,13 +4,14 @@
 // sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
 // every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
-// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for the default build and
-// the step builds V8B_EARLY_DV=2 and V8B_STAGES=3 (results/h200/logs/pytest_v8b_early_dv_9bde8ce.log; this
-// file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
+// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for the builds
+// V8B_EARLY_DV=1 (that run's default), 2 and V8B_STAGES=3 (results/h200/logs/pytest_v8b_early_dv_9bde8ce.log;
+// this file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
 // build at D=128), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
 // the first version's runs: *_f50ce76.log). Timed through autograd beside V6's backward, cuDNN and
 // FlashAttention-4 in results/h200/bench_backward.json at 35a068a (README: "The backward pass against SDPA's
-// backends and FlashAttention-4"; this file differs from that run only in where D=64 issues dV_j, below), and profiled beside FlashAttention-4's in
+// backends and FlashAttention-4"; this file differs from that run only in where D=64 issues dV_j, below), and
+// profiled beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
 // reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
 // on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it only when asked (attention(...,

@@ -27,7 +27,7 @@ STEPS = ("1  wait full[s]", "2  Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ   (wgmma,
          "6  fence.proxy.async; bar.sync 1, 256; wait dq_empty (step u − 1's image read)",
          "7  dQ half += dS K_j   (A = the stored dSᵀ, read transposed);  dK_j += dSᵀ Q_i",
          "8  dQ half → the image (16 st.shared.v2.f32), arrive dq_full: while dK_j runs",
-"9  mbarrier.arrive on empty[s]")
+         "9  mbarrier.arrive on empty[s]")
 
 
 def box(ax, x, y, w, h, title, sub="", color="white", edge="0.35", fs=10.5):
