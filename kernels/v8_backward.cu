@@ -151,11 +151,11 @@
 // 8192, 128) non-causal, where the DRAM traffic fell from 2.30 TB/s to 0.24 TB/s under Nsight Compute
 // (results/h200/logs/backward_order_l2_wip.log, the lab notes of "The backward on Hopper"). The deterministic
 // mode suffers from it: its turns let the key tiles of one head add into a query tile only one after another,
-// and with few heads at a time most of the running blocks are key tiles of the same head, waiting on each
-// other. At (2, 16, 8192, 128) causal it took 1.50x the default's time with the L2's group
-// (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the same record at
-// 77b169c). Giving the deterministic mode all heads in one group is the fix; it waits on the pending-gpu
-// branch for a GPU to time it.
+// and with few heads at a time most of the running blocks are key tiles of the same head (that they wait on
+// each other is our reading, not measured). At (2, 16, 8192, 128) causal it took 1.50x the default's time
+// with the L2's group (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the
+// same record at 77b169c). Giving the deterministic mode all heads in one group is the fix; it waits on the
+// pending-gpu branch for a GPU to time it.
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP -1
 #endif
