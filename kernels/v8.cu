@@ -331,183 +331,123 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes
                       "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 // One warpgroup-wide product D (64 x N, fp32, N / 2 registers per thread) += A (64 x 16) B (16 x N).
 // Accumulator register 4t + i of lane (g = lane / 4, q = lane % 4) of warp w holds row 16w + g + 8(i / 2),
-// column 8t + 2q + (i % 2). Written out per N and type because the asm text must be a literal.
+// column 8t + 2q + (i % 2). Written out per N because the asm text must be a literal; one macro per N
+// makes the bf16 and the fp16 specialization from the same text.
 template <int N, typename T> struct Wgmma;
 #define V8_ACC64(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24)
 #define V8_ACC128(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32), V8_ACC8(d, 40), V8_ACC8(d, 48), V8_ACC8(d, 56)
-template <> struct Wgmma<64, __nv_bfloat16> {
-  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
-  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
-  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : V8_ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
+// S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+// P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+#define WGMMA_N64(CTYPE, PTX)                                                                                     \
+template <> struct Wgmma<64, CTYPE> {                                                                                \
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC64(d)                                                                                                \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                          \
+  }                                                                                                                  \
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {                    \
+    asm volatile(                                                                                                    \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n" \
+        : V8_ACC64(d)                                                                                                \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                                       \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<64, __half> {
-  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
-  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC64(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
-  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : V8_ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
+WGMMA_N64(__nv_bfloat16, "bf16")
+WGMMA_N64(__half, "f16")
+// S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
+// P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
+#define WGMMA_N128(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<128, CTYPE> {                                                                               \
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC128(d)                                                                                               \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                          \
+  }                                                                                                                  \
+  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {                    \
+    asm volatile(                                                                                                    \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n" \
+        : V8_ACC128(d)                                                                                               \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                                       \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<128, __nv_bfloat16> {
-  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
-  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC128(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
-  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : V8_ACC128(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-};
-template <> struct Wgmma<128, __half> {
-  // S-style: A (64 x 16) and B (N x 16) both from shared memory, both K-major.
-  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC128(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-  // P V-style: A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1); accumulates.
-  static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : V8_ACC128(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-};
+WGMMA_N128(__nv_bfloat16, "bf16")
+WGMMA_N128(__half, "f16")
 
 #define V8_ACC176(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80)
-template <> struct Wgmma<176, __nv_bfloat16> {
-  // S only (B_c = 176, D = 128's wider key tile): A (64 x 16) and B (176 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC176(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+// S only (B_c = 176, D = 128's wider key tile): A (64 x 16) and B (176 x 16) from shared memory, K-major.
+#define WGMMA_N176(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<176, CTYPE> {                                                                               \
+  static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC176(d)                                                                                               \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                          \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<176, __half> {
-  // S only (B_c = 176, D = 128's wider key tile): A (64 x 16) and B (176 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC176(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-};
+WGMMA_N176(__nv_bfloat16, "bf16")
+WGMMA_N176(__half, "f16")
 
 // The wide head dims: their key tiles (B_c = 112 at D = 192, 80 at D = 256, the widest that fit two stages
 // of K_j and V_j next to Q_i in shared memory) for S, and N = D for P V.
 #define V8_ACC80(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32)
-template <> struct Wgmma<80, __nv_bfloat16> {
-  // S only (B_c = 80, D = 256's key tile): A (64 x 16) and B (80 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC80(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+// S only (B_c = 80, D = 256's key tile): A (64 x 16) and B (80 x 16) from shared memory, K-major.
+#define WGMMA_N80(CTYPE, PTX)                                                                                     \
+template <> struct Wgmma<80, CTYPE> {                                                                                \
+  static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC80(d)                                                                                                \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                          \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<80, __half> {
-  // S only (B_c = 80, D = 256's key tile): A (64 x 16) and B (80 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC80(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-};
+WGMMA_N80(__nv_bfloat16, "bf16")
+WGMMA_N80(__half, "f16")
 #define V8_ACC112(d) V8_ACC8(d, 0), V8_ACC8(d, 8), V8_ACC8(d, 16), V8_ACC8(d, 24), V8_ACC8(d, 32), V8_ACC8(d, 40), V8_ACC8(d, 48)
-template <> struct Wgmma<112, __nv_bfloat16> {
-  // S only (B_c = 112, D = 192's key tile): A (64 x 16) and B (112 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[56], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC112(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
+// S only (B_c = 112, D = 192's key tile): A (64 x 16) and B (112 x 16) from shared memory, K-major.
+#define WGMMA_N112(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<112, CTYPE> {                                                                               \
+  static __device__ __forceinline__ void ss(float (&d)[56], uint64_t a, uint64_t b, int accumulate) {                \
+    asm volatile(                                                                                                    \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"                                                                 \
+        "wgmma.mma_async.sync.aligned.m64n112k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC112(d)                                                                                               \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                          \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<112, __half> {
-  // S only (B_c = 112, D = 192's key tile): A (64 x 16) and B (112 x 16) from shared memory, K-major.
-  static __device__ __forceinline__ void ss(float (&d)[56], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, %56, %57, p, 1, 1, 0, 0;\n}\n"
-        : V8_ACC112(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  }
-};
+WGMMA_N112(__nv_bfloat16, "bf16")
+WGMMA_N112(__half, "f16")
 #define V8_ACC192(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80), V8_ACC8(d, 88)
-template <> struct Wgmma<192, __nv_bfloat16> {
-  // P V only (N = D = 192): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
-  static __device__ __forceinline__ void rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 1, 1, 1, 1;\n"
-        : V8_ACC192(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
+// P V only (N = D = 192): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+#define WGMMA_N192(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<192, CTYPE> {                                                                               \
+  static __device__ __forceinline__ void rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {                    \
+    asm volatile(                                                                                                    \
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 1, 1, 1, 1;\n" \
+        : V8_ACC192(d)                                                                                               \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                                       \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<192, __half> {
-  // P V only (N = D = 192): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
-  static __device__ __forceinline__ void rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 1, 1, 1, 1;\n"
-        : V8_ACC192(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-};
+WGMMA_N192(__nv_bfloat16, "bf16")
+WGMMA_N192(__half, "f16")
 #define V8_ACC256(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72), V8_ACC8(d, 80), V8_ACC8(d, 88), V8_ACC8(d, 96), V8_ACC8(d, 104), V8_ACC8(d, 112), V8_ACC8(d, 120)
-template <> struct Wgmma<256, __nv_bfloat16> {
-  // P V only (N = D = 256): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
-  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-        : V8_ACC256(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
+// P V only (N = D = 256): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
+#define WGMMA_N256(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<256, CTYPE> {                                                                               \
+  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {                   \
+    asm volatile(                                                                                                    \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n" \
+        : V8_ACC256(d)                                                                                               \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                                       \
+  }                                                                                                                  \
 };
-template <> struct Wgmma<256, __half> {
-  // P V only (N = D = 256): A (64 x 16) from registers, B from shared memory MN-major (imm-trans-b = 1).
-  static __device__ __forceinline__ void rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
-        : V8_ACC256(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-};
+WGMMA_N256(__nv_bfloat16, "bf16")
+WGMMA_N256(__half, "f16")
 
 // ---------------------------------------------------------------- trace (V8_TRACE) ------------------
 // The instrumentation, all of it here. With V8_TRACE=1 one lane of the producer and of every consumer

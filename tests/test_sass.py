@@ -1,5 +1,6 @@
 """flashattn.measure.sass: the hot loops' instruction mix, from nvcc and nvdisasm, without a GPU."""
 import importlib.util
+import re
 
 import pytest
 
@@ -124,6 +125,11 @@ def test_wgmma_windows_count_every_depth_of_the_opcode():
         assert second["SYNCS.ARRIVE.TRANS64.A1T0"] == 1 and second["BRA"] == 0
     # every stretch from one wait to the next, and the one after the last wait, with the wait's N
     gaps = sass.wgmma_gaps(texts)
-    assert [n for n, _ in gaps] == [1, 0, 1, 0, 1]
-    assert gaps[1][1] == {"MUFU": 1, "MUFU.EX2": 1} and gaps[3][1] == {} and gaps[4][1]["REDG"] == 1
-    assert gaps == sass.wgmma_gaps(dump)
+    assert [n for n, _, _ in gaps] == [1, 0, 1, 0, 1]
+    assert gaps[1][2] == {"MUFU": 1, "MUFU.EX2": 1} and gaps[3][2] == {} and gaps[4][2]["REDG"] == 1
+    assert gaps[1][1] == ["MUFU.EX2 R3, R3"] and gaps[3][1] == []
+    # cuobjdump's lines keep their offsets and drop the encoding lines: the same instructions, counted alike
+    from_dump = sass.wgmma_gaps(dump)
+    assert [(n, c) for n, _, c in from_dump] == [(n, c) for n, _, c in gaps]
+    assert [[re.search(r"\*/\s+(.*?)\s*;", line)[1] for line in body] for _, body, _ in from_dump] == \
+        [body for _, body, _ in gaps]

@@ -100,19 +100,6 @@ def dv_at(flags: list[str], D: int) -> int:
     return mode if D == 128 else 0
 
 
-def between_waits(text: str) -> list[list[str]]:
-    """The instructions between consecutive wgmma waits (WARPGROUP.DEPBAR), from each wait to the next."""
-    out, cur = [], None
-    for line in text.splitlines():
-        if "WARPGROUP.DEPBAR.LE" in line:
-            if cur is not None:
-                out.append(cur)
-            cur = []
-        elif cur is not None and "/*" in line:
-            cur.append(line)
-    return out
-
-
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
                                    ["-DV8B_EARLY_DV=1"]],
@@ -154,7 +141,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         assert waits(text) == ([1, 1, 1, 0] if at == 1 else [1, 0, 1, 0]) * 2, f"{name}: waits {waits(text)}"
         # what each step issues between its waits: dV_j's B_r / 16 register-A wgmma sit between the waits
         # for S^T and dP^T (1), between the wait for dP^T and dQ's (2), or after it with dK_j's (0)
-        gaps = between_waits(text)
+        gaps = [body for _, body, _ in sass_tools.wgmma_gaps(text)]
         rs = [sum(bool(re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", line)) for line in gap) for gap in gaps]
         kdv = query_tile(D) // 16
         expect = {0: [0, 2 * kdv, 0], 1: [kdv, kdv, 0], 2: [0, 2 * kdv, 0]}[at]

@@ -217,15 +217,13 @@ def span_counts(span: list[str]) -> dict:
     from S^T's wait to dP^T's (the exponentials), from dQ's to the last (dQ's way out); dv_early: dV_j's
     wgmma (A in registers) issued before dP^T's wait."""
     ops, full = Counter(_op(t).split(".")[0] for t in span), Counter(_op(t) for t in span)
-    gaps = [c for _, c in sass.wgmma_gaps(span)]
-    first_gap = span[next(i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t):]
-    second_wait = next((i for i, t in enumerate(first_gap) if i and "DEPBAR.LE gsb0" in t), len(first_gap))
+    gaps = sass.wgmma_gaps(span)
     return dict(instructions=len(span), hgmma=ops["HGMMA"],
                 register_a=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in span),
                 transposed_a=sum("tnspA" in t for t in span), waits=sum("DEPBAR.LE gsb0" in t for t in span),
                 ex2=full["MUFU.EX2"], fsel=ops["FSEL"], ds_stores=full["STS"], image_stores=full["STS.64"],
-                lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=gaps[0:3:2],
-                dv_early=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in first_gap[:second_wait]))
+                lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=[c for _, _, c in gaps[0:3:2]],
+                dv_early=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in gaps[0][1]))
 
 
 def step_rows(flags=(), banded: bool = False) -> list[dict]:

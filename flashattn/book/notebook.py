@@ -61,13 +61,18 @@ def _exact_archs(i) -> str:
                      if a in ARCH_FEATURES else f"sm_{a.replace('.', '')} only" for a in i.archs)
 
 
+def _backward_dims(i) -> str:
+    """" (backward: 64, 128)" where the version's backward takes fewer head dims than its forward (a forward-only
+    head dim refuses inputs that require grad), else nothing."""
+    return "" if i.backward_head_dims is None else " (backward: " + ", ".join(map(str, i.backward_head_dims)) + ")"
+
+
 def requirements(version: str):
     """What the kernel accepts and which GPUs it needs, from flashattn.versions."""
     i = INFO[version]
     dims = f"any D from 1 to {i.max_head_dim}" if i.head_dims is None else \
         "D in {" + ", ".join(map(str, i.head_dims)) + "}" + (f" (other D run {i.fallback})" if i.fallback else "")
-    if i.backward_head_dims is not None:   # a forward-only head dim refuses inputs that require grad
-        dims += " (backward: " + ", ".join(map(str, i.backward_head_dims)) + ")"
+    dims += _backward_dims(i)
     if i.archs:
         gpu_line = _exact_archs(i)
     else:
@@ -89,8 +94,7 @@ def gpu_table():
         i = INFO[v]
         dims = f"1–{i.max_head_dim}" if i.head_dims is None else ", ".join(map(str, i.head_dims)) + \
             (f" (others via {i.fallback})" if i.fallback else "")
-        if i.backward_head_dims is not None:
-            dims += " (backward: " + ", ".join(map(str, i.backward_head_dims)) + ")"
+        dims += _backward_dims(i)
         if not i.kernel:
             dims, need = "any", "whatever PyTorch supports"
         elif i.archs:

@@ -315,8 +315,7 @@ def excerpt(loop: Loop, count: int = 24, skip: int = 0, first: str | None = None
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------ Hopper scheduling (V8)
-# Lines: instruction texts ("WARPGROUP.DEPBAR.LE gsb0, 0x1", "@P0 FMUL R24, R24, R5"), or cuobjdump's SASS.
+# -------------------- Hopper scheduling (V8); lines: instruction texts ("@P0 FMUL R24, R24, R5") or cuobjdump's SASS
 _HGMMA_RS = re.compile(r"HGMMA\.64 ?x(\d+)x16\S* R(\d+), R(\d+), gdesc")   # A from registers: P V
 _WRITES = re.compile(r"(?:@!?U?P\w+\s+)?\S+\s+R(\d+)\b")                  # first operand: the destination
 
@@ -357,26 +356,27 @@ def register_moves(lines: list[str]) -> dict[str, list[int]]:
     return moves
 
 
-def wgmma_gaps(lines) -> list[tuple[int, Counter]]:
-    """Per WARPGROUP.DEPBAR.LE gsb0, N wait: N, and the instructions from it to the next wait (or the end) by
-    opcode at every depth ("MUFU", "MUFU.EX2"); `lines`: texts, or cuobjdump's SASS as a string."""
+def wgmma_gaps(lines) -> list[tuple[int, list[str], Counter]]:
+    """Per WARPGROUP.DEPBAR.LE gsb0, N wait: N, the instructions from it to the next wait (or the end), and those
+    by opcode at every depth ("MUFU", "MUFU.EX2"); `lines`: texts, or cuobjdump's SASS as a string."""
     out = []
     for line in lines.splitlines() if isinstance(lines, str) else lines:
         if wait := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", line):
-            out.append((int(wait[1], 16), Counter()))
+            out.append((int(wait[1], 16), [], Counter()))
         elif out and (m := re.match(r"(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line.strip())):
-            out[-1][1].update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
+            out[-1][1].append(line)
+            out[-1][2].update(m[1].rsplit(".", k)[0] for k in range(m[1].count(".") + 1))
     return out
 
 
 def wgmma_windows(lines) -> list[Counter]:
     """wgmma_gaps from a 0x1 wait to a 0x0 one: one wgmma group in flight all along."""
     after = wgmma_gaps(lines)
-    return [c for (n, c), (m, _) in zip(after, after[1:]) if n == 1 and m == 0]
+    return [c for (n, _, c), (m, _, _) in zip(after, after[1:]) if n == 1 and m == 0]
 
 
 def texts(fn: Function) -> list[str]:
-    """The instruction texts of a disassembled function, in order (for the three functions above)."""
+    """The instruction texts of a disassembled function, in order (for the functions above)."""
     return [i.text for i in fn.instructions]
 
 
