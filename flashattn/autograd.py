@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
@@ -154,6 +155,57 @@ def _backward(ctx, do, _dlse):
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ------------------------------------------------------------------------------------------ eager path
+# A call through a torch.library.custom_op hops Python -> dispatcher (C++) -> autograd kernel (Python) ->
+# dispatcher -> the implementation (Python), twice per training step (forward and backward), with the
+# op's checks on every argument: tens of microseconds per call (pytorch/pytorch#139500, #176592). A small
+# model's training step is bound by the host, so that time is step time. In eager mode with plain tensors
+# `attention` therefore calls the bindings from a torch.autograd.Function instead; torch.compile, make_fx,
+# FakeTensorMode, tensor subclasses and dispatch modes see the custom ops (the two paths run the same
+# bindings on the same arguments: tests/test_autograd.py checks their bits agree).
+_ALWAYS_THROUGH_OPS = [False]
+
+
+class through_custom_ops:
+    """Context manager: every call of `attention` goes through the custom ops, as under torch.compile
+    (the host-cost benchmark's comparison and the tests of the two paths)."""
+
+    def __enter__(self):
+        self._was, _ALWAYS_THROUGH_OPS[0] = _ALWAYS_THROUGH_OPS[0], True
+        return self
+
+    def __exit__(self, *exc):
+        _ALWAYS_THROUGH_OPS[0] = self._was
+
+
+def _eager(q, k, v) -> bool:
+    """Plain tensors, no tracing: nothing needs to see the op."""
+    return (not _ALWAYS_THROUGH_OPS[0] and type(q) is torch.Tensor and type(k) is torch.Tensor
+            and type(v) is torch.Tensor and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled())
+
+
+class _Attention(torch.autograd.Function):
+    """attention_forward and attention_backward's bindings without the dispatcher in between. q, k and v
+    are saved as the kernels read them (dense copies of strided views), so the backward copies nothing
+    again, as FlashAttention-2's autograd function does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, version, deterministic, scale, window_left, window_right, backward):
+        q, k, v = aligned(q), aligned(k), aligned(v)
+        o, lse = forward_module(version).forward_lse(q, k, v, causal, scale, window_left, window_right)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, deterministic, scale, window_left, window_right)
+        ctx.module = backward_module(version, backward or None) if ctx.needs_input_grad[:3] != (False,) * 3 else None
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.module.backward(q, k, v, o, lse, aligned(do), *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
 # ------------------------------------------------------------------------------------------ user API
 def requires_grad(q, k, v) -> bool:
     """Whether autograd will want gradients of the attention output."""
@@ -228,5 +280,8 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
     extra = list(window) if reference.window_narrows(causal, window) else []
     if backward not in (None, INFO[version].backward):   # the kernel file's name comes after the window
         extra = (extra or [-1, -1]) + [backward]
-    o, _ = attention_forward(q, k, v, causal, version, deterministic, reference.softmax_scale(q, scale), *extra)
+    scale = reference.softmax_scale(q, scale)
+    if _eager(q, k, v):
+        return _Attention.apply(q, k, v, causal, version, deterministic, scale, *(extra + [-1, -1, ""][len(extra):]))
+    o, _ = attention_forward(q, k, v, causal, version, deterministic, scale, *extra)
     return o

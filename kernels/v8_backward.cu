@@ -154,8 +154,7 @@
 // and with few heads at a time most of the running blocks are key tiles of the same head (that they wait on
 // each other is our reading, not measured). At (2, 16, 8192, 128) causal it took 1.50x the default's time
 // with the L2's group (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the
-// same record at 77b169c). Giving the deterministic mode all heads in one group is the fix; it waits on the
-// pending-gpu branch for a GPU to time it.
+// same record at 77b169c). So the deterministic mode always takes all heads in one group (the launcher).
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP -1
 #endif
@@ -1030,7 +1029,8 @@ const char* run(const Args& a) {
   kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
       tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
       static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi,
-      V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP : l2_head_group(l2_bytes(), a.H / a.H_kv, M_pad, D, sizeof(T)));
+      a.deterministic ? 0   // all heads in one group: the turns of one head's key tiles interleave with other heads'
+      : V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP : l2_head_group(l2_bytes(), a.H / a.H_kv, M_pad, D, sizeof(T)));
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 

@@ -2,6 +2,8 @@
 and on the GPU opcheck, torch.compile(fullgraph=True) and CUDA-graph capture."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from test_v7 import is_hopper
@@ -48,6 +50,22 @@ def test_fake_tensor_trace_has_no_break():
         graph = make_fx(lambda a, b, c: fa.attention(a, b, c, causal=True))(q, k, k)
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert torch.ops.flashattn.attention_forward.default in targets
+
+
+def test_eager_path_only_for_plain_tensors_outside_tracing():
+    """The autograd.Function path skips the dispatcher only where nothing needs to see the op."""
+    q = torch.empty(1, 1, 4, 64)
+    assert fa._eager(q, q, q)
+    with fa.through_custom_ops():
+        assert not fa._eager(q, q, q)
+        with fa.through_custom_ops():
+            pass
+        assert not fa._eager(q, q, q)          # the inner exit restores the outer setting
+    assert fa._eager(q, q, q)
+    with FakeTensorMode():
+        f = torch.empty(1, 1, 4, 64)
+        assert not fa._eager(f, f, f)
+    assert not fa._eager(q, torch.nn.Parameter(q), q)    # a subclass goes through the ops
 
 
 @pytest.mark.parametrize("case,exc,match", [
@@ -232,6 +250,38 @@ def test_forward_with_grad_runs_the_differentiable_op():
     fa.attention(*ref, causal=True).backward(do)
     assert torch.equal(o, flashattn.forward(q, k, v, version="v6", causal=True))
     assert all(a.grad is not None and torch.equal(a.grad, b.grad) for a, b in zip(leaves, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version,backward", [("v6", None), ("v8", "v8_backward")])
+@pytest.mark.parametrize("case", ["causal", "window", "gqa", "strided"])
+def test_eager_path_matches_the_custom_ops_bit_for_bit(version, backward, case):
+    """The autograd.Function that eager calls take and the custom ops (torch.compile's path) run the same
+    bindings on the same arguments: output and gradients agree bit for bit (deterministic dQ)."""
+    if version == "v8" and not is_hopper():
+        pytest.skip("v8 needs a GPU of compute capability 9.0")
+    B, H, M, N, D = 2, 4, 203, 113, 64
+    q, k, v, do = cuda_inputs(B=B, H=H, M=M, N=N, D=D, seed=11)
+    kw = dict(causal=case != "window", window=(40, 7) if case == "window" else (-1, -1))
+    if case == "gqa":
+        k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    projection = torch.randn(B, M, 3, H, D, device="cuda", dtype=q.dtype)   # "strided": q, k, v views of it
+
+    def leaves_and_inputs():
+        if case == "strided":   # as a model makes them: [B, L, H, D] slices of one projection, transposed
+            qkv = projection.clone().requires_grad_(True)
+            return [qkv], [t.transpose(1, 2) for t in qkv.unbind(2)]
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        return leaves, leaves
+
+    grads = []
+    for through_ops in (False, True):
+        leaves, inputs = leaves_and_inputs()
+        with fa.through_custom_ops() if through_ops else contextlib.nullcontext():
+            o = fa.attention(*inputs, version=version, backward=backward, deterministic=True, **kw)
+        assert (o.grad_fn.name() == "_AttentionBackward") != through_ops
+        grads.append([o] + list(torch.autograd.grad(o, leaves, do)))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 class TinyAttention(torch.nn.Module):

@@ -45,6 +45,7 @@ What a row is, per kind:
     resources       one kernel for one architecture (flashattn.measure.resources; resources.json)
     decode          one timed call of the Decoding chapter; `part` says which table (flashattn.measure.decode_bench)
     generation      one attention's generation run (flashattn.book.generation; generation.json)
+    host_cost       one path's host and GPU time for one attention call (flashattn.measure.host_cost)
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ from flashattn.loader import REPO_ROOT
 FORMAT = 2
 KINDS = ("bench", "backward_steps", "sweep", "kernel_times", "trace", "training", "accuracy", "ncu", "candidates",
          "explore", "ceilings", "reference", "resources", "decode", "decode_timeline", "generation", "ring",
-         "prefill")
+         "prefill", "host_cost")
 KEYS = ("schema", "meta", "settings", "rows")
 H200 = REPO_ROOT / "results" / "h200"          # what was recorded on the H200
 

@@ -1,0 +1,129 @@
+"""What one attention call costs the host: the Python and C++ time between the call and its last launch.
+
+A small model's training step is bound by the host, not the GPU: the training demo (4 layers, B=16, H=4,
+T=256, D=64) spends as long enqueueing its kernels as the GPU spends running them, so every microsecond
+of Python around an attention call is a microsecond of step time. This module times, side by side, the
+forward and backward of one attention call as the model makes it (q, k, v views of one projection, under
+bf16 autocast) through each path:
+
+    python -m flashattn.measure.host_cost --json results/h200/host_cost.json [--profile log.txt]
+
+* each call is `torch.autograd.grad(o, (q, k, v), do)` of one attention output;
+* time_interleaved with a spin queued before each call (`host_slack_us`): the host enqueues the whole
+  call while the GPU is busy, so `host_us` is the host's cost alone and `gpu_us` the device's;
+* `--profile` adds cProfile's view of the host side of each of our paths (cumulative time, top entries).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashattn import attention
+from flashattn.autograd import through_custom_ops
+from flashattn.measure import results
+from flashattn.measure.timing import time_interleaved
+
+SHAPE = dict(B=16, H=4, T=256, D=64)      # the training demo's attention (flashattn.book.training_model)
+
+
+def _ours(through_ops: bool, **kw):
+    def call(q, k, v):
+        with through_custom_ops() if through_ops else contextlib.nullcontext():
+            return attention(q, k, v, causal=True, **kw)
+    return call
+
+
+HOPPER = dict(version="v8", backward="v8_backward")
+PATHS = {    # the demo's three attentions, ours each way: the eager path and the custom ops (torch.compile's)
+    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "v6": _ours(False),
+    "v6 custom ops": _ours(True),
+    "v8+v8_backward": _ours(False, **HOPPER),
+    "v8+v8_backward custom ops": _ours(True, **HOPPER),
+}
+
+
+def model_inputs(B: int, H: int, T: int, D: int, device="cuda"):
+    """q, k, v as the demo's model makes them: views (B, H, T, D) of one (B, T, 3 H D) projection."""
+    qkv = torch.randn(B, T, 3 * H * D, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))
+    return q, k, v
+
+
+def step(path: str, q, k, v, do):
+    """One forward and backward through `path`, under bf16 autocast like the model's."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        o = PATHS[path](q, k, v)
+    return torch.autograd.grad(o, (q, k, v), do)
+
+
+def measure(B: int, H: int, T: int, D: int, repetitions: int = 300, rounds: int = 6,
+            host_slack_us: float = 3000.0, profile: bool = False) -> dict:
+    q, k, v = model_inputs(B, H, T, D)
+    do = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+    calls = {p: ((lambda p=p: step(p, q, k, v, do)), contextlib.nullcontext) for p in PATHS}
+    timed = time_interleaved(calls, warmup=20, repetitions=repetitions, rounds=rounds, max_seconds=None,
+                             host_slack_us=host_slack_us)
+    rows = []
+    for p, t in timed.items():
+        if isinstance(t, Exception):
+            rows.append({"path": p, "error": str(t)})
+            continue
+        s = t.summary()
+        rows.append({"path": p, "host_us": s["host_median_us"], "gpu_us": s["median_us"], "calls": s["calls_timed"]})
+    out = {"rows": rows, "settings": dict(B=B, H=H, T=T, D=D, dtype="bfloat16", causal=True, repetitions=repetitions,
+                                          rounds=rounds, host_slack_us=host_slack_us)}
+    if profile:
+        out["profiles"] = {p: host_profile(p, q, k, v, do) for p in PATHS if p != "sdpa"}
+    return out
+
+
+def host_profile(path: str, q, k, v, do, calls: int = 200, top: int = 30) -> str:
+    """cProfile's cumulative view of `calls` steps through `path` (the GPU kept busy by a spin first)."""
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    torch.cuda._sleep(int(2e9))   # keep the GPU busy, so no launch waits for a full queue
+    prof.enable()
+    for _ in range(calls):
+        step(path, q, k, v, do)
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn.measure.host_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, value in SHAPE.items():
+        parser.add_argument(f"-{name}", type=int, default=value)
+    parser.add_argument("--repetitions", type=int, default=300)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", type=Path, help="write cProfile's view of our paths here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_cost needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = measure(args.B, args.H, args.T, args.D, args.repetitions, profile=args.profile is not None)
+    print(f"B={args.B} H={args.H} T={args.T} D={args.D}, bf16 causal, forward + backward through autograd")
+    print(f"  {'path':<26} {'host us':>9} {'gpu us':>9}")
+    for r in out["rows"]:
+        print(f"  {r['path']:<26} " + (f"{r['host_us']:9.1f} {r['gpu_us']:9.1f}" if "host_us" in r else r["error"]))
+    if args.profile:
+        args.profile.write_text("\n\n".join(f"== {p}\n{text}" for p, text in out.pop("profiles").items()))
+    if args.json:
+        results.write(args.json, "host_cost", out["rows"], settings=out["settings"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
