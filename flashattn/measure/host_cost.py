@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from flashattn import attention
 from flashattn.autograd import through_custom_ops
 from flashattn.measure import results
-from flashattn.measure.timing import time_interleaved
+from flashattn.measure.timing import spin, time_interleaved
 
 SHAPE = dict(B=16, H=4, T=256, D=64)      # the training demo's attention (flashattn.book.training_model)
 
@@ -86,15 +86,18 @@ def measure(B: int, H: int, T: int, D: int, repetitions: int = 300, rounds: int 
     return out
 
 
-def host_profile(path: str, q, k, v, do, calls: int = 200, top: int = 30) -> str:
-    """cProfile's cumulative view of `calls` steps through `path` (the GPU kept busy by a spin first)."""
-    torch.cuda.synchronize()
+def host_profile(path: str, q, k, v, do, calls: int = 200, chunk: int = 10, top: int = 30) -> str:
+    """cProfile's cumulative view of `calls` steps through `path`. The GPU spins while each `chunk` of calls is
+    enqueued (so no launch waits for the GPU), and the queue is drained between chunks (so no launch waits for
+    a full queue either, which would charge the wait to whichever call met it)."""
     prof = cProfile.Profile()
-    torch.cuda._sleep(int(2e9))   # keep the GPU busy, so no launch waits for a full queue
-    prof.enable()
-    for _ in range(calls):
-        step(path, q, k, v, do)
-    prof.disable()
+    for _ in range(calls // chunk):
+        torch.cuda.synchronize()
+        spin(chunk * 2000.0)
+        prof.enable()
+        for _ in range(chunk):
+            step(path, q, k, v, do)
+        prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
