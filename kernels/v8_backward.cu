@@ -154,7 +154,10 @@
 // and with few heads at a time most of the running blocks are key tiles of the same head (that they wait on
 // each other is our reading, not measured). At (2, 16, 8192, 128) causal it took 1.50x the default's time
 // with the L2's group (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the
-// same record at 77b169c). So the deterministic mode always takes all heads in one group (the launcher).
+// same record at 77b169c). With all heads in one group it took 1.09x there, but 1.36x non-causal, where the L2's
+// group had given 1.03x (bench_backward.txt at ce8b6f5 and 35a068a). Our reading: a causal key tile j starts at
+// its diagonal query tile, where key tiles 0 .. j - 1 add before it and arrive last, so it waits unless other
+// heads fill the GPU. A banded deterministic call takes all heads in one group; a non-banded one the L2's.
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP -1
 #endif
@@ -1029,7 +1032,7 @@ const char* run(const Args& a) {
   kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
       tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
       static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi,
-      a.deterministic ? 0   // all heads in one group: the turns of one head's key tiles interleave with other heads'
+      BANDED && a.deterministic ? 0   // all heads in one group (the header says why)
       : V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP : l2_head_group(l2_bytes(), a.H / a.H_kv, M_pad, D, sizeof(T)));
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
