@@ -51,8 +51,11 @@ PATHS = {    # the demo's three attentions, ours each way: the eager path and th
 }
 
 
-def model_inputs(B: int, H: int, T: int, D: int, device="cuda"):
-    """q, k, v as the demo's model makes them: views (B, H, T, D) of one (B, T, 3 H D) projection."""
+def model_inputs(B: int, H: int, T: int, D: int, device="cuda", dense: bool = False):
+    """q, k, v as the demo's model makes them: views (B, H, T, D) of one (B, T, 3 H D) projection; `dense`:
+    three contiguous (B, H, T, D) leaves instead (what our kernels read without a copy)."""
+    if dense:
+        return [torch.randn(B, H, T, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
     qkv = torch.randn(B, T, 3 * H * D, device=device, dtype=torch.bfloat16, requires_grad=True)
     q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))
     return q, k, v
@@ -66,9 +69,11 @@ def step(path: str, q, k, v, do):
 
 
 def measure(B: int, H: int, T: int, D: int, repetitions: int = 300, rounds: int = 6,
-            host_slack_us: float = 3000.0, profile: bool = False) -> dict:
-    q, k, v = model_inputs(B, H, T, D)
-    do = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+            host_slack_us: float = 3000.0, profile: bool = False, dense: bool = False) -> dict:
+    q, k, v = model_inputs(B, H, T, D, dense=dense)
+    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)   # the model's dO: a view
+    if dense:
+        do = do.contiguous()
     calls = {p: ((lambda p=p: step(p, q, k, v, do)), contextlib.nullcontext) for p in PATHS}
     timed = time_interleaved(calls, warmup=20, repetitions=repetitions, rounds=rounds, max_seconds=None,
                              host_slack_us=host_slack_us)
@@ -80,7 +85,8 @@ def measure(B: int, H: int, T: int, D: int, repetitions: int = 300, rounds: int 
         s = t.summary()
         rows.append({"path": p, "host_us": s["host_median_us"], "gpu_us": s["median_us"], "calls": s["calls_timed"]})
     out = {"rows": rows, "settings": dict(B=B, H=H, T=T, D=D, dtype="bfloat16", causal=True, repetitions=repetitions,
-                                          rounds=rounds, host_slack_us=host_slack_us)}
+                                          rounds=rounds, host_slack_us=host_slack_us,
+                                          inputs="dense" if dense else "views, as the model makes them")}
     if profile:
         out["profiles"] = {p: host_profile(p, q, k, v, do) for p in PATHS if p != "sdpa"}
     return out
@@ -110,13 +116,14 @@ def main(argv=None) -> int:
     for name, value in SHAPE.items():
         parser.add_argument(f"-{name}", type=int, default=value)
     parser.add_argument("--repetitions", type=int, default=300)
+    parser.add_argument("--dense", action="store_true", help="contiguous q, k, v and dO instead of the model's views")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", type=Path, help="write cProfile's view of our paths here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_cost needs a CUDA GPU", file=sys.stderr)
         return 2
-    out = measure(args.B, args.H, args.T, args.D, args.repetitions, profile=args.profile is not None)
+    out = measure(args.B, args.H, args.T, args.D, args.repetitions, profile=args.profile is not None, dense=args.dense)
     print(f"B={args.B} H={args.H} T={args.T} D={args.D}, bf16 causal, forward + backward through autograd")
     print(f"  {'path':<26} {'host us':>9} {'gpu us':>9}")
     for r in out["rows"]:
