@@ -38,6 +38,12 @@ connects the second and third (the forward saves q, k, v, o, lse). The ops alloc
 caching allocator and never synchronise, so they can be captured in a CUDA graph (build the kernels before
 capturing: call the function once).
 
+In eager mode with plain tensors, `attention` (and `forward` with an input that requires grad) skips the
+dispatcher: a torch.autograd.Function calls the same two bindings, since a custom op's Python-to-C++-to-Python
+hops cost a small model's host-bound training step about 400 µs per layer (the section "eager path" below;
+`python -m flashattn.measure.host_cost`). Tracing (torch.compile, make_fx, FakeTensorMode) and tensor
+subclasses still see the ops.
+
 The input checks (`flashattn.check_inputs`: types, ranks, dtypes, shapes, head dim, device) run in Python
 before the ops, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. Pointer
 alignment and contiguity are handled inside the ops, which Dynamo does not look into.
