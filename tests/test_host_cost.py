@@ -26,3 +26,10 @@ def test_times_every_path(dense, tmp_path):
     assert all(r["host_us"] > 0 and r["gpu_us"] > 0 and r["calls"] == 6 for r in out["rows"])
     assert set(out["profiles"]) == set(host_cost.PATHS) - {"sdpa"}
     assert "autograd.py" in out["profiles"]["v6"]          # cProfile saw our Python
+
+
+def test_table_reads_both_records(tmp_path):
+    text = host_cost.table()
+    assert all(f"| {p} |" in text for p in host_cost.PATHS)
+    assert "dense inputs" in text and "commit" in text
+    assert host_cost.table(views=tmp_path / "none.json").startswith("*Not recorded yet")

@@ -110,6 +110,30 @@ def host_profile(path: str, q, k, v, do, calls: int = 200, chunk: int = 10, top:
     return buf.getvalue()
 
 
+def table(views=results.H200 / "host_cost.json", dense=results.H200 / "host_cost_dense.json") -> str:
+    """The two records side by side (markdown): each path's host and GPU time per call with the model's
+    views as inputs and with dense ones."""
+    docs = [results.read_if_exists(p, "host_cost") for p in (views, dense)]
+    if docs[0] is None:
+        return f"*Not recorded yet: `{views.name}` (`python -m flashattn.measure.host_cost --json ...`).*"
+    by_path = [{r["path"]: r for r in d["rows"]} if d else {} for d in docs]
+    lines = ["| path | host µs, the model's views | GPU µs | host µs, dense inputs | GPU µs |", "|---|--:|--:|--:|--:|"]
+    for path in by_path[0]:
+        cells = []
+        for rows in by_path:
+            r = rows.get(path, {})
+            cells += [f"{r['host_us']:,.1f}", f"{r['gpu_us']:,.1f}"] if "host_us" in r else ["–", "–"]
+        lines.append(f"| {path} | " + " | ".join(cells) + " |")
+    s, m = docs[0]["settings"], docs[0]["meta"]
+    commits = ", ".join(sorted({(d["meta"].get("git") or {}).get("commit", "?") for d in docs if d}))
+    lines += ["", f"B={s['B']}, H={s['H']}, T={s['T']}, D={s['D']}, {s['dtype']}, causal, forward and backward "
+              f"(torch.autograd.grad) under bf16 autocast; medians of {s['repetitions']} calls in {s['rounds']} "
+              f"interleaved rounds, a {s['host_slack_us']:.0f} µs spin before each so that host and GPU are timed "
+              f"apart; {m.get('device', {}).get('name', '?')}, `python -m flashattn.measure.host_cost` (and "
+              f"`--dense`), commit {commits}."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn.measure.host_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
