@@ -40,7 +40,7 @@ capturing: call the function once).
 
 In eager mode with plain tensors, `attention` (and `forward` with an input that requires grad) skips the
 dispatcher: a torch.autograd.Function calls the same two bindings, since a custom op's Python-to-C++-to-Python
-hops cost a small model's host-bound training step about 400 µs per layer (the section "eager path" below;
+hops cost a small model's host-bound training step 270 to 400 µs per layer (the section "eager path" below;
 `python -m flashattn.measure.host_cost`). Tracing (torch.compile, make_fx, FakeTensorMode) and tensor
 subclasses still see the ops.
 

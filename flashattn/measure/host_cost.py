@@ -1,12 +1,13 @@
 """What one attention call costs the host: the Python and C++ time between the call and its last launch.
 
-A small model's training step is bound by the host, not the GPU: the training demo (4 layers, B=16, H=4,
-T=256, D=64) spends as long enqueueing its kernels as the GPU spends running them, so every microsecond
-of Python around an attention call is a microsecond of step time. This module times, side by side, the
-forward and backward of one attention call as the model makes it (q, k, v views of one projection, under
-bf16 autocast) through each path:
+A small model's training step is bound by the host, not the GPU: in the training demo (4 layers, B=16,
+H=4, T=256, D=64) the GPU runs each kernel faster than the host enqueues the next, so the step takes as
+long as the host does, and every microsecond around an attention call is a microsecond of step time. This
+module times, side by side, the forward and backward of one attention call as the model makes it (q, k, v
+views of one projection, under bf16 autocast) through each path:
 
     python -m flashattn.measure.host_cost --json results/h200/host_cost.json [--profile log.txt]
+    python -m flashattn.measure.host_cost --dense --json results/h200/host_cost_dense.json   # no views
 
 * each call is `torch.autograd.grad(o, (q, k, v), do)` of one attention output;
 * time_interleaved with a spin queued before each call (`host_slack_us`): the host enqueues the whole
