@@ -24,7 +24,7 @@ def test_times_every_path(dense, tmp_path):
     out = host_cost.measure(2, 2, 64, 64, repetitions=6, rounds=2, host_slack_us=500.0, profile=True, dense=dense)
     assert [r["path"] for r in out["rows"]] == list(host_cost.PATHS)
     assert all(r["host_us"] > 0 and r["gpu_us"] > 0 and r["calls"] == 6 for r in out["rows"])
-    assert set(out["profiles"]) == set(host_cost.PATHS) - {"sdpa"}
+    assert set(out["profiles"]) == set(host_cost.PATHS)
     assert "autograd.py" in out["profiles"]["v6"]          # cProfile saw our Python
 
 

@@ -12,7 +12,7 @@ views of one projection, under bf16 autocast) through each path:
 * each call is `torch.autograd.grad(o, (q, k, v), do)` of one attention output;
 * time_interleaved with a spin queued before each call (`host_slack_us`): the host enqueues the whole
   call while the GPU is busy, so `host_us` is the host's cost alone and `gpu_us` the device's;
-* `--profile` adds cProfile's view of the host side of each of our paths (cumulative time, top entries).
+* `--profile` adds cProfile's view of the host side of each path (cumulative time, top entries).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def measure(B: int, H: int, T: int, D: int, repetitions: int = 300, rounds: int 
                                           rounds=rounds, host_slack_us=host_slack_us,
                                           inputs="dense" if dense else "views, as the model makes them")}
     if profile:
-        out["profiles"] = {p: host_profile(p, q, k, v, do) for p in PATHS if p != "sdpa"}
+        out["profiles"] = {p: host_profile(p, q, k, v, do) for p in PATHS}
     return out
 
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repetitions", type=int, default=300)
     parser.add_argument("--dense", action="store_true", help="contiguous q, k, v and dO instead of the model's views")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--profile", type=Path, help="write cProfile's view of our paths here")
+    parser.add_argument("--profile", type=Path, help="write cProfile's view of every path here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_cost needs a CUDA GPU", file=sys.stderr)
