@@ -54,7 +54,10 @@ def test_merge_is_exact_against_one_softmax(logit_scale):
     assert torch.equal(torch.isneginf(got_lse), torch.isneginf(lse)) and torch.isneginf(lse[:, :, 2]).all()
     seen = torch.isfinite(lse)
     assert (got_lse[seen] - lse[seen]).abs().max().item() <= 1e-12 * max(1.0, lse[seen].abs().max().item())
-    assert (got_o - o).abs().max().item() <= 1e-13, f"seed {SEED}"
+    # the weights exp(lse_a - lse) carry float64's rounding of lse itself, eps * |lse| (up to ~1e3 at 300x
+    # logits); over 2,000 seeds the error stayed below 1.4 eps |lse| |o| at either scale
+    bound = 8 * torch.finfo(torch.float64).eps * max(1.0, lse[seen].abs().max().item()) * max(1.0, o.abs().max().item())
+    assert (got_o - o).abs().max().item() <= bound, f"seed {SEED}"
     assert (got_o[:, :, 2] == 0).all()
     # a row empty on one side takes the other side's o bit for bit
     assert torch.equal(got_o[:, :, 0], o_b[:, :, 0]) and torch.equal(got_o[:, :, 1], o_a[:, :, 1])
