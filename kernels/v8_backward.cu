@@ -8,9 +8,10 @@
 // V8B_EARLY_DV=1 (that run's default), 2 and V8B_STAGES=3 (results/h200/logs/pytest_v8b_early_dv_9bde8ce.log;
 // this file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
 // build at D=128), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
-// the first version's runs: *_f50ce76.log). Timed through autograd beside V6's backward, cuDNN and
-// FlashAttention-4 in results/h200/bench_backward.json at 35a068a (README: "The backward pass against SDPA's
-// backends and FlashAttention-4"; this file differs from that run only in where D=64 issues dV_j, below), and
+// the first version's runs: *_f50ce76.log; the deterministic mode's block order of ac2747a ran its tests,
+// pytest_v8b_deterministic_ac2747a.log, not the sanitizer). Timed through autograd beside V6's backward, cuDNN
+// and FlashAttention-4 in results/h200/bench_backward.json at ac2747a, this file's code (README: "The backward
+// pass against SDPA's backends and FlashAttention-4"), and
 // profiled beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
 // reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
