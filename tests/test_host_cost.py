@@ -1,4 +1,4 @@
-"""flashattn.measure.host_cost: refuses without a GPU; on one, times every path and profiles ours."""
+"""flashattn.measure.host_cost: refuses without a GPU; on one, times and profiles every path; reads its records."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,7 @@ def test_refuses_without_a_gpu(monkeypatch, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dense", [False, True])
-def test_times_every_path(dense, tmp_path):
+def test_times_every_path(dense):
     from test_v7 import is_hopper
     if not is_hopper():
         pytest.skip("the v8 paths need a GPU of compute capability 9.0")
