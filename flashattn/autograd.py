@@ -54,6 +54,7 @@ an output cut off from the graph or train through something else than the versio
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -169,24 +170,24 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 # `attention` therefore calls the bindings from a torch.autograd.Function instead; torch.compile, make_fx,
 # FakeTensorMode, tensor subclasses and dispatch modes see the custom ops (the two paths run the same
 # bindings on the same arguments: tests/test_autograd.py checks their bits agree).
-_ALWAYS_THROUGH_OPS = [False]
+_always_through_ops = False
 
 
-class through_custom_ops:
-    """Context manager: every call of `attention` goes through the custom ops, as under torch.compile
-    (the host-cost benchmark's comparison and the tests of the two paths)."""
-
-    def __enter__(self):
-        self._was, _ALWAYS_THROUGH_OPS[0] = _ALWAYS_THROUGH_OPS[0], True
-        return self
-
-    def __exit__(self, *exc):
-        _ALWAYS_THROUGH_OPS[0] = self._was
+@contextlib.contextmanager
+def through_custom_ops():
+    """Every call of `attention` inside goes through the custom ops, as under torch.compile (the host-cost
+    benchmark's comparison and the tests of the two paths)."""
+    global _always_through_ops
+    was, _always_through_ops = _always_through_ops, True
+    try:
+        yield
+    finally:
+        _always_through_ops = was
 
 
 def _eager(q, k, v) -> bool:
     """Plain tensors, no tracing: nothing needs to see the op."""
-    return (not _ALWAYS_THROUGH_OPS[0] and type(q) is torch.Tensor and type(k) is torch.Tensor
+    return (not _always_through_ops and type(q) is torch.Tensor and type(k) is torch.Tensor
             and type(v) is torch.Tensor and not torch.compiler.is_compiling()
             and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled())
 
@@ -283,11 +284,12 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
     if requires_grad(q, k, v):
         check_backward_head_dim(q.shape[-1], version)
-    extra = list(window) if reference.window_narrows(causal, window) else []
-    if backward not in (None, INFO[version].backward):   # the kernel file's name comes after the window
-        extra = (extra or [-1, -1]) + [backward]
+    left, right = window if reference.window_narrows(causal, window) else (-1, -1)
+    kernel = "" if backward in (None, INFO[version].backward) else backward   # "": the version's own
     scale = reference.softmax_scale(q, scale)
     if _eager(q, k, v):
-        return _Attention.apply(q, k, v, causal, version, deterministic, scale, *(extra + [-1, -1, ""][len(extra):]))
+        return _Attention.apply(q, k, v, causal, version, deterministic, scale, left, right, kernel)
+    # the op's trailing defaults stay unwritten, so that a call without them traces as it always did
+    extra = [left, right, kernel] if kernel else [left, right] if (left, right) != (-1, -1) else []
     o, _ = attention_forward(q, k, v, causal, version, deterministic, scale, *extra)
     return o

@@ -155,10 +155,11 @@
 // and with few heads at a time most of the running blocks are key tiles of the same head (that they wait on
 // each other is our reading, not measured). At (2, 16, 8192, 128) causal it took 1.50x the default's time
 // with the L2's group (results/h200/bench_backward.txt at 35a068a) where it took 1.06x with all heads (the
-// same record at 77b169c). With all heads in one group it took 1.09x there, but 1.36x non-causal, where the L2's
-// group had given 1.03x (bench_backward.txt at ce8b6f5 and 35a068a). Our reading: a causal key tile j starts at
-// its diagonal query tile, where key tiles 0 .. j - 1 add before it and arrive last, so it waits unless other
-// heads fill the GPU. A banded deterministic call takes all heads in one group; a non-banded one the L2's.
+// same record at 77b169c). With all heads in one group it took 1.09x there, but 1.36x non-causal, where the
+// L2's group had given 1.03x (results/h200/logs/bench_backward_all_heads_ce8b6f5.txt; the 35a068a record).
+// Our reading: a causal key tile j starts at its diagonal query tile, where key tiles 0 .. j - 1 add before it
+// and arrive last, so it waits unless other heads fill the GPU. A banded deterministic call takes all heads in
+// one group; a non-banded one the L2's.
 #ifndef V8B_HEAD_GROUP
 #define V8B_HEAD_GROUP -1
 #endif
