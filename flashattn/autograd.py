@@ -4,10 +4,10 @@ that trains).
     import flashattn
     o = flashattn.forward(q, k, v, version="v4")     # q [B, H, M, D], k, v [B, H, N, D]
     o = flashattn.attention(q, k, v, causal=True)    # version="v6" (or "v7", "v8")
-    o.sum().backward()                               # dq, dk, dv from kernels/v6_backward.cu
+    o.sum().backward()                               # dq, dk, dv from kernels/v6_backward.cu (v8: v8_backward.cu)
     o = flashattn.attention(q, k4, v4, scale=0.1)    # grouped-query: k4, v4 [B, H / G, N, D]
     o = flashattn.attention(q, k, v, window=(256, 0))  # sliding window: each row sees its last 257 keys
-    o = flashattn.attention(q, k, v, version="v8", backward="v8_backward")  # trains on Hopper's backward
+    o = flashattn.attention(q, k, v, version="v8", backward="v6_backward")  # V8 on V6's mma.sync backward
 
 v6, v7 and v8 (and the PyTorch versions) take grouped-query attention, k and v with H_kv heads dividing
 q's H (query head h reads kv head h // (H / H_kv); H_kv = 1 is multi-query), with dk and dv shaped like k
@@ -251,9 +251,10 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     raises when an input requires grad (instead of returning a tensor detached from the graph); with no
     gradient needed it runs its plain forward. deterministic=True makes dQ bit-identical from run to
     run (a separate dQ kernel instead of float32 atomics; see kernels/v6_backward.cu for the cost).
-    backward: the backward kernel file, None for the version's own (kernels/v6_backward.cu for v6, v7 and
-    v8); v7 and v8 also train on "v8_backward" (kernels/v8_backward.cu: wgmma, TMA, warp specialization),
-    not their default until it is timed against v6's.
+    backward: the backward kernel file, None for the version's own: kernels/v6_backward.cu for v6,
+    kernels/v8_backward.cu (wgmma, TMA, warp specialization) for v7 and v8, which can also train on
+    "v6_backward" (the Hopper backward was 1.42x to 1.74x as fast at the four shapes of
+    results/h200/bench_backward.json).
     """
     runs_as = check_inputs(q, k, v, version, causal, scale, window)
     window = check_window(window, causal, version)

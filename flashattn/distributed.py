@@ -97,9 +97,9 @@ def kernel_forward(version: str, q, k, v, causal: bool):
 
 
 def kernel_backward(version: str, deterministic: bool, q, k, v, o, lse, do, causal: bool):
-    # The binding's first kernel (bwd_prep in kernels/v6_backward.cu) computes D_i = rowsum(dO_i * O_i) from
-    # the o it is given and P from the lse it is given: passed the final o and lse it gives this block's exact
-    # share of the gradients.
+    # The binding's first kernel (bwd_prep, in kernels/v6_backward.cu and v8_backward.cu alike) computes
+    # D_i = rowsum(dO_i * O_i) from the o it is given and P from the lse it is given: passed the final o and
+    # lse it gives this block's exact share of the gradients.
     return attention_backward(q, k, v, o, lse, do, causal, version, deterministic)
 
 

@@ -11,7 +11,7 @@ host, so the forward can be captured in a CUDA graph. lse is float32 [H, total_q
 varlen layout. Both ops are called with inputs already checked (flashattn.varlen.check_varlen);
 max_seqlen_q must be at least the longest sequence (rows past it are not computed) and at most total_q.
 
-The backward is not a single launch yet: it runs v8's backward kernel (kernels/v6_backward.cu) once per
+The backward is not a single launch yet: it runs v8's backward kernel (kernels/v8_backward.cu) once per
 sequence, on that sequence's slices of q, k, v, o, do and lse, which needs the lengths on the host (one
 copy per backward call, which waits for the GPU's queue).
 

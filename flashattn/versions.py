@@ -77,13 +77,13 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "Both products on wgmma (warpgroups, operands from swizzled shared memory), K and V tiles by "
             "TMA in a multi-stage mbarrier pipeline; causal; needs an sm_90a build and a Hopper GPU",
             dtypes=HALF, head_dims=(64, 128), causal=True, gqa=True, scale=True, window=True, min_sm=(9, 0),
-            archs=("9.0a",), backward="v6_backward", backwards=("v8_backward",), extra={"tensor_cores": True}),
+            archs=("9.0a",), backward="v8_backward", backwards=("v6_backward",), extra={"tensor_cores": True}),
     Version("v8", "Hopper: warp specialization",
             "V7 plus FlashAttention-3's scheduling: a producer warpgroup issuing TMA, setmaxnreg moving "
             "registers to the consumers, ping-pong between consumer warpgroups and the softmax of one tile "
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
             dtypes=HALF, head_dims=(64, 128, 192, 256), max_head_dim=256, causal=True, gqa=True, scale=True,
-            window=True, min_sm=(9, 0), archs=("9.0a",), backward="v6_backward", backwards=("v8_backward",),
+            window=True, min_sm=(9, 0), archs=("9.0a",), backward="v8_backward", backwards=("v6_backward",),
             backward_head_dims=(64, 128), extra={"tensor_cores": True}),
 )}
 

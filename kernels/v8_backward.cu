@@ -15,10 +15,10 @@
 // profiled beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
 // reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
-// on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it only when asked (attention(...,
-// backward="v8_backward")).
+// on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it by default (attention(...,
+// backward="v6_backward") picks V6's instead).
 //
-// What it computes (as kernels/v6_backward.cu, which it is meant to replace for v7's and v8's training).
+// What it computes (as kernels/v6_backward.cu, which it replaces for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
 //   dV = P^T dO,   dP = dO V^T,   dS = P o (dP - D_i)   with D_i = rowsum(dO_i o O_i),
 //   dQ = scale * dS K,   dK = scale * dS^T Q,

@@ -1,7 +1,7 @@
 """`flashattn.attention(..., backward=...)`: which backward kernel file trains a version.
 
-v6, v7 and v8 train on kernels/v6_backward.cu by default; v7 and v8 can also train on kernels/v8_backward.cu
-(backward="v8_backward"). The choice is checked before any launch and
+v6 trains on kernels/v6_backward.cu; v7 and v8 train on kernels/v8_backward.cu by default and can also train on
+kernels/v6_backward.cu (backward="v6_backward"). The choice is checked before any launch and
 travels through the autograd op to the backward. CPU tests check the validation and the op schema; the GPU
 tests (Hopper) check gradients through the path a user calls against float64, and that the autograd path
 runs the chosen kernel (dK and dV, which v8_backward writes without atomics, equal its raw call's bits).
@@ -35,20 +35,20 @@ needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the v8 backward needs
 
 
 # ================================================================ CPU
-@pytest.mark.parametrize("version", ["v6", "v7", "v8"])
-def test_none_is_the_versions_own_backward(version):
-    assert check_backward(None, version) == INFO[version].backward == "v6_backward"
-    assert check_backward("v6_backward", version) == "v6_backward"
+@pytest.mark.parametrize("version,own", [("v6", "v6_backward"), ("v7", "v8_backward"), ("v8", "v8_backward")])
+def test_none_is_the_versions_own_backward(version, own):
+    assert check_backward(None, version) == INFO[version].backward == own
+    assert check_backward(own, version) == own
 
 
 @pytest.mark.parametrize("version", ["v7", "v8"])
-def test_hopper_versions_take_the_hopper_backward(version):
-    assert check_backward("v8_backward", version) == "v8_backward"
+def test_hopper_versions_also_take_v6s_backward(version):
+    assert check_backward("v6_backward", version) == "v6_backward"
 
 
 @pytest.mark.parametrize("backward,version,error,says", [
     ("v8_backward", "v6", ValueError, "cannot train v6; it trains on v6_backward"),
-    ("v7_backward", "v8", ValueError, "trains on v6_backward, v8_backward"),
+    ("v7_backward", "v8", ValueError, "trains on v8_backward, v6_backward"),
     ("v8_backward", "v4", ValueError, "no backward kernel"),
     (8, "v8", TypeError, "backward must be a kernel file name"),
 ])
@@ -88,11 +88,11 @@ def test_backward_module_builds_the_named_file():
         mp.setattr("flashattn.autograd.build", lambda kernel, functions: built.append((kernel, functions)) or kernel)
         backward_module.cache_clear()
         try:
-            assert backward_module("v8") == "v6_backward"
-            assert backward_module("v8", "v8_backward") == "v8_backward"
+            assert backward_module("v8") == "v8_backward"
+            assert backward_module("v8", "v6_backward") == "v6_backward"
         finally:
             backward_module.cache_clear()
-    assert built == [("v6_backward", ("backward",)), ("v8_backward", ("backward",))]
+    assert built == [("v8_backward", ("backward",)), ("v6_backward", ("backward",))]
 
 
 # ================================================================ GPU
@@ -115,6 +115,24 @@ def test_gradients_through_attention_match_float64(version, B, H, H_kv, M, N, D,
     conftest.poison_allocator(q, k, v)   # dq, dk, dv come from memory filled with NaN first
     got = torch.autograd.grad(o, leaves, do)
     compare_grads(got, q, k, v, do, causal, window=window)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("backward,launched,not_launched", [(None, "flash_bwd_ws", "bwd_dkdv"),
+                                                           ("v6_backward", "bwd_dkdv", "flash_bwd_ws")])
+def test_v8_trains_on_the_hopper_backward_by_default(backward, launched, not_launched):
+    """What CUPTI sees in the backward of attention(version="v8"): kernels/v8_backward.cu's warp-specialized
+    kernel by default, V6's key-tile kernels when asked for."""
+    q, k, v, do = make(1, 4, 2, 203, 113, 64, torch.bfloat16, seed=4)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    o = flashattn.attention(*leaves, causal=True, version="v8", backward=backward)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got = torch.autograd.grad(o, leaves, do)
+        torch.cuda.synchronize()
+    names = [name for name, _, _ in kernel_trace.kernels(prof)]
+    assert any(launched in n for n in names) and not any(not_launched in n for n in names), names
+    compare_grads(got, q, k, v, do, True)
 
 
 @pytest.mark.gpu

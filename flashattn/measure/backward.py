@@ -29,7 +29,8 @@ def backward_call(name: str, q, k, v, do, causal: bool = False, deterministic: b
     """A zero-argument callable that computes (dq, dk, dv) given do, and nothing else: the forward runs
     once, here, and every call is `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its output,
     the path a user's training step takes, for every name alike. name: "v6" (flashattn.attention, its
-    backward kernels; `deterministic` picks the dQ path), "v7" and "v8" (their forwards, v6's backward),
+    backward kernels; `deterministic` picks the dQ path), "v7" and "v8" (their forwards and their own backward,
+    kernels/v8_backward.cu),
     "v6_deterministic" (v6 with deterministic=True), "v8_backward" (v8's forward trained by
     kernels/v8_backward.cu: attention(version="v8", backward="v8_backward")), "v8_backward_deterministic" (the
     same with deterministic=True), "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient" (PyTorch's backward
