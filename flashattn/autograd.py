@@ -284,7 +284,7 @@ def _differentiable(q, k, v, causal: bool, version: str, deterministic: bool, sc
         raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the backward of {version} takes "
                         f"bfloat16 and float16 (float32 runs forward only, in TF32 mode, under torch.no_grad())")
     if requires_grad(q, k, v):
-        check_backward_head_dim(q.shape[-1], version)
+        check_backward_head_dim(q.shape[-1], version, backward)
     left, right = window if reference.window_narrows(causal, window) else (-1, -1)
     kernel = "" if backward in (None, INFO[version].backward) else backward   # "": the version's own
     scale = reference.softmax_scale(q, scale)

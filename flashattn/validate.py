@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashattn import loader, reference
-from flashattn.versions import INFO, Version
+from flashattn.versions import BACKWARD_HEAD_DIMS, INFO, Version
 
 INT32_MAX = 2**31 - 1
 FLOAT32_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)   # the kernels take scale as float
@@ -87,12 +87,15 @@ def check_backward(backward, version: str = "v6") -> str:
     return backward
 
 
-def check_backward_head_dim(D: int, version: str = "v8") -> None:
-    """For a call whose inputs require grad: ValueError naming head_dim when `version`'s backward kernels do not
-    take D (Version.backward_head_dims), though its forward does (v8's forward takes D = 192 and 256)."""
-    dims = _version(version).backward_head_dims
+def check_backward_head_dim(D: int, version: str = "v8", backward: str | None = None) -> None:
+    """For a call whose inputs require grad: ValueError naming head_dim when the backward kernel file
+    `backward` (None: `version`'s own) does not take D, though the forward does (v8's forward takes D = 192
+    and 256; V6's backward, which v8 can also train on, does not take 96)."""
+    info = _version(version)
+    dims = BACKWARD_HEAD_DIMS[backward] if backward else info.backward_head_dims
     if dims is not None and D not in dims:
-        raise ValueError(f"head_dim D={D} has no backward in {version}: its backward kernels take D in {dims}, "
+        which = f"{backward} (training {version})" if backward and backward != info.backward else version
+        raise ValueError(f"head_dim D={D} has no backward in {which}: its backward kernels take D in {dims}, "
                          f"and an input requires grad (the forward alone runs D={D} under torch.no_grad())")
 
 

@@ -82,10 +82,14 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "V7 plus FlashAttention-3's scheduling: a producer warpgroup issuing TMA, setmaxnreg moving "
             "registers to the consumers, ping-pong between consumer warpgroups and the softmax of one tile "
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
-            dtypes=HALF, head_dims=(64, 128, 192, 256), max_head_dim=256, causal=True, gqa=True, scale=True,
+            dtypes=HALF, head_dims=(64, 96, 128, 192, 256), max_head_dim=256, causal=True, gqa=True, scale=True,
             window=True, min_sm=(9, 0), archs=("9.0a",), backward="v8_backward", backwards=("v6_backward",),
-            backward_head_dims=(64, 128), extra={"tensor_cores": True}),
+            backward_head_dims=(64, 96, 128), extra={"tensor_cores": True}),
 )}
+
+# The head dims each backward kernel file takes (a version's Version.backward_head_dims are its own backward's;
+# attention(backward=...) can pick another file, with these).
+BACKWARD_HEAD_DIMS: dict[str, tuple[int, ...]] = {"v6_backward": (64, 128), "v8_backward": (64, 96, 128)}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)
 KERNEL_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.kernel)

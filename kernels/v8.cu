@@ -48,7 +48,7 @@
 //   scale > 0: the softmax scale, o = softmax(scale * q k^T) v (flashattn passes 1/sqrt(D) for
 //   scale=None); the launcher folds log2(e) into it once (scale_log2).
 //   dtype bf16 or fp16: fp32 accumulation, P rounded to the input dtype for the second product, output
-//     in the input dtype. D in {64, 128, 192, 256}; any M, N >= 1 (M != N allowed);
+//     in the input dtype. D in {64, 96, 128, 192, 256}; any M, N >= 1 (M != N allowed);
 //     B * H * ceil(M / B_r) < 2^31.
 //   causal=True is bottom-right aligned: query row i may attend key j iff j <= i + (N - M). Rows with no
 //     key at all (the first M - N rows when M > N) are 0, not NaN.
@@ -96,6 +96,12 @@
 //          exponentials inside the window in which P_j V_j is in flight (tests/test_v8.py counts them; at
 //          D=128 it keeps a good share there): the softmax of the wide dims is barely overlapped, and the
 //          clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed at these dims.
+//   D=96:  D=128's kernel on zero-padded tiles. A 128-byte-swizzled panel is 64 columns, so 96 columns
+//          would be a panel and a half of another swizzle (another descriptor for every wgmma); instead
+//          the tensor maps keep the tensors' own 96 columns and the second panel's box reads columns 96
+//          .. 127 as zeros (TMA's out-of-bounds fill): they add 0 to S_ij, O_i's columns there are 0 and
+//          are not stored (flash_fwd_body's DG). The price is D=128's arithmetic, a third more than 96
+//          needs; the instances of the other dims compile as before (DG = D folds every guard away).
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
 //   overlap (D=128: 64 + 64 + 32; D=192: 96 + 56 + 28; D=256: 128 + 40 + 20, of 240 registers); the
 //   consumers fit their share with no spills and no stack frame (tests/test_v8.py checks the split in the
@@ -548,6 +554,9 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 // panels of [R rows][64 columns] = R x 128 bytes (one TMA box each: the 128-byte swizzle allows at most
 // 128 bytes per box row).
 
+// The head dim the tiles have for tensors of head dim d: whole 64-column panels (96 -> 128).
+__host__ __device__ constexpr int tile_dim(int d) { return (d + 63) / 64 * 64; }
+
 template <int D, int NWG, int BC, int STAGES, bool SPECIALIZE>
 struct Layout {
   // A 128-byte-swizzled panel is 64 columns: D = 96 would need a half panel of another swizzle.
@@ -597,8 +606,11 @@ struct Varlen {
 // lo <= j - i <= hi: a band of diagonals, lo = N - M - window_left, hi = N - M + window_right. The
 // launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >= -M and
 // hi <= N (no bound on that side; causal is lo = -M, hi = N - M), and no sum below can overflow.
+// DG: the head dim of q, k, v and o in global memory; D, the one computed, is DG rounded up to whole panels
+// (DG = 96 runs D = 128: the maps fill columns 96 .. 127 of Q_i, K_j and V_j with zeros, which add nothing
+// to S_ij and give O_i zero columns that are not stored).
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
-          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE, bool VARLEN>
+          bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE, bool VARLEN, int DG = D>
 __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                                T* __restrict__ O, int BH, int group, int M, int N, int m_blocks,
                                                float scale_log2, float* __restrict__ LSE, int lo, int hi,
@@ -612,6 +624,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   constexpr int BR = L::BR, PANELS = D / 64, THREADS = L::THREADS;
   constexpr int NT = BC / 8;   // n8 column groups of S_ij per thread row
   constexpr int DT = D / 8;    // n8 column groups of O_i
+  static_assert(DG % 8 == 0 && DG <= D && D - DG < 64, "DG pads to D within the last panel");
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -633,7 +646,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   // VARLEN: bh = b * H + q_head, query head q_head of sequence b, whose rows start at token q_tok of q and o and
   // whose keys at token k_tok of k and v (0 otherwise); o's rows are H * D apart in the packed layout.
   int q_tok = 0, k_tok = 0, q_head = 0;
-  const size_t o_row = VARLEN ? (size_t)va.H * D : D;
+  const size_t o_row = VARLEN ? (size_t)va.H * DG : DG;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
     if (CAUSAL) {
       bh = item % BH;
@@ -643,7 +656,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       bh = item / m_blocks;
     }
     m0 = m_block * BR;
-    Oh = O + (size_t)bh * M * D;
+    Oh = O + (size_t)bh * M * DG;
     // Grouped-query attention: query head h reads kv head h / group, and with H = group * H_kv that is
     // (b * H + h) / group = b * H_kv + h / group in the flat index.
     bh_kv = bh / group;
@@ -660,7 +673,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;
       lo = N - M - left;
       hi = N - M + right;
-      Oh = O + ((size_t)q_tok * va.H + q_head) * D;   // row r at (q_tok + r) * H * D + q_head * D
+      Oh = O + ((size_t)q_tok * va.H + q_head) * DG;   // row r at (q_tok + r) * H * DG + q_head * DG
       bh_kv = q_head / group;                        // the kv head's index in k and v [total_k][H_kv][D]
     }
     kt0 = 0;
@@ -678,9 +691,9 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   // no row of the item sees a key: its output is 0 (threads `first`, `first` + `count`, ... write it), and
   // its lse -inf, which the backward reads as P = 0
   auto write_zeros = [&](int first, int count) {
-    for (int idx = first; idx < BR * D / 8; idx += count) {
-      const int row = m0 + idx / (D / 8);
-      if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * o_row + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    for (int idx = first; idx < BR * DG / 8; idx += count) {
+      const int row = m0 + idx / (DG / 8);
+      if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * o_row + (idx % (DG / 8)) * 8) = make_uint4(0, 0, 0, 0);
     }
     if constexpr (WITH_LSE) {
       for (int r = first; r < BR && m0 + r < M; r += count) {
@@ -1065,7 +1078,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
         T* dst = Oh + (size_t)row * o_row + 2 * q;
 #pragma unroll
         for (int t = 0; t < DT; ++t)
-          *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
+          if (8 * t < DG)   // (columns past DG are the zero padding)
+            *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
         // lse_i = (m_i * scale_log2 + log2(l_i)) * ln(2), as v6 writes it; -inf for a row with no visible key
         if (WITH_LSE && q == 0) {
           if constexpr (VARLEN)   // lse [H][total_q]
@@ -1158,16 +1172,17 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   }
 }
 
-// One launch of fixed-length attention: q [B * H][M][D], k and v [B * H_kv][N][D] (the maps), o like q.
+// One launch of fixed-length attention: q [B * H][M][D], k and v [B * H_kv][N][D] (the maps), o like q; the
+// tiles are tile_dim(D) wide.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
-__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
-                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
+__global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>::THREADS,
+                                  Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
                  int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi V8_TRACE_PARAMS) {
-  flash_fwd_body<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE,
-                 false>(tmQ, tmK, tmV, O, BH, group, M, N, m_blocks, scale_log2, LSE, lo, hi,
+  flash_fwd_body<T, tile_dim(D), NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
+                 WITH_LSE, false, D>(tmQ, tmK, tmV, O, BH, group, M, N, m_blocks, scale_log2, LSE, lo, hi,
                         Varlen{} V8_TRACE_FORWARD);
 }
 
@@ -1175,13 +1190,13 @@ __global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREAD
 // maps), BH = B * H items per row block, m_blocks the row blocks of the longest sequence.
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE>
-__global__ void __launch_bounds__(Layout<D, NWG, BC, STAGES, SPECIALIZE>::THREADS,
-                                  Layout<D, NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
+__global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>::THREADS,
+                                  Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_varlen(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                      const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int m_blocks,
                      float scale_log2, float* __restrict__ LSE, const Varlen va V8_TRACE_PARAMS) {
-  flash_fwd_body<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE,
-                 true>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0, va V8_TRACE_FORWARD);
+  flash_fwd_body<T, tile_dim(D), NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
+                 WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0, va V8_TRACE_FORWARD);
 }
 // ---------------------------------------------------------------- launcher ----------------------------
 
@@ -1246,7 +1261,7 @@ template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPEC
           bool PINGPONG, bool OVERLAP, bool PERSISTENT, bool WITH_LSE, bool VARLEN>
 const char* launch(const void* q, const void* k, const void* v, void* o, float* lse, int B, int H, int H_kv, int M,
                    int N, float scale, int lo, int hi, const Varlen& va, const Trace& trace, cudaStream_t stream) {
-  using L = Layout<D, NWG, BC, STAGES, SPECIALIZE>;
+  using L = Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>;
   constexpr size_t smem = L::DYNAMIC;
   auto kernel = flash_fwd_ws<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
                              WITH_LSE>;
@@ -1277,9 +1292,10 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
     grid = (unsigned)(blocks < (long long)sms * L::MIN_BLOCKS ? blocks : (long long)sms * L::MIN_BLOCKS);
   }
   if (encoder() == nullptr) return "v8: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
-  CUtensorMap tmQ, tmK, tmV;
+  CUtensorMap tmQ, tmK, tmV;   // of the tensors' own head dim: a box's columns past it read as zeros
   const bool mapped =
-      VARLEN ? make_packed_map<T>(&tmQ, q, va.total_q, H, D, L::BR) && make_packed_map<T>(&tmK, k, va.total_k, H_kv, D, BC) &&
+      VARLEN ? make_packed_map<T>(&tmQ, q, va.total_q, H, D, L::BR) &&
+                   make_packed_map<T>(&tmK, k, va.total_k, H_kv, D, BC) &&
                    make_packed_map<T>(&tmV, v, va.total_k, H_kv, D, BC)
              : make_map<T>(&tmQ, q, (int)BH, M, D, L::BR) && make_map<T>(&tmK, k, B * H_kv, N, D, BC) &&
                    make_map<T>(&tmV, v, B * H_kv, N, D, BC);
@@ -1307,6 +1323,10 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
                   (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
+  if (D == 96)   // D = 128's tiles and settings, columns 96 .. 127 zero (flash_fwd_body's DG)
+    return launch<T, 96, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
+                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
+        q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 128)
     return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
@@ -1319,7 +1339,7 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
     return launch<T, 256, V8_D256_WG, V8_D256_BC, CAUSAL, V8_D256_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D256_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
-  return "v8 supports head_dim 64, 128, 192 and 256 only";
+  return "v8 supports head_dim 64, 96, 128, 192 and 256 only";
 }
 
 // lse == nullptr: the forward-only instance; otherwise the one that also writes lse (training), compiled
@@ -1350,7 +1370,7 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 inline const char* check_call(int H, int H_kv, int D, float scale, int dtype) {
   if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
-  if (D != 64 && D != 128 && D != 192 && D != 256) return "v8 supports head_dim 64, 128, 192 and 256 only";
+  if (D != 64 && D != 96 && D != 128 && D != 192 && D != 256) return "v8 supports head_dim 64, 96, 128, 192 and 256 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -1443,7 +1463,7 @@ const char* v8_forward_varlen(const void* q, const void* k, const void* v, void*
                               int64_t window_right, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
-// float16, on one CUDA device of compute capability 9.0; D in {64, 128, 192, 256}; scale None means 1/sqrt(D), a
+// float16, on one CUDA device of compute capability 9.0; D in {64, 96, 128, 192, 256}; scale None means 1/sqrt(D), a
 // window side -1 no bound. Returns o like q, and with_lse: lse float32 [B, H, M] too. Messages carry no
 // numbers (see v6.cu). trace: null, or (forward_trace) an int64 buffer for a V8_TRACE build, see
 // flashattn/book/trace.py.
@@ -1465,8 +1485,8 @@ static std::tuple<at::Tensor, at::Tensor> run_forward(at::Tensor q, at::Tensor k
     for (int d = 0; d < 4; ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128 || q.size(3) == 192 || q.size(3) == 256,
-              "q: v8 supports head_dim 64, 128, 192 and 256 only");
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 96 || q.size(3) == 128 || q.size(3) == 192 || q.size(3) == 256,
+              "q: v8 supports head_dim 64, 96, 128, 192 and 256 only");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");
@@ -1541,8 +1561,8 @@ static std::tuple<at::Tensor, at::Tensor> run_forward_varlen(at::Tensor q, at::T
     for (int d = 0; d < 3; ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128 || q.size(2) == 192 || q.size(2) == 256,
-              "q: v8 supports head_dim 64, 128, 192 and 256 only");
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 96 || q.size(2) == 128 || q.size(2) == 192 || q.size(2) == 256,
+              "q: v8 supports head_dim 64, 96, 128, 192 and 256 only");
   TORCH_CHECK(k.size(2) == q.size(2), "k must match q in head_dim");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [total_k, H_kv, D]");

@@ -1,7 +1,7 @@
 // v8 backward: the FlashAttention backward pass on Hopper -- every matrix product on wgmma, Q_i, dO_i
 // and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
-// sliding windows, grouped-query heads, head dims 64 and 128. Needs an sm_90a build
+// sliding windows, grouped-query heads, head dims 64, 96 (on 128-wide tiles) and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
 // every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
 // compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for the builds
@@ -69,7 +69,7 @@
 //
 // Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with
-//   the same scale; dk, dv come out like k, v. D in {64, 128}; any M, N >= 1 (M != N allowed).
+//   the same scale; dk, dv come out like k, v. D in {64, 96, 128}; any M, N >= 1 (M != N allowed).
 //   causal=True is bottom-right aligned as in the forward: query row i sees key j iff j <= i + (N - M); a
 //   window (window_left, window_right), -1 leaving a side unbounded, too: row i sees key j iff i + (N - M)
 //   - window_left <= j <= i + (N - M) + window_right, and causal sets window_right to 0. A row that sees no
@@ -429,6 +429,9 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // panel; the 128-byte swizzle allows at most 128 bytes per box row): K_j, V_j; STAGES x Q_i, STAGES x
 // dO_i; 2 x dS^T ([B_r / 64 panels][B_c keys][64 queries]); STAGES x lse2_i, STAGES x D_i (B_r floats
 // each); the mbarriers (K/V; full and empty per stage).
+// The head dim the tiles have for tensors of head dim d: whole 64-column panels (96 -> 128).
+__host__ __device__ constexpr int tile_dim(int d) { return (d + 63) / 64 * 64; }
+
 template <int D, int STAGES>
 struct Layout {
   static constexpr int BC = 128, NWG = 2, THREADS = 128 * (NWG + 1);
@@ -477,11 +480,13 @@ struct Registers {
 // Rows r = bh * M_pad + i of the padded row terms: D_i = rowsum(dO_i o O_i) in fp32 and lse2_i = lse_i *
 // log2(e) (-inf, a row with no visible key, becomes +inf: P = exp2(-inf) = 0); rows i >= M get D_i = 0,
 // lse2_i = +inf. Also zeroes the fp32 dQ accumulator [B*H*M_pad][D]. CPR threads per row (16-byte chunks).
-template <typename T, int D>
+// DG: the head dim of O and dO; the accumulator has the tiles' D = tile_dim(DG) columns.
+template <typename T, int DG>
 __global__ void __launch_bounds__(kThreads)
     bwd_prep(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
              float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, long long rows, int M,
              int M_pad) {
+  constexpr int D = tile_dim(DG);
   constexpr int CPR = D / 8;
   const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR;
   const int c = threadIdx.x % CPR;
@@ -490,9 +495,9 @@ __global__ void __launch_bounds__(kThreads)
   const bool valid = row < rows && i < M;
   const long long src = bh * M + i;   // the row in the unpadded [B*H*M] tensors
   float sum = 0.f;
-  if (valid) {
-    const uint4 o4 = *reinterpret_cast<const uint4*>(O + src * D + c * 8);
-    const uint4 d4 = *reinterpret_cast<const uint4*>(dO + src * D + c * 8);
+  if (valid && c * 8 < DG) {
+    const uint4 o4 = *reinterpret_cast<const uint4*>(O + src * DG + c * 8);
+    const uint4 d4 = *reinterpret_cast<const uint4*>(dO + src * DG + c * 8);
     const T* o8 = reinterpret_cast<const T*>(&o4);
     const T* d8 = reinterpret_cast<const T*>(&d4);
 #pragma unroll
@@ -524,18 +529,23 @@ __global__ void __launch_bounds__(kThreads)
 // i <= hi, a band of diagonals: lo = N - M - window_left, hi = N - M + window_right (causal: window_right =
 // 0). The launcher clamps the window's sides to [0, N] and [0, M], past which they bound nothing, so lo >=
 // -M and hi <= N (causal: lo = -M, hi = N - M), as v6's backward and v8's forward take it.
-template <typename T, int D, bool BANDED, int STAGES>
-__global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
+// DG: the head dim of q, k, v and their gradients; the tiles have D = tile_dim(DG) columns (DG = 96 runs D =
+// 128: the maps fill columns 96 .. 127 of every tile with zeros, which add nothing to S^T and dP^T and give
+// dK_j and dV_j zero columns that are not stored).
+template <typename T, int DG, bool BANDED, int STAGES>
+__global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                  const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
                  int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
                  int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
   static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
+  constexpr int D = tile_dim(DG);
   using L = Layout<D, STAGES>;
   constexpr int BR = L::BR, BC = L::BC, PANELS = D / 64;
   constexpr int NT = BR / 8;   // n8 column groups (query columns) of S^T and dP^T per thread row
   constexpr int DT = D / 8;    // n8 column groups of dK_j, dV_j
+  static_assert(DG % 8 == 0, "rows of whole 16-byte chunks");
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -586,10 +596,10 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   // Keys [n0, min(n0 + B_c, N)) of dK and dV from threads `first`, `first` + `count`, ... (a tile no query
   // sees: its gradients are 0).
   auto write_zeros = [&](int first, int count) {
-    for (int idx = first; idx < BC * D / 8; idx += count) {
-      const int key = n0 + idx / (D / 8);
+    for (int idx = first; idx < BC * DG / 8; idx += count) {
+      const int key = n0 + idx / (DG / 8);
       if (key < N) {
-        const size_t off = ((size_t)bh_kv * N + key) * D + (idx % (D / 8)) * 8;
+        const size_t off = ((size_t)bh_kv * N + key) * DG + (idx % (DG / 8)) * 8;
         *reinterpret_cast<uint4*>(dK + off) = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(dV + off) = make_uint4(0, 0, 0, 0);
       }
@@ -884,9 +894,10 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + key_row0 + g + 8 * h;
     if (key < N) {
-      const size_t off = ((size_t)bh_kv * N + key) * D + 2 * q;
+      const size_t off = ((size_t)bh_kv * N + key) * DG + 2 * q;
 #pragma unroll
       for (int t = 0; t < DT; ++t) {
+        if (8 * t >= DG) continue;   // the zero padding
         const float* k2 = dk + 4 * t + 2 * h;
         const float* v2 = dv + 4 * t + 2 * h;
         *reinterpret_cast<uint32_t*>(dK + off + 8 * t) = pack2<T>(k2[0] * scale, k2[1] * scale);
@@ -899,13 +910,15 @@ __global__ void __launch_bounds__(Layout<D, STAGES>::THREADS, 1)
 // ---------------------------------------------------------------- 3. dQ = scale * accumulator --------
 // IMAGE (V8B_DQ_BULK): the accumulator's tiles hold dQ in fragment order (dq_image_float); a float4 of
 // four consecutive columns (4c .. 4c + 3) is still four consecutive floats there (lanes q, q + 1).
-template <typename T, int D, bool IMAGE, int BR>
+// DG: dQ's head dim; the accumulator has D = tile_dim(DG) columns.
+template <typename T, int DG, bool IMAGE, int BR>
 __global__ void __launch_bounds__(kThreads)
     bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, int M, int M_pad, float scale) {
+  constexpr int D = tile_dim(DG);
   const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
   if (i >= n4) return;
-  const long long row = i / (D / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
-  const int c = (int)(i % (D / 4));
+  const long long row = i / (DG / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
+  const int c = (int)(i % (DG / 4));
   const long long src = (row / M) * M_pad + row % M;
   const long long at = IMAGE ? (src - src % BR) * D + dq_image_float<D>((int)(src % BR), 4 * c) : src * D + 4 * c;
   const float4 a = *reinterpret_cast<const float4*>(acc + at);
@@ -984,9 +997,10 @@ struct Args {
   cudaStream_t stream;
 };
 
-template <typename T, int D, bool BANDED>
+// DG: the tensors' head dim, D the tiles' (flash_bwd_ws).
+template <typename T, int DG, bool BANDED>
 const char* run(const Args& a) {
-  constexpr int STAGES = V8B_STAGES;
+  constexpr int STAGES = V8B_STAGES, D = tile_dim(DG);
   using L = Layout<D, STAGES>;
   const long long BH = (long long)a.B * a.H, BH_kv = (long long)a.B * a.H_kv;
   const long long M_pad = padded_rows(a.M, D), rows = BH * M_pad;
@@ -999,7 +1013,7 @@ const char* run(const Args& a) {
   // Everything that can refuse the call, before anything is queued on the stream
   constexpr int rows_per_block = kThreads / (D / 8);
   const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  const long long n4 = BH * a.M * D / 4, convert_blocks = (n4 + kThreads - 1) / kThreads;
+  const long long n4 = BH * a.M * DG / 4, convert_blocks = (n4 + kThreads - 1) / kThreads;
   if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL || convert_blocks > 0x7fffffffLL)
     return "v8 backward: B * H * M is too large";
   const int n_blocks = (a.N + L::BC - 1) / L::BC;
@@ -1007,7 +1021,7 @@ const char* run(const Args& a) {
   if (a.deterministic && !L::DQ_BULK)
     return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
            "does not have at this head dim";
-  auto kernel = flash_bwd_ws<T, D, BANDED, STAGES>;
+  auto kernel = flash_bwd_ws<T, DG, BANDED, STAGES>;
   constexpr size_t smem = L::DYNAMIC;
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -1017,8 +1031,8 @@ const char* run(const Args& a) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (encoder() == nullptr) return "v8 backward: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV, tmdO;
-  if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, D, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, D, L::BR) ||
-      !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, D, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, D, L::BC))
+  if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, DG, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, DG, L::BR) ||
+      !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, DG, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, DG, L::BC))
     return "v8 backward: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
 
   // 1. row terms, zeroed accumulator (and the deterministic mode's turns)
@@ -1026,7 +1040,7 @@ const char* run(const Args& a) {
     err = cudaMemsetAsync(turns, 0, (size_t)(rows / L::BR) * sizeof(int), a.stream);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  bwd_prep<T, D><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
+  bwd_prep<T, DG><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
       static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
       dq_acc, rows, a.M, (int)M_pad);
 
@@ -1040,7 +1054,7 @@ const char* run(const Args& a) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   // 3. dQ = scale * accumulator, in the input dtype
-  bwd_convert<T, D, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
+  bwd_convert<T, DG, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
       dq_acc, static_cast<T*>(a.dq), n4, a.M, (int)M_pad, a.scale);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -1050,8 +1064,9 @@ const char* run(const Args& a) {
 template <typename T>
 const char* dispatch(const Args& a, int D, bool banded) {
   if (D == 64) return banded ? run<T, 64, true>(a) : run<T, 64, false>(a);
+  if (D == 96) return banded ? run<T, 96, true>(a) : run<T, 96, false>(a);   // on D = 128's tiles
   if (D == 128) return banded ? run<T, 128, true>(a) : run<T, 128, false>(a);
-  return "v8 backward supports head_dim 64 and 128 only";
+  return "v8 backward supports head_dim 64, 96 and 128 only";
 }
 
 }  // namespace v8b
@@ -1060,7 +1075,8 @@ const char* dispatch(const Args& a, int D, bool banded) {
 // whole query tiles (B_r rows), and one int per query tile (the deterministic mode's turns); 0 for a head
 // dim it does not take.
 size_t v8_backward_workspace_bytes(int B, int H, int M, int D) {
-  if (D != 64 && D != 128) return 0;
+  if (D != 64 && D != 96 && D != 128) return 0;
+  if (D == 96) D = 128;   // the accumulator has the tiles' columns
   const size_t rows = (size_t)B * H * (size_t)v8b::padded_rows(M, D);
   return rows * (D + 2) * sizeof(float) + rows / v8b::query_tile(D) * sizeof(int);
 }
@@ -1075,7 +1091,7 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8 backward: B, H, M and N must all be >= 1";
   if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
-  if (D != 64 && D != 128) return "v8 backward supports head_dim 64 and 128 only";
+  if (D != 64 && D != 96 && D != 128) return "v8 backward supports head_dim 64, 96 and 128 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -1119,7 +1135,7 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
                         int64_t window_right, bool deterministic, cudaStream_t stream);
 
 // q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
-// contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 128}; lse: float32
+// contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 96, 128}; lse: float32
 // [B, H, M] from forward_lse with the same q, k, v, causal, scale (None: 1/sqrt(D)) and window (a side -1:
 // no bound). Returns (dq, dk, dv), dk and dv like k and v. The parameters are kernels/v6_backward.cu's, so
 // that either file serves flashattn.autograd. deterministic=true: the key tiles add into each dQ tile in
@@ -1149,7 +1165,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
     for (int d = 0; d < t->dim(); ++d)
       TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
   }
-  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "q: v8 backward supports head_dim 64 and 128 only");
+  TORCH_CHECK(q.size(3) == 64 || q.size(3) == 96 || q.size(3) == 128,
+              "q: v8 backward supports head_dim 64, 96 and 128 only");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [B, H_kv, N, D]");

@@ -47,9 +47,11 @@ def test_needs_a_gpu(monkeypatch):
 
 
 def test_wide_part_is_v8s_new_head_dims_in_its_own_record(monkeypatch):
-    """The wide shapes are the head dims only v8 takes, the Gemma-like grouped layer among them; asked for with
-    another part, the run refuses before it times anything (each part's record has its own file)."""
-    assert {s[4] for s in pb.WIDE_SHAPES} == {192, 256} and (1, 16, 8, 8192, 256, True) in pb.WIDE_SHAPES
+    """The wide shapes are the head dims only v8 takes, the Gemma-like grouped layer among them; those that train
+    (96) are timed backward too; asked for with another part, the run refuses before it times anything (each
+    part's record has its own file)."""
+    assert {s[4] for s in pb.WIDE_SHAPES} == {96, 192, 256} and (1, 16, 8, 8192, 256, True) in pb.WIDE_SHAPES
+    assert pb.WIDE_BACKWARD_SHAPES and {s[4] for s in pb.WIDE_BACKWARD_SHAPES} == {96}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit, match="run it alone"):
         pb.main(["--parts", "forward,wide", "--out", "/nonexistent"])

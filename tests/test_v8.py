@@ -85,6 +85,12 @@ def head_dim(kernel: str) -> int:
     return instance(kernel)[0]
 
 
+def tile_dim(d: int) -> int:
+    """The head dim of the tiles for tensors of head dim d (whole 64-column panels: 96 runs on 128's tiles,
+    with D = 128's macros)."""
+    return -(-d // 64) * 64
+
+
 def is_causal(kernel: str) -> bool:
     return instance(kernel)[3]
 
@@ -92,12 +98,12 @@ def is_causal(kernel: str) -> bool:
 def consumers(flags: list[str], d: int, causal: bool = False) -> int:
     """Consumer (computing) warpgroups per block at head dim d under `flags` (V8_D{d}_WG; the causal D=64
     kernel takes V8_D64_CAUSAL_WG)."""
-    return macro(flags, "V8_D64_CAUSAL_WG" if causal and d == 64 else f"V8_D{d}_WG")
+    return macro(flags, "V8_D64_CAUSAL_WG" if causal and d == 64 else f"V8_D{tile_dim(d)}_WG")
 
 
 def key_tile(flags: list[str], d: int) -> int:
     """B_c at head dim d under `flags`."""
-    return macro(flags, f"V8_D{d}_BC")
+    return macro(flags, f"V8_D{tile_dim(d)}_BC")
 
 
 def stages(flags: list[str], d: int) -> int:
@@ -112,7 +118,7 @@ def entry_cap(flags: list[str], d: int, causal: bool = False) -> int:
     Layout::MIN_BLOCKS decides), a multiple of 8, at most 255 -- what ptxas may use before any setmaxnreg."""
     spec, wgs = macro(flags, "V8_SPECIALIZE"), consumers(flags, d, causal)
     threads = 128 * (wgs + spec)
-    bc, slots = key_tile(flags, d), stages(flags, d)
+    bc, slots, d = key_tile(flags, d), stages(flags, d), tile_dim(d)
     # Q_i, the K/V ring, the barriers (Q full, 4 per slot, Q empty), the 1024 bytes to align the base
     smem = 64 * wgs * d * 2 + slots * 2 * bc * d * 2 + 8 * (2 + 4 * slots) + 1024
     blocks = 2 if not spec and threads <= 256 and 2 * (smem + 1024) <= 228 * 1024 else 1
@@ -125,7 +131,7 @@ def spills_by_design(flags: list[str], kernel: str) -> bool:
     launch allotment. Only the wide head dims of a build with a producer and no setmaxnreg (the "spec" step,
     168 registers) fall short; the step builds run at D = 64 and 128 only, so their spills never run."""
     d, nwg, bc, causal, _ = instance(kernel)
-    live = d // 2 + bc // 2 + bc // 4
+    live = tile_dim(d) // 2 + bc // 2 + bc // 4
     budget = REGISTER_SPLIT[nwg][1] if macro(flags, "V8_SETMAXNREG") else entry_cap(flags, d, causal)
     return live > budget
 
@@ -290,7 +296,8 @@ test_matches_float64, test_large_logits, test_variants_match_float64 = test_v7.c
 @needs_hopper
 def test_bad_inputs_refused_then_good_call_works(v8):
     # v7's cases but for the head dims: v7's refused 256 is one of v8's, so the refused ones are every other
-    # multiple of 32 up to a panel past its widest (96 would need half a 64-column panel; 320 has no instance)
+    # multiple of 32 up to a panel past its widest (160 would be 192's tiles with 32 columns of zeros, not built;
+    # 320 has no instance)
     refused = sorted(set(range(32, max(HEAD_DIMS) + 96, 32)) - set(HEAD_DIMS))
     test_v7.refuses_bad_inputs_then_runs(v8, refused_dims=refused)
 

@@ -69,6 +69,10 @@ def query_tile(D: int) -> int:
     return 128 if D == 64 else 64
 
 
+# The head dims of the GPU tests: 96 runs D = 128's tiles with columns 96 .. 127 zero (flash_bwd_ws's DG)
+GRAD_DIMS = [64, 96, 128]
+
+
 # ================================================================ CPU: what nvcc made of it
 def compile_v8b(tmp_path: Path, flags: list[str] | None = None) -> tuple[str, str]:
     """test_v7's nvcc + cuobjdump run, on kernels/v8_backward.cu."""
@@ -93,6 +97,11 @@ def head_dim(kernel: str) -> int:
     return int(re.search(r"flash_bwd_wsI\w+?Li(\d+)E", kernel).group(1))
 
 
+def tile_dim(D: int) -> int:
+    """The head dim of the tiles for tensors of head dim D (kernels/v8_backward.cu's tile_dim: 96 -> 128)."""
+    return -(-D // 64) * 64
+
+
 def dv_at(flags: list[str], D: int) -> int:
     """Where the step issues dV_j (kernels/v8_backward.cu's DV_AT): 0 with dK_j, 1 before the wait for dP^T,
     2 after the dS^T stores (the default); D=64 always 0."""
@@ -108,14 +117,14 @@ def dv_at(flags: list[str], D: int) -> int:
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
-    # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 128); flash_bwd_ws also x causal
-    assert len(entries) == 16, entries
+    # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 96, 128); flash_bwd_ws also x causal
+    assert len(entries) == 8 * len(GRAD_DIMS), entries
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
     for line in report.splitlines():
         assert "warning" not in line.lower(), line
     main = {name: int(regs) for name, regs in entries if "flash_bwd_ws" in name}
-    assert len(main) == 8
+    assert len(main) == 4 * len(GRAD_DIMS)
     # with setmaxnreg ptxas reports the launch allotment: 65,536 / 384 threads, down to a multiple of 8
     assert set(main.values()) == {168}, main
 
@@ -123,7 +132,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     assert sorted(funcs) == sorted(main)
     fence = "-DV8B_EXP_FENCE=0" not in flags
     for name, text in funcs.items():
-        D = head_dim(name)
+        D = tile_dim(head_dim(name))   # the SASS of D = 96 is D = 128's tiles, its stores aside
         assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA (dV, dK)"
         assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA (S^T, dP^T, dQ)"
         # two copies of the step (masked, plain), each with D/16 + D/16 + 8 + 2 B_r/16 wgmma
@@ -656,7 +665,7 @@ def forward_lse(q, k, v, causal, scale, window=(-1, -1)):
 def workspace_like(q) -> torch.Tensor:
     """A float32 tensor of the binding's workspace size (dQ accumulator and row terms, padded)."""
     B, H, M, D = q.shape
-    BR = query_tile(D)
+    BR, D = query_tile(D), -(-D // 64) * 64   # the accumulator has the tiles' columns
     return q.new_empty(B * H * (-(-M // BR) * BR) * (D + 2), dtype=torch.float32)
 
 
@@ -685,7 +694,7 @@ SHAPES = [(1, 1), (17, 17), (113, 203), (203, 113), (1, 203), (203, 1), (1023, 1
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("M,N", SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", GRAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_gradients_match(bwd, dtype, causal, D, M, N):
@@ -700,7 +709,7 @@ def test_gradients_match(bwd, dtype, causal, D, M, N):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("M,N", [(113, 203), (203, 113), (1, 203), (1025, 1023)])
 @pytest.mark.parametrize("H,H_kv", [(8, 1), (6, 2), (32, 8)])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", GRAD_DIMS)
 def test_grouped_query_heads(bwd, D, H, H_kv, M, N, causal, scale):
     """dk, dv shaped like k, v: each kv head's sum over the query heads of its group (one block walks them)."""
     seed = zlib.crc32(repr(("v8b gqa", D, H, H_kv, M, N, causal, scale)).encode())
@@ -712,7 +721,7 @@ def test_grouped_query_heads(bwd, D, H, H_kv, M, N, causal, scale):
 @needs_hopper
 @pytest.mark.parametrize("q_scale,scale", [(8.0, None), (1.0, 2.5)])   # scores of magnitude ~30 and more
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", GRAD_DIMS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_large_logits(bwd, dtype, D, causal, q_scale, scale):
     check(bwd, 2, 4, 2, 300, 517, D, DTYPES[dtype], causal, seed=11 + D, scale=scale, q_scale=q_scale)
@@ -745,7 +754,7 @@ def compare_band_grads(got, q, k, v, do, vis, scale):
 @pytest.mark.parametrize("causal,window", [(False, (40, 0)), (False, (100, 50)), (False, (0, 0)), (False, (7, -1)),
                                            (False, (-1, 7)), (True, (150, -1)), (False, (1000, 1000))])
 @pytest.mark.parametrize("M,N", [(113, 203), (203, 113), (1025, 1023), (300, 300)])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", GRAD_DIMS)
 def test_sliding_window(bwd, D, M, N, causal, window):
     """window_left, window_right (v6_backward's parameters, -1 no bound): masked tiles on both edges of
     the band, tiles no row sees skipped, key tiles no row sees at all get dK = dV = 0."""
@@ -760,7 +769,7 @@ def test_sliding_window(bwd, D, M, N, causal, window):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", GRAD_DIMS)
 def test_dk_dv_repeat_bit_for_bit(bwd, D, causal):
     """dK and dV never go through atomics (a block sums its key tile over the group in registers): the same
     bits on every run. dQ's float32 atomics may add in another order: close, not necessarily equal."""
@@ -778,11 +787,11 @@ def test_bad_inputs_refused(bwd):
     q, k, v, do = make(1, 2, 1, 33, 40, 64, torch.bfloat16, seed=3)
     o, lse = forward_lse(q, k, v, False, None)
     good = dict(q=q, k=k, v=v, o=o, lse=lse, dout=do)
-    r96 = lambda L: torch.randn(1, 2, L, 96, device="cuda", dtype=torch.bfloat16)
+    r80 = lambda L: torch.randn(1, 2, L, 80, device="cuda", dtype=torch.bfloat16)
     bad = [("q", dict(q=q.cpu())), ("k", dict(k=k.cpu())), ("o", dict(o=o.cpu())), ("dout", dict(dout=do.cpu())),
            ("lse", dict(lse=lse.cpu())), ("q", dict(q=q.float())), ("k", dict(k=k.half())), ("v", dict(v=v.half())),
            ("o", dict(o=o.half())), ("dout", dict(dout=do.half())), ("lse", dict(lse=lse.double())),
-           ("q", dict(q=r96(33), k=r96(40)[:, :1], v=r96(40)[:, :1], o=r96(33), dout=r96(33))),
+           ("q", dict(q=r80(33), k=r80(40)[:, :1], v=r80(40)[:, :1], o=r80(33), dout=r80(33))),
            ("dout", dict(dout=do.transpose(2, 3).contiguous().transpose(2, 3))), ("lse", dict(lse=lse[..., :-1]))]
     for name, change in bad:
         args = dict(good, **change)
@@ -818,11 +827,11 @@ SANITIZE_STEPS = ["-DV8B_EARLY_DV=1", "-DV8B_STAGES=3"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
-    """What the sanitizer runs: every shape (a step build: the first and third) at both head dims, no mask,
-    causal and a window, bf16, one line per call."""
+    """What the sanitizer runs: every shape at every head dim (a step build: the first and third shapes at 64
+    and 128), no mask, causal and a window, bf16, one line per call."""
     mod = step_build(flag)
     for B, H, H_kv, M, N in SANITIZE_SHAPES if flag is None else SANITIZE_SHAPES[0:3:2]:
-        for D in (64, 128):
+        for D in GRAD_DIMS if flag is None else (64, 128):
             for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
                 if det and flag == "-DV8B_STAGES=3" and D == 64:   # refused before any launch: no dQ image
@@ -839,7 +848,8 @@ def sanitize_target(flag: str | None = None) -> None:
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 40))])
-@pytest.mark.parametrize("H,H_kv,M,N,D", [(4, 4, 1023, 1025, 128), (6, 2, 2048, 1500, 64), (8, 8, 513, 4096, 128)])
+@pytest.mark.parametrize("H,H_kv,M,N,D", [(4, 4, 1023, 1025, 128), (6, 2, 2048, 1500, 64), (8, 8, 513, 4096, 128),
+                                         (4, 2, 777, 1500, 96)])
 def test_deterministic_mode_is_bitwise_repeatable(bwd, H, H_kv, M, N, D, causal, window):
     """deterministic=True: dq, dk, dv identical bit for bit in three runs (many key tiles add into each dQ
     tile, with other work on the GPU between runs), within compare_grads' bound of float64, and close
@@ -905,7 +915,7 @@ def test_builds_match_the_default_bit_for_bit(flag, D, causal):
 def test_sanitizer_clean(bwd, tool):
     forward_lse(*make(1, 1, 1, 8, 8, 64, torch.bfloat16, seed=0)[:3], False, None)   # build outside the sanitizer
     out, ran = conftest.run_sanitized(tool, Path(__file__).resolve(), "--sanitize", tag="ran v8b ")
-    assert len(ran) == len(SANITIZE_SHAPES) * 2 * len(SANITIZE_MASKS), out[-4000:]
+    assert len(ran) == len(SANITIZE_SHAPES) * len(GRAD_DIMS) * len(SANITIZE_MASKS), out[-4000:]
 
 
 @pytest.mark.gpu

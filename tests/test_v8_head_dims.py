@@ -1,17 +1,20 @@
-"""v8's forward at the wide head dims, D = 192 and 256 (Gemma's 256): the kernel's instances, the
-refusals of what it still does not take, and (on a Hopper GPU) what the instances compute.
+"""v8's head dims beyond 64 and 128: the wide ones, D = 192 and 256 (Gemma's 256, forward only), and D = 96
+(Phi-3's), which runs D = 128's tiles with columns 96 .. 127 read as zeros, forward and backward: the
+kernel's instances, the refusals of what it still does not take, and (on a Hopper GPU) what the instances
+compute.
 
-CPU tests (no GPU): D = 96 (v8 has no half-panel tile) and D = 320 are refused naming head_dim, and so is a
-call at D = 256 whose inputs require grad (the backward kernels take 64 and 128), before any launch. That the
-wide instances compile for sm_90a as their flags ask, without spills or a stack frame, is tests/test_v8.py's
-compile test, which covers every head dim.
+CPU tests (no GPU): D = 80, 160 and 320 are refused naming head_dim, and so is a call at D = 192 or 256
+whose inputs require grad (the backward kernels take 64, 96 and 128), or at D = 96 through V6's backward,
+before any launch. That the instances compile for sm_90a as their flags ask, without spills or a stack
+frame, is tests/test_v8.py's compile test, which covers every head dim.
 
 GPU tests (compute capability 9.0 only): forward and forward_lse against float64, error at most twice
 what PyTorch's SDPA makes in the same dtype (test_v7.check_output): odd shapes, M != N both ways, several B
 and H, causal, a sliding window, grouped-query heads, large logits, more items than SMs, poisoned outputs;
-the varlen forward at D = 256 with sequences of 0 and 1 tokens; and compute-sanitizer (memcheck,
-racecheck, synccheck) at D = 256, running this file as its own driver (`python tests/test_v8_head_dims.py
---sanitize`).
+the varlen forward at D = 256 and at D = 96, with sequences of 0 and 1 tokens; gradients at D = 96 through
+`flashattn.attention` and `attention_varlen` against float64 (tests/test_v8_backward.py runs the backward
+kernel's own tests at 96 too); and compute-sanitizer (memcheck, racecheck, synccheck) at D = 256 and 96,
+running this file as its own driver (`python tests/test_v8_head_dims.py --sanitize`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conftest  # noqa: E402
+from test_backward import compare_grads  # noqa: E402
+from test_gqa import make  # noqa: E402
 from test_v7 import check_output, is_hopper  # noqa: E402
 
 import flashattn  # noqa: E402
@@ -33,12 +38,14 @@ from flashattn import reference  # noqa: E402
 from flashattn.varlen import check_varlen  # noqa: E402
 
 WIDE = [D for D in flashattn.INFO["v8"].head_dims if D > 128]
+PADDED = [D for D in flashattn.INFO["v8"].head_dims if D % 64]   # on the next panel's tiles
+NEW = PADDED + WIDE                                              # the forward tests' dims
 BACKWARD_DIMS = flashattn.INFO["v8"].backward_head_dims
 
 
 def test_wide_dims_are_v8s_new_ones():
-    assert WIDE == [192, 256]
-    assert set(BACKWARD_DIMS) < set(flashattn.INFO["v8"].head_dims)
+    assert WIDE == [192, 256] and PADDED == [96]
+    assert set(BACKWARD_DIMS) < set(flashattn.INFO["v8"].head_dims) and 96 in BACKWARD_DIMS
 
 
 # ================================================================ CPU: refusals, before any launch
@@ -47,10 +54,10 @@ def qkv(D, M=17, N=33, H=2, H_kv=2, device="cpu", grad=False):
                  for h, L in ((H, M), (H_kv, N), (H_kv, N)))
 
 
-@pytest.mark.parametrize("D", [96, 320])
+@pytest.mark.parametrize("D", [80, 160, 320])
 def test_head_dims_without_a_tile_are_refused(D):
-    with pytest.raises(ValueError, match=rf"^head_dim D={D} is not supported by v8; it takes D in \(64, 128, 192, "
-                                         r"256\)"):
+    with pytest.raises(ValueError, match=rf"^head_dim D={D} is not supported by v8; it takes D in \(64, 96, 128, "
+                                         r"192, 256\)"):
         flashattn.check_inputs(*qkv(D), "v8")
 
 
@@ -75,10 +82,19 @@ def test_gradients_at_a_wide_dim_are_refused_naming_head_dim(D, backward):
     q, k, v = qkv(D, grad=True)
     a, b, c = refuses_before_launch()
     with a, b, c, pytest.raises(ValueError, match=rf"^head_dim D={D} has no backward in v8: its backward kernels "
-                                                  rf"take D in \(64, 128\)"):
+                                                  rf"take D in \(64, 96, 128\)"):
         flashattn.attention(q, k, v, version="v8", backward=backward)
     with a, b, c, pytest.raises(ValueError, match=rf"^head_dim D={D} has no backward"):
         flashattn.forward(q, k, v, version="v8")
+
+
+def test_gradients_at_96_through_v6s_backward_are_refused():
+    """V6's backward (which v8 also trains on, by name) has no D = 96: refused before the forward runs."""
+    q, k, v = qkv(96, grad=True)
+    a, b, c = refuses_before_launch()
+    with a, b, c, pytest.raises(ValueError, match=r"^head_dim D=96 has no backward in v6_backward \(training v8\): "
+                                                  r"its backward kernels take D in \(64, 128\)"):
+        flashattn.attention(q, k, v, version="v8", backward="v6_backward")
 
 
 def packed(D, lengths=(3, 0, 1, 7), H=4, H_kv=2, device="cpu", grad=False, dtype=torch.bfloat16, seed=0):
@@ -98,8 +114,8 @@ def test_varlen_gradients_at_a_wide_dim_are_refused(D):
         check_varlen(*packed(D, grad=True))
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):   # without grad: past head_dim
         check_varlen(*packed(D))
-    with pytest.raises(ValueError, match=r"^head_dim D=96 is not supported by v8"):
-        check_varlen(*packed(96))
+    with pytest.raises(ValueError, match=r"^head_dim D=80 is not supported by v8"):
+        check_varlen(*packed(80))
 
 
 # ================================================================ GPU: what the instances compute
@@ -132,7 +148,7 @@ def inputs(B, H, H_kv, M, N, D, dtype, seed, q_scale=1.0):
 @pytest.mark.parametrize("B,H", [(1, 1), (2, 3)])
 @pytest.mark.parametrize("M,N", SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", WIDE)
+@pytest.mark.parametrize("D", NEW)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_forward_matches_float64(v8, dtype, D, causal, M, N, B, H):
     seed = zlib.crc32(repr(("wide", dtype, D, causal, M, N, B, H)).encode())
@@ -154,7 +170,7 @@ def lse_reference(q, k, causal, scale, window=(-1, -1)):
 @needs_hopper
 @pytest.mark.parametrize("M,N", [(113, 203), (203, 113), (1023, 17)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", WIDE)
+@pytest.mark.parametrize("D", NEW)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_forward_lse_matches_float64_and_forward(v8, train, dtype, D, causal, M, N):
     seed = zlib.crc32(repr(("wide lse", dtype, D, causal, M, N)).encode())
@@ -171,7 +187,7 @@ def test_forward_lse_matches_float64_and_forward(v8, train, dtype, D, causal, M,
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("window", [(17, 3), (100, -1), (0, 0)], ids=str)
-@pytest.mark.parametrize("D", WIDE)
+@pytest.mark.parametrize("D", NEW)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_sliding_window_and_grouped_heads(v8, dtype, D, window):
     """A window narrower than a key tile, one open on the right, the diagonal alone; H_q = 4 H_kv; M > N
@@ -185,7 +201,7 @@ def test_sliding_window_and_grouped_heads(v8, dtype, D, window):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", WIDE)
+@pytest.mark.parametrize("D", NEW)
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_large_logits(v8, dtype, D, causal):
     # q x 20: scores far beyond exp's range without the running max
@@ -196,7 +212,7 @@ def test_large_logits(v8, dtype, D, causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("D", WIDE)
+@pytest.mark.parametrize("D", NEW)
 def test_persistent_blocks_take_several_items(v8, D):
     """More items than SMs: the K/V ring, Q_i's reuse and the ping-pong turns carry over between items."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -220,6 +236,31 @@ def test_public_api_runs_the_forward_and_refuses_gradients(D):
         t.requires_grad_(True)
     with pytest.raises(ValueError, match=rf"^head_dim D={D} has no backward in v8"):
         flashattn.attention(q, k, v, version="v8")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("B,H,H_kv,M,N,causal,window,deterministic", [
+    (2, 3, 3, 113, 203, False, (-1, -1), False),
+    (1, 8, 2, 203, 113, True, (-1, -1), False),
+    (1, 4, 1, 1023, 1025, True, (-1, -1), True),
+    (1, 6, 2, 300, 517, False, (40, 8), False),
+    (2, 2, 2, 1, 17, False, (-1, -1), False),
+    (1, 4, 4, 17, 1, True, (-1, -1), False),
+])
+def test_gradients_at_96_match_float64(B, H, H_kv, M, N, causal, window, deterministic):
+    """D = 96 trains (v8's forward and kernels/v8_backward.cu, both on 128-wide tiles with zero columns) through
+    the path a user calls; outputs and gradients poisoned first."""
+    seed = zlib.crc32(repr(("d96 grads", B, H, H_kv, M, N, causal, window, deterministic)).encode())
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    q, k, v, do = make(B, H, H_kv, M, N, 96, dtype, seed)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    conftest.poison_allocator(q)
+    o = flashattn.attention(*leaves, causal=causal, version="v8", window=window, deterministic=deterministic)
+    check_output(o.detach(), q, k, v, causal, None, window)
+    conftest.poison_allocator(q, k, v)
+    got = torch.autograd.grad(o, leaves, do)
+    compare_grads(got, q, k, v, do, causal, window=window)
 
 
 @pytest.mark.gpu
@@ -255,31 +296,35 @@ def test_varlen_forward_at_256(dtype, causal):
 SANITIZE_SHAPES = [(1, 2, 2, 64, 64), (2, 4, 1, 130, 67)]
 
 
+SANITIZE_DIMS = [256, 96]   # the widest, and the padded one (its backward: tests/test_v8_backward.py)
+
+
 def sanitize_target() -> None:
-    """What the sanitizer runs: forward at D = 256 for each shape, dtype and mask, forward_lse on the odd
-    shape, one line per call so that a report names the call before it."""
+    """What the sanitizer runs: forward at D = 256 and 96 for each shape, dtype and mask, forward_lse on the
+    odd shape, one line per call so that a report names the call before it."""
     from flashattn.autograd import forward_module
     v8, train = flashattn.load("v8"), forward_module("v8")
-    for B, H, H_kv, M, N in SANITIZE_SHAPES:
-        for dtype in DTYPES.values():
-            for causal in (False, True):
-                q, k, v = inputs(B, H, H_kv, M, N, 256, dtype, seed=M)
-                out = v8.forward(q, k, v, causal)
-                if M != N:
-                    out, _ = train.forward_lse(q, k, v, causal, None, -1, -1)
-                torch.cuda.synchronize()
-                assert torch.isfinite(out).all()
-                print(f"ran v8 {dtype} causal={causal} B={B} H={H} H_kv={H_kv} M={M} N={N} D=256", flush=True)
+    for D in SANITIZE_DIMS:
+        for B, H, H_kv, M, N in SANITIZE_SHAPES:
+            for dtype in DTYPES.values():
+                for causal in (False, True):
+                    q, k, v = inputs(B, H, H_kv, M, N, D, dtype, seed=M)
+                    out = v8.forward(q, k, v, causal)
+                    if M != N:
+                        out, _ = train.forward_lse(q, k, v, causal, None, -1, -1)
+                    torch.cuda.synchronize()
+                    assert torch.isfinite(out).all()
+                    print(f"ran v8 {dtype} causal={causal} B={B} H={H} H_kv={H_kv} M={M} N={N} D={D}", flush=True)
 
 
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_sanitizer_clean_at_256(tool):
+def test_sanitizer_clean_at_256_and_96(tool):
     from flashattn.autograd import forward_module
     flashattn.load("v8"), forward_module("v8")   # outside the sanitizer: nvcc under it is slow
     out, ran = conftest.run_sanitized(tool, Path(__file__).resolve(), "--sanitize", tag="ran v8 ")
-    assert len(ran) == len(SANITIZE_SHAPES) * len(DTYPES) * 2, out[-4000:]
+    assert len(ran) == len(SANITIZE_DIMS) * len(SANITIZE_SHAPES) * len(DTYPES) * 2, out[-4000:]
 
 
 if __name__ == "__main__" and "--sanitize" in sys.argv:

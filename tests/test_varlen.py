@@ -187,7 +187,7 @@ def sequences(bounds_q, bounds_k):
 @needs_hopper
 @pytest.mark.parametrize("window", [(-1, -1), (37, 5), (100, -1)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 96, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_single_launch_matches_float64(dtype, D, causal, window):
     """Forward and gradients of every sequence against float64 on that sequence alone (lengths 0, 1, 17, 113,
@@ -220,7 +220,7 @@ def test_single_launch_matches_float64(dtype, D, causal, window):
 @needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("H,H_kv", [(8, 2), (4, 4)])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 96, 128])
 def test_single_launch_is_the_fixed_length_kernel_per_sequence(D, H, H_kv, causal):
     """Each item runs the fixed-length kernel's arithmetic on its sequence (the same tiles, the same band, keys
     of the next sequence masked where the fixed-length box reads zeros): o and lse bit-identical to v8's

@@ -9,11 +9,12 @@ call, a GPU spin so that no column's Python time is timed, the median), written 
   grouped-query prefill of a Llama-3-8B layer, (1, 32 query / 8 kv heads, 8192, 128) causal: ours (v8, through
   flashattn.plan), FlashAttention-4 (`flash_attn.cute.flash_attn_func`, grouped heads native), cuDNN and
   FlashAttention-2 (SDPA with that backend forced, enable_gqa when the heads differ);
-* `wide`: head dims 192 and 256, which only v8 among our kernels takes (the Gemma-like (1, 16 query / 8 kv heads,
-  8192, 256) causal among them), the same columns as `forward`, written to its own record, prefill_wide.json
-  (`--parts wide`);
+* `wide`: the head dims beyond 64 and 128, which only v8 among our kernels takes: 192 and 256 (the Gemma-like
+  (1, 16 query / 8 kv heads, 8192, 256) causal among them) and 96 (a Phi-3-mini layer, 32 heads at 4096), the
+  same columns as `forward`, and at 96, which trains, the backward too; written to its own record,
+  prefill_wide.json (`--parts wide`);
 * `backward`: the grouped-query shapes, every column through `torch.autograd.grad` on its forward's output
-  (flashattn.measure.backward.backward_call; ours is v8's forward trained by kernels/v6_backward.cu).
+  (flashattn.measure.backward.backward_call; ours is v8's forward trained by its own backward).
 
 FLOPs: flashattn.measure.bench.attention_flops (4·B·H_q·M·N·D, half for causal) and backward.backward_flops
 (2.5 times that); TFLOP/s beside each time. A column that cannot take a shape (FA4
@@ -36,7 +37,9 @@ FORWARD_SHAPES = [(4, 12, 12, 2048, 64, False), (4, 12, 12, 2048, 64, True), (2,
                   (2, 16, 16, 8192, 128, True), (1, 32, 32, 4096, 128, False), (1, 32, 32, 4096, 128, True),
                   (16, 16, 16, 1024, 128, False), (16, 16, 16, 1024, 128, True), (1, 8, 8, 2048, 128, False),
                   (1, 8, 8, 2048, 128, True), (1, 32, 8, 8192, 128, True), (4, 32, 8, 4096, 128, True)]
-WIDE_SHAPES = [(1, 16, 8, 8192, 256, True), (1, 16, 16, 4096, 256, False), (2, 16, 16, 4096, 192, True)]
+WIDE_SHAPES = [(1, 16, 8, 8192, 256, True), (1, 16, 16, 4096, 256, False), (2, 16, 16, 4096, 192, True),
+               (1, 32, 32, 4096, 96, True), (1, 32, 32, 4096, 96, False)]
+WIDE_BACKWARD_SHAPES = [s for s in WIDE_SHAPES if s[4] == 96]   # the wide part's dims that train
 BACKWARD_SHAPES = [s for s in FORWARD_SHAPES if s[1] != s[2]]
 FORWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
 BACKWARD_COLUMNS = ("v8", "fa4", "sdpa_cudnn", "sdpa_flash")
@@ -83,12 +86,12 @@ def forward_part(args, shapes=FORWARD_SHAPES) -> list[dict]:
 
 
 def wide_part(args) -> list[dict]:
-    return forward_part(args, WIDE_SHAPES)
+    return forward_part(args, WIDE_SHAPES) + backward_part(args, WIDE_BACKWARD_SHAPES)
 
 
-def backward_part(args) -> list[dict]:
+def backward_part(args, shapes=BACKWARD_SHAPES) -> list[dict]:
     rows = []
-    for shape in BACKWARD_SHAPES:
+    for shape in shapes:
         q, k, v = inputs(*shape[:5])
         do = torch.randn_like(q)
         calls = {name: column(backward_call, name, q, k, v, do, shape[5]) for name in BACKWARD_COLUMNS}
