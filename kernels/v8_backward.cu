@@ -9,7 +9,10 @@
 // this file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
 // build at D=128), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
 // the first version's runs: *_f50ce76.log; the deterministic mode's block order of ac2747a ran its tests,
-// pytest_v8b_deterministic_ac2747a.log, not the sanitizer). Timed through autograd beside V6's backward, cuDNN
+// pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the tests and the
+// three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
+// runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
+// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through autograd beside V6's backward, cuDNN
 // and FlashAttention-4 in results/h200/bench_backward.json at ac2747a, this file's code (README: "The backward
 // pass against SDPA's backends and FlashAttention-4"), and
 // profiled beside FlashAttention-4's in

@@ -43,11 +43,15 @@ def test_figures_draw():
 
 
 def test_prefill_table_adds_the_wide_dims_when_recorded(tmp_path):
-    """The wide record's rows come below the main table, compared with cuDNN (FlashAttention-4 was not in that
-    run); without the record the table is the main one alone."""
+    """The wide record's rows come below the main table, forward then backward (96 trains), each with
+    FlashAttention-4's time over ours; without the record the table is the main one alone, forward and backward."""
     with_wide = notes.prefill_table().data
     without = notes.prefill_table(wide=tmp_path / "none.json").data
-    assert "Head dims 192 and 256" in with_wide and "Head dims 192 and 256" not in without
-    wide_rows = [r for r in with_wide.split("Head dims 192 and 256")[1].splitlines() if r.startswith("| 1,")
-                 or r.startswith("| 2,")]
-    assert len(wide_rows) == 3 and all(r.rstrip(" |").endswith("×") for r in wide_rows)
+    title = "Head dims 96, 192 and 256"
+    assert title in with_wide and title not in without
+    main, wide = with_wide.split(title)
+    shape_rows = lambda text: [r for r in text.splitlines() if r[:4] in ("| 1,", "| 2,", "| 4,")]   # noqa: E731
+    forward, backward = wide.split("Backward, every column")
+    assert len(shape_rows(forward)) == 5 and len(shape_rows(backward)) == 2
+    assert all(r.rstrip(" |").endswith("×") for r in shape_rows(wide))
+    assert "Backward, every column" in main and len(shape_rows(main.split("Backward, every column")[1])) == 2

@@ -6,7 +6,8 @@ they draw, and the tables of its records.
   element-wise mask of flashattn.reference);
 - `fig_gqa`, `fig_window`, `fig_varlen`: grouped heads, the window's band over the tile grid, a packed batch
   against the same batch padded;
-- `prefill_table`, `varlen_table`: results/h200/prefill.json and varlen.json, every column of one run.
+- `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
+  column of one run.
 """
 from __future__ import annotations
 
@@ -140,9 +141,12 @@ def _cell(r: dict | None) -> str:
     return "not run" if "does not import" in r.get("message", "") else "refused"
 
 
-def _forward_lines(doc: dict, columns, peer: str) -> list[str]:
-    """A forward record's rows as table lines, a shape per line, with the peer's time over ours."""
-    rows = [r for r in doc["rows"] if r["part"] == "forward"]
+def _lines(doc: dict, columns, peer: str, part: str = "forward") -> list[str]:
+    """A record's rows of one part ("forward" or "backward") as table lines, a shape per line, with the peer's
+    time over ours; no lines when the record has none of that part."""
+    rows = [r for r in doc["rows"] if r["part"] == part]
+    if not rows:
+        return []
     shapes = list(dict.fromkeys((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]) for r in rows))
     by = {((r["B"], r["H_q"], r["H_kv"], r["N"], r["D"], r["causal"]), r["column"]): r for r in rows}
     lines = ["| B, H_q / H_kv, N, D | causal | " + " | ".join(columns) + f" | v8 / {peer} |",
@@ -156,19 +160,27 @@ def _forward_lines(doc: dict, columns, peer: str) -> list[str]:
     return lines
 
 
+def _backward_lines(doc: dict, columns, peer: str) -> list[str]:
+    lines = _lines(doc, columns, peer, "backward")
+    return ["", "Backward, every column through `torch.autograd.grad` on its own forward's output (ours: "
+            "kernels/v8_backward.cu):", "", *lines] if lines else []
+
+
 def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
-    """The prefill record's forward rows, and below them the head dims 192 and 256 (prefill_wide.json) when
-    recorded."""
+    """The prefill record's forward rows and its backward rows, and below them the head dims beyond 64 and 128
+    (prefill_wide.json: 192 and 256 forward, 96 forward and backward) when recorded."""
     doc = results.read_if_exists(path, "prefill")
     if doc is None:
         return md("*Not recorded yet: `python -m flashattn.measure.prefill_bench --out results/h200`.*")
-    text = ("\n".join(_forward_lines(doc, columns, "fa4")) + "\n\nMedian µs of one interleaved run per shape "
-            "(bf16); v8 / fa4: FlashAttention-4's time over ours, above 1 when ours is faster. Refused: the column "
-            "cannot take the shape; not run: its library did not import in that run.")
+    text = ("\n".join(_lines(doc, columns, "fa4") + _backward_lines(doc, columns, "fa4"))
+            + "\n\nMedian µs of one interleaved run per shape (bf16); v8 / fa4: FlashAttention-4's time over ours, "
+            "above 1 when ours is faster. Refused: the column cannot take the shape; not run: its library did not "
+            "import in that run.")
     wide_doc = results.read_if_exists(wide, "prefill")
     if wide_doc is not None:
-        text += ("\n\nHead dims 192 and 256 (`python -m flashattn.measure.prefill_bench --parts wide`), another "
-                 "run:\n\n" + "\n".join(_forward_lines(wide_doc, columns, "fa4")) + "\n\nv8 / fa4 as above.")
+        text += ("\n\nHead dims 96, 192 and 256 (`python -m flashattn.measure.prefill_bench --parts wide`), another "
+                 "run:\n\n" + "\n".join(_lines(wide_doc, columns, "fa4") + _backward_lines(wide_doc, columns, "fa4"))
+                 + "\n\nv8 / fa4 as above.")
     return md(text)
 
 

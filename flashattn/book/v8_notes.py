@@ -144,8 +144,8 @@ def steps_table(path: Path = SWEEP):
             us, ratio = r[D]
             cells += ["—" if us is None else f"{us:,.1f}", "—" if ratio is None else f"{ratio:.2f}×"]
         lines.append(f"| `{r['name']}` | {r['change']} | {r['against'] or '—'} | " + " | ".join(cells) + " |")
-    return md("\n".join(lines) + "\n\n× : the time of the build in *against* over this one's, in the same run "
-              "(above 1: the step made the kernel faster).")
+    return md("\n".join(lines) + "\n\n×: the *against* build's time over this one's, same run (above 1: the step "
+              "made the kernel faster).")
 
 
 def _named_steps(doc) -> tuple[list[tuple[str, str, str]], dict[int, tuple[str, str, str]], str, str]:
