@@ -563,7 +563,8 @@ __host__ __device__ constexpr int tile_dim(int d) { return (d + 63) / 64 * 64; }
 
 template <int D, int NWG, int BC, int STAGES, bool SPECIALIZE>
 struct Layout {
-  // A 128-byte-swizzled panel is 64 columns: D = 96 would need a half panel of another swizzle.
+  // A 128-byte-swizzled panel is 64 columns (D = 96 would need a half panel of another swizzle: it runs on
+  // D = 128's tiles, tile_dim).
   static_assert(D % 64 == 0, "v8's tiles are whole 64-column panels");
   static_assert(BC % 16 == 0, "P V takes the key tile in k steps of 16");
   static constexpr int BR = 64 * NWG;
@@ -1083,7 +1084,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
 #pragma unroll
         for (int t = 0; t < DT; ++t)
           if (8 * t < DG)   // (columns past DG are the zero padding)
-            *reinterpret_cast<uint32_t*>(dst + t * 8) = pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
+            *reinterpret_cast<uint32_t*>(dst + t * 8) =
+                pack2<T>(o[4 * t + 2 * h] * inv_l, o[4 * t + 2 * h + 1] * inv_l);
         // lse_i = (m_i * scale_log2 + log2(l_i)) * ln(2), as v6 writes it; -inf for a row with no visible key
         if (WITH_LSE && q == 0) {
           if constexpr (VARLEN)   // lse [H][total_q]
@@ -1200,7 +1202,8 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
                      const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int m_blocks,
                      float scale_log2, float* __restrict__ LSE, const Varlen va V8_TRACE_PARAMS) {
   flash_fwd_body<T, tile_dim(D), NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
-                 WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0, va V8_TRACE_FORWARD);
+                 WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0,
+                                    va V8_TRACE_FORWARD);
 }
 // ---------------------------------------------------------------- launcher ----------------------------
 
@@ -1374,7 +1377,8 @@ const char* dispatch_lse(const void* q, const void* k, const void* v, void* o, f
 inline const char* check_call(int H, int H_kv, int D, float scale, int dtype) {
   if (H_kv < 1 || H % H_kv != 0) return "v8: q's heads must be a multiple of k's heads";
   if (!(scale > 0.f) || !std::isfinite(scale)) return "v8: scale must be a finite number > 0";
-  if (D != 64 && D != 96 && D != 128 && D != 192 && D != 256) return "v8 supports head_dim 64, 96, 128, 192 and 256 only";
+  if (D != 64 && D != 96 && D != 128 && D != 192 && D != 256)
+    return "v8 supports head_dim 64, 96, 128, 192 and 256 only";
   int dev = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return cudaGetErrorString(err);

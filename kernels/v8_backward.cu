@@ -12,10 +12,10 @@
 // pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the tests and the
 // three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
 // runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
-// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through autograd beside V6's backward, cuDNN
-// and FlashAttention-4 in results/h200/bench_backward.json at ac2747a, this file's code (README: "The backward
-// pass against SDPA's backends and FlashAttention-4"), and
-// profiled beside FlashAttention-4's in
+// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through
+// autograd beside V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at ac2747a,
+// this file's code (README: "The backward pass against SDPA's backends and FlashAttention-4"), and profiled
+// beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
 // reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
 // on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it by default (attention(...,
@@ -1079,7 +1079,7 @@ const char* dispatch(const Args& a, int D, bool banded) {
 // dim it does not take.
 size_t v8_backward_workspace_bytes(int B, int H, int M, int D) {
   if (D != 64 && D != 96 && D != 128) return 0;
-  if (D == 96) D = 128;   // the accumulator has the tiles' columns
+  D = v8b::tile_dim(D);   // the accumulator has the tiles' columns (96 -> 128)
   const size_t rows = (size_t)B * H * (size_t)v8b::padded_rows(M, D);
   return rows * (D + 2) * sizeof(float) + rows / v8b::query_tile(D) * sizeof(int);
 }
