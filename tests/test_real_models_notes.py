@@ -38,7 +38,7 @@ def test_window_counts_of_exercise_two():
 
 
 def test_figures_draw():
-    for fig in (notes.fig_gqa(), notes.fig_window(), notes.fig_varlen()):
+    for fig in (notes.fig_gqa(), notes.fig_padding(), notes.fig_window(), notes.fig_varlen()):
         assert fig.axes
 
 

@@ -4,8 +4,8 @@ they draw, and the tables of its records.
 - `window_tiles`, `tile_counts`: which (query tile, key tile) pairs a sliding window skips, runs unmasked or
   masks, by the bounds the kernels use (tests/test_real_models_notes.py checks them against the
   element-wise mask of flashattn.reference);
-- `fig_gqa`, `fig_window`, `fig_varlen`: grouped heads, the window's band over the tile grid, a packed batch
-  against the same batch padded;
+- `fig_gqa`, `fig_padding`, `fig_window`, `fig_varlen`: grouped heads, D = 96 on 128-wide tiles, the window's
+  band over the tile grid, a packed batch against the same batch padded;
 - `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
   column of one run.
 """
@@ -85,6 +85,39 @@ def fig_gqa(H_q: int = 8, H_kv: int = 2, show: bool = False):
     ax.set(xlim=(-0.3, H_q + 3.2), ylim=(-0.2, 2.8))
     ax.axis("off")
     ax.set_title("Grouped-query attention: query head h reads kv head h // G", fontsize=10)
+    return show_or_return(fig, show)
+
+
+def fig_padding(D: int = 96, show: bool = False):
+    """A head dim that is not whole 64-column panels (D = 96) on the next panel's tiles: the tensor in memory
+    has D columns; each TMA box brings 64 of them into a panel of the tile, and the second box's columns past
+    D come out as zeros, made by the copy engine, not read."""
+    tile = -(-D // 64) * 64
+    rows = 6
+    fig, ax = plt.subplots(figsize=(8.4, 2.9))
+    # memory: rows of D columns, one after another (a row of the tile at each)
+    for r in range(rows):
+        ax.add_patch(Rectangle((0, rows - 1 - r), D / 32, 0.8, fc="#9ecae1", ec="0.4", lw=0.6))
+    ax.text(D / 64, rows + 0.2, f"Q, K, V in memory\nrows of D = {D} columns", ha="center", fontsize=9)
+    # the tile: panels of 64 columns; columns D .. tile - 1 zero
+    x0 = D / 32 + 2.5
+    for r in range(rows):
+        y = rows - 1 - r
+        ax.add_patch(Rectangle((x0, y), 2, 0.8, fc="#9ecae1", ec="0.4", lw=0.6))
+        ax.add_patch(Rectangle((x0 + 2.7, y), (D - 64) / 32, 0.8, fc="#9ecae1", ec="0.4", lw=0.6))
+        ax.add_patch(Rectangle((x0 + 2.7 + (D - 64) / 32, y), (tile - D) / 32, 0.8, fc="0.92", ec="0.4", lw=0.6,
+                               hatch="///"))
+    ax.text(x0 + 1, rows + 0.2, "panel 0\ncolumns 0-63", ha="center", fontsize=9)
+    ax.text(x0 + 3.7, rows + 0.2, f"panel 1\ncolumns 64-{tile - 1}", ha="center", fontsize=9)
+    ax.text(x0 + 2.7 + (D - 64) / 32 + (tile - D) / 64, -0.55, f"{D}-{tile - 1}: zeros\n(out of bounds)",
+            ha="center", va="top", fontsize=8)
+    _arrow(ax, (D / 32 + 0.2, rows / 2), (x0 - 0.2, rows / 2))
+    ax.text((D / 32 + x0) / 2, rows / 2 + 0.35, "TMA boxes\nof 64 columns", ha="center", fontsize=8)
+    ax.text(x0 + 5.4, rows / 2 + 0.4, f"S = Q K^T: the zero columns add 0\nO = P V: columns {D}-{tile - 1} are 0,\n"
+            "not stored", va="center", fontsize=9)
+    ax.set(xlim=(-0.3, x0 + 9.5), ylim=(-1.6, rows + 1.3))
+    ax.axis("off")
+    ax.set_title(f"D = {D} on D = {tile}'s tiles: the tile is wider than the tensor", fontsize=10)
     return show_or_return(fig, show)
 
 
