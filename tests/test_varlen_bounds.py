@@ -51,7 +51,7 @@ TRANSCRIBED = [
     "const int left = va.window_left < 0 || va.window_left > N ? N : va.window_left;",
     "const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;",
     "lo = N - M - left; hi = N - M + right;",
-    "Oh = O + ((size_t)q_tok * va.H + q_head) * D;",
+    "Oh = O + ((size_t)q_tok * va.H + q_head) * DG;",
     "bh_kv = q_head / group;",
     "kt0 = 0; n_tiles = (N + BC - 1) / BC;",
     "const long long first_key = (long long)m0 + lo, last_key = (long long)min(m0 + BR, M) - 1 + hi;",
@@ -79,10 +79,10 @@ TRANSCRIBED = [
     "const int at = c * 8 + (e & 1);",
     "const bool outside = at > visible[e >> 1] || (CAUSAL && at <= before[e >> 1]);",
     # the stores
-    "const size_t o_row = VARLEN ? (size_t)va.H * D : D;",
+    "const size_t o_row = VARLEN ? (size_t)va.H * DG : DG;",
     "if (row < M) { T* dst = Oh + (size_t)row * o_row + 2 * q;",
     "LSE[(size_t)q_head * va.total_q + q_tok + row] =",
-    "if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * o_row + (idx % (D / 8)) * 8) = make_uint4(0, 0, 0, 0);",
+    "if (row < M) *reinterpret_cast<uint4*>(Oh + (size_t)row * o_row + (idx % (DG / 8)) * 8) = make_uint4(0, 0, 0, 0);",
     "LSE[(size_t)q_head * va.total_q + q_tok + m0 + r] = -INFINITY;",
 ]
 

@@ -119,7 +119,8 @@ def kernel_names(version: str, kernel_dir: Path = KERNELS_DIR) -> list[str]:
 
 def kernel_names_in(source: str) -> list[str]:
     source = re.sub(r"//[^\n]*|/\*.*?\*/", "", source, flags=re.S)
-    source = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", source)
+    # (its arguments may hold a call: __launch_bounds__(Layout<tile_dim(D), ...>::THREADS, 1))
+    source = re.sub(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)", "", source)
     return list(dict.fromkeys(re.findall(r"__global__\s+(?:static\s+)?void\s+(\w+)\s*\(", source)))
 
 
