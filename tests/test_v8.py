@@ -201,6 +201,14 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
                 assert min(n for _, n, _ in windows) >= tile // 2, f"{name}: softmax left the window: {windows}"
         # the fence's clock read and the trace's stamps are the only clock reads: none in other builds
         assert ("SR_CLOCKLO" in text) == ("-DV8_CLOCK_FENCE=1" in flags), f"{name}: clock read"
+    # D = 96 runs D = 128's tiles: the same tensor-core work as its D = 128 twin (the chapter "Attention in real
+    # models" says the padding costs D = 128's arithmetic), fewer stores of O
+    padded = [name for name in funcs if head_dim(name) == 96]
+    assert padded
+    for name in padded:
+        twin = funcs[name.replace("Li96E", "Li128E", 1)]
+        assert funcs[name].count("HGMMA") == twin.count("HGMMA"), f"{name}: another wgmma count than D = 128's"
+        assert funcs[name].count("STG") < twin.count("STG"), f"{name}: stores the padding"
 
 
 def test_trace_build_stamps_only_where_asked(tmp_path):
