@@ -92,7 +92,7 @@ def check_backward_head_dim(D: int, version: str = "v8", backward: str | None = 
     `backward` (None: `version`'s own) does not take D, though the forward does (v8's forward takes D = 192
     and 256; V6's backward, which v8 can also train on, does not take 96)."""
     info = _version(version)
-    dims = BACKWARD_HEAD_DIMS[backward] if backward else info.backward_head_dims
+    dims = BACKWARD_HEAD_DIMS.get(backward or info.backward)
     if dims is not None and D not in dims:
         which = f"{backward} (training {version})" if backward and backward != info.backward else version
         raise ValueError(f"head_dim D={D} has no backward in {which}: its backward kernels take D in {dims}, "

@@ -39,8 +39,13 @@ class Version:
     archs: tuple[str, ...] | None = None   # build exactly these ("9.0a"), ignoring TORCH_CUDA_ARCH_LIST
     backward: str | None = None            # kernel file of this version's backward pass, e.g. "v6_backward"
     backwards: tuple[str, ...] = ()        # other backward kernel files it can train on: attention(backward=...)
-    backward_head_dims: tuple | None = None   # the D its backward kernels take, where fewer than head_dims
     extra: dict = field(default_factory=dict)
+
+    @property
+    def backward_head_dims(self) -> tuple | None:
+        """The D its own backward file takes (BACKWARD_HEAD_DIMS), where fewer than head_dims; None otherwise."""
+        dims = BACKWARD_HEAD_DIMS.get(self.backward)
+        return dims if dims is not None and self.head_dims is not None and set(self.head_dims) - set(dims) else None
 
 
 INFO: dict[str, Version] = {v.name: v for v in (
@@ -84,11 +89,11 @@ INFO: dict[str, Version] = {v.name: v for v in (
             "overlapped with the products of the next; causal; needs an sm_90a build and a Hopper GPU",
             dtypes=HALF, head_dims=(64, 96, 128, 192, 256), max_head_dim=256, causal=True, gqa=True, scale=True,
             window=True, min_sm=(9, 0), archs=("9.0a",), backward="v8_backward", backwards=("v6_backward",),
-            backward_head_dims=(64, 96, 128), extra={"tensor_cores": True}),
+            extra={"tensor_cores": True}),
 )}
 
-# The head dims each backward kernel file takes (a version's Version.backward_head_dims are its own backward's;
-# attention(backward=...) can pick another file, with these).
+# The head dims each backward kernel file takes (attention(backward=...) can pick another file than the version's
+# own; Version.backward_head_dims derives from these).
 BACKWARD_HEAD_DIMS: dict[str, tuple[int, ...]] = {"v6_backward": (64, 128), "v8_backward": (64, 96, 128)}
 
 VERSIONS: tuple[str, ...] = tuple(INFO)

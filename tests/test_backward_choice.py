@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import conftest  # noqa: E402
 from test_backward import compare_grads  # noqa: E402
 from test_gqa import make  # noqa: E402
-from test_v7 import is_hopper  # noqa: E402
+from test_v7 import check_output, is_hopper  # noqa: E402
 
 import flashattn  # noqa: E402
 from flashattn.autograd import backward_module, forward_module  # noqa: E402
@@ -107,11 +107,23 @@ def test_backward_module_builds_the_named_file():
     (1, 2, 2, 1, 17, 128, False, (-1, -1)),
 ])
 def test_gradients_through_attention_match_float64(version, B, H, H_kv, M, N, D, causal, window):
-    seed = zlib.crc32(repr(("choice", version, B, H, H_kv, M, N, D, causal, window)).encode())
+    check_attention_grads(("choice", version), B, H, H_kv, M, N, D, causal, window, version=version,
+                          backward="v8_backward")
+
+
+def check_attention_grads(tag, B, H, H_kv, M, N, D, causal, window, check_forward=False, **attention_kw):
+    """Fresh inputs (bf16 or fp16, by the seed from `tag` and the shape) through flashattn.attention(...,
+    **attention_kw) and torch.autograd.grad: dq, dk, dv against float64 within twice SDPA's error, from
+    memory filled with NaN first; with check_forward, o too (its memory poisoned as well)."""
+    seed = zlib.crc32(repr((*tag, B, H, H_kv, M, N, D, causal, window)).encode())
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
     q, k, v, do = make(B, H, H_kv, M, N, D, dtype, seed)
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    o = flashattn.attention(*leaves, causal=causal, version=version, window=window, backward="v8_backward")
+    if check_forward:
+        conftest.poison_allocator(q)
+    o = flashattn.attention(*leaves, causal=causal, window=window, **attention_kw)
+    if check_forward:
+        check_output(o.detach(), q, k, v, causal, None, window)
     conftest.poison_allocator(q, k, v)   # dq, dk, dv come from memory filled with NaN first
     got = torch.autograd.grad(o, leaves, do)
     compare_grads(got, q, k, v, do, causal, window=window)

@@ -29,8 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import conftest  # noqa: E402
-from test_backward import compare_grads  # noqa: E402
-from test_gqa import make  # noqa: E402
+from test_backward_choice import check_attention_grads  # noqa: E402
 from test_v7 import check_output, is_hopper  # noqa: E402
 
 import flashattn  # noqa: E402
@@ -251,16 +250,8 @@ def test_public_api_runs_the_forward_and_refuses_gradients(D):
 def test_gradients_at_96_match_float64(B, H, H_kv, M, N, causal, window, deterministic):
     """D = 96 trains (v8's forward and kernels/v8_backward.cu, both on 128-wide tiles with zero columns) through
     the path a user calls; outputs and gradients poisoned first."""
-    seed = zlib.crc32(repr(("d96 grads", B, H, H_kv, M, N, causal, window, deterministic)).encode())
-    dtype = (torch.bfloat16, torch.float16)[seed % 2]
-    q, k, v, do = make(B, H, H_kv, M, N, 96, dtype, seed)
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    conftest.poison_allocator(q)
-    o = flashattn.attention(*leaves, causal=causal, version="v8", window=window, deterministic=deterministic)
-    check_output(o.detach(), q, k, v, causal, None, window)
-    conftest.poison_allocator(q, k, v)
-    got = torch.autograd.grad(o, leaves, do)
-    compare_grads(got, q, k, v, do, causal, window=window)
+    check_attention_grads(("d96 grads", deterministic), B, H, H_kv, M, N, 96, causal, window, check_forward=True,
+                          version="v8", deterministic=deterministic)
 
 
 @pytest.mark.gpu

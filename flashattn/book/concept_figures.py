@@ -18,6 +18,7 @@ from flashattn.book import (
     decoding_figures,
     figure_files,
     mbarrier_ring,
+    real_models,
     staircase,
     swizzle_modes,
     warp_specialization,
@@ -28,7 +29,7 @@ from flashattn.loader import REPO_ROOT
 FOLDER = REPO_ROOT / "book" / "_static" / "concepts"
 FIGURES = {**wgmma_descriptor.FIGURES, **swizzle_modes.FIGURES, **mbarrier_ring.FIGURES, **async_proxy.FIGURES,
            **warp_specialization.FIGURES, **backward_dataflow.FIGURES, **staircase.FIGURES,
-           **decoding_figures.FIGURES}
+           **decoding_figures.FIGURES, **real_models.FIGURES}
 
 
 def save(name: str, folder: Path = FOLDER) -> Path:

@@ -4,8 +4,8 @@ they draw, and the tables of its records.
 - `window_tiles`, `tile_counts`: which (query tile, key tile) pairs a sliding window skips, runs unmasked or
   masks, by the bounds the kernels use (tests/test_real_models_notes.py checks them against the
   element-wise mask of flashattn.reference);
-- `fig_gqa`, `fig_padding`, `fig_window`, `fig_varlen`: grouped heads, D = 96 on 128-wide tiles, the window's
-  band over the tile grid, a packed batch against the same batch padded;
+- `fig_gqa`, `fig_window`, `fig_varlen`: grouped heads, the window's band over the tile grid, a packed batch
+  against the same batch padded; `fig_padding` (D = 96 on 128-wide tiles) is a concept figure, FIGURES;
 - `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
   column of one run.
 """
@@ -119,6 +119,9 @@ def fig_padding(D: int = 96, show: bool = False):
     ax.axis("off")
     ax.set_title(f"D = {D} on D = {tile}'s tiles: the tile is wider than the tensor", fontsize=10)
     return show_or_return(fig, show)
+
+
+FIGURES = {"padded_head_dim": fig_padding}   # kept as a PNG (flashattn.book.concept_figures), shown from markdown
 
 
 def fig_window(M: int = 2048, N: int = 2048, B_r: int = 128, B_c: int = 128, left: int = 300, show: bool = False):
