@@ -71,6 +71,16 @@
 // merges its 16 rows after streaming its own keys, while the merge kernel spreads every group's rows over
 // the whole GPU; we have not traced the fused build to confirm that this is where the time goes. It stays
 // a build, off by default.
+// Two more steps lost too (results/h200/decode_floor.json, decode_bench's `floor` part, one interleaved run,
+// where the default took 135.4 us): splits that take every eighth tile instead of a contiguous run
+// (DECODE_INTERLEAVE, 137.1 us), and the splits of a row block as one cluster merging through each other's
+// shared memory, with no merge kernel (DECODE_CLUSTER_MERGE, 181.5 us): only 30 of the 32 clusters of 8
+// found room at once, so the last two ran as a second wave that started 122-123 us after the first
+// (results/h200/decode_timeline_cluster.json). The same run is why we stop here: it also timed reads of the
+// same 536 MB that compute nothing. Our kernel with its arithmetic compiled out (DECODE_READ_ONLY) took
+// 132.7 us, a plain 16-byte-load read 136.0, bulk-copy reads 144.8 and more, torch.sum 141.5. No read of
+// those bytes on this H200 came within 6% of the 125 us target, and the full kernel is 2% behind the
+// fastest of them.
 //
 // Compile-time settings (-D at build time, for the chapter's sweep):
 //   DECODE_BC      keys per tile (a multiple of 64: each of the 4 warps takes BC / 4, a multiple of 16)
@@ -86,6 +96,13 @@
 //   DECODE_FUSED_MERGE 0 (default): the merge kernel combines the splits; 1: no merge kernel, the split block
 //                  that finishes last of its (sequence, kv head, row block) merges them, counting arrivals on
 //                  a zeroed int32 buffer that the caller owns (Params::counters; flashattn.decode keeps one)
+//   DECODE_INTERLEAVE  0: split s takes a contiguous run of tiles_per_split tiles; 1: it takes tiles s,
+//                  s + splits, s + 2 * splits, ... (a head's splits then read neighbouring tiles at any moment)
+//   DECODE_CLUSTER_MERGE 1: with 2 to kMaxClusterSplits splits (on sm_90), a row block's splits are one
+//                  thread-block cluster and merge in shared memory, with no merge kernel (the cluster merge's
+//                  section); more splits keep the merge kernel
+//   DECODE_READ_ONLY   1: timing only -- the tiles stream and nothing is computed (the output is 0): what the
+//                  kernel's reads alone cost (decode_bench's `floor` part)
 //   DECODE_TRACE   1: every block stamps the GPU's global timer as it starts, when its first tile has landed,
 //                  after its last tile and as it leaves (the merge kernel's blocks: start and end; with
 //                  DECODE_FUSED_MERGE the merging block's end comes after its merge), and the binding `trace`
@@ -116,6 +133,8 @@ struct Params {
   float scale_log2;                     // softmax scale * log2(e): scores go straight to exp2
   int* counters;                        // [B * H_kv * row_blocks] (DECODE_FUSED_MERGE, splits > 1): zero on
                                         // entry, left zero; last so the other fields keep their offsets
+  int cluster;                          // set by the launcher: the splits of a (sequence, kv head, row block)
+                                        // are one thread-block cluster and merge through its shared memory
 };
 }  // namespace splitkv
 
@@ -150,6 +169,15 @@ struct Params {
 #endif
 #ifndef DECODE_TRACE
 #define DECODE_TRACE 0
+#endif
+#ifndef DECODE_INTERLEAVE
+#define DECODE_INTERLEAVE 0
+#endif
+#ifndef DECODE_READ_ONLY
+#define DECODE_READ_ONLY 0
+#endif
+#ifndef DECODE_CLUSTER_MERGE
+#define DECODE_CLUSTER_MERGE 0
 #endif
 
 namespace splitkv {
@@ -263,6 +291,45 @@ __device__ __forceinline__ int arrive_acq_rel(int* counter) {
   return before;
 }
 
+// Thread-block clusters (sm_90; DECODE_CLUSTER_MERGE): a barrier of every thread of every block of the
+// cluster, whose release/acquire pair makes each block's shared-memory stores before it visible to the
+// others' loads after it, and loads from another block's shared memory (mapa turns this block's address of
+// a variable into the address of the same variable in block `rank`).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ uint32_t remote(uint32_t addr, uint32_t rank) {
+  uint32_t out = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ float ld_cluster(uint32_t addr) {
+  float x = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+#endif
+  return x;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t addr) {
+  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(addr) : "memory");
+#endif
+  return x;
+}
+
 // 2^x on the special-function unit; ex2.approx(-inf) = +0, which the masking relies on.
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -332,6 +399,17 @@ __host__ __device__ constexpr int kv_row_bytes() { return BULK ? D * 2 + 16 : D 
 // (the fused merge's section, after the merge kernel whose row code it shares).
 template <typename T, int D, typename RowOffset>
 __device__ __forceinline__ void merge_if_last(const Params& p, int n_rows, RowOffset row_offset);
+// DECODE_CLUSTER_MERGE: the splits of a (sequence, kv head, row block) are one cluster; each block leaves its
+// normalized rows and their log-sum-exp in its shared memory (`part`, `part_lse`) and the cluster merges them
+// (the cluster merge's section, after the fused merge).
+template <typename T, int D, typename RowOffset>
+__device__ __forceinline__ void merge_in_cluster(const Params& p, const float* part, const float* part_lse,
+                                                 int n_rows, RowOffset row_offset);
+// Where a block keeps its rows for the cluster merge: past the four warps' partial results in the ring.
+template <int D>
+__host__ __device__ constexpr int cluster_part_offset() {
+  return (kWarps * kRows * (D + 4) + 2 * kWarps * kRows) * 4;
+}
 
 template <typename T, int D, int BC, int STAGES, int PAGING, bool CAUSAL, bool BULK>
 __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(const Params p) {
@@ -366,8 +444,18 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const int key_end = CAUSAL ? max(0, min(L, L - p.M + m_last + 1)) : L;
   const int mask_from = CAUSAL ? max(0, min(L, L - p.M + m_first + 1)) : L;
   const int n_tiles = (key_end + BC - 1) / BC;
+  // The split's key tiles t_begin .. t_end - 1; tile(t) is the key tile of step t, t itself.
+#if DECODE_INTERLEAVE
+  // Steps 0 .. t_end - 1 take every splits-th tile from the split's own index, so that at any moment a
+  // head's splits read neighbouring tiles.
+  const int t_begin = 0;
+  const int t_end = split < n_tiles ? (n_tiles - 1 - split) / p.splits + 1 : 0;
+  auto tile = [&](int t) { return split + t * p.splits; };
+#else
   const int t_begin = split * p.tiles_per_split;
   const int t_end = min(t_begin + p.tiles_per_split, n_tiles);
+  auto tile = [](int t) { return t; };
+#endif
 
   // Where packed row r of this block reads q and writes its output: new token m, query head h * G + g.
   auto row_offset = [&](int r) -> int64_t {             // element offset of the row in [B, M, H_q, D]
@@ -376,6 +464,17 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   };
 
   if (t_begin >= t_end) {            // no key for this split: an empty partial (lse = -inf) or zeros
+#if DECODE_CLUSTER_MERGE
+    if (p.cluster) {                 // the cluster waits for every block, an empty one too
+      float* part = reinterpret_cast<float*>(sKV + cluster_part_offset<D>());
+      for (int r = tid; r < kRows; r += kThreads) part[kRows * D + r] = -CUDART_INF_F;
+      merge_in_cluster<T, D>(p, part, part + kRows * D, min(kRows, rows - row0), row_offset);
+      DECODE_STAMP(trace_row, 2)
+      DECODE_STAMP(trace_row, 3)
+      DECODE_STAMP(trace_row, 4)
+      return;
+    }
+#endif
     if (p.splits > 1) {
       const int64_t part = split * static_cast<int64_t>(p.B) * p.M * p.H_q;
       for (int r = tid; r < kRows && row0 + r < rows; r += kThreads) p.lse_part[part + row_offset(r)] = -CUDART_INF_F;
@@ -497,10 +596,10 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {                 // prologue: Q rides with the first group
-    if (t_begin + s < t_end) load_tile(t_begin + s, s, page_of_tile(t_begin + s));
+    if (t_begin + s < t_end) load_tile(tile(t_begin + s), s, page_of_tile(tile(t_begin + s)));
     cp_async_commit();
   }
-  int64_t page_ahead = t_begin + STAGES - 1 < t_end ? page_of_tile(t_begin + STAGES - 1) : 0;
+  int64_t page_ahead = t_begin + STAGES - 1 < t_end ? page_of_tile(tile(t_begin + STAGES - 1)) : 0;
   launch_dependents();                 // the merge kernel may be launched now (DECODE_PDL)
 
   // ---- per-warp state: rows g = lane / 4 and g + 8 of the tile (mma accumulator layout)
@@ -533,9 +632,9 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       cp_async_wait<STAGES - 2>();
     }
     __syncthreads();                   // tile t is in; every warp is done with the stage refilled below
-    if (t + STAGES - 1 < t_end) load_tile(t + STAGES - 1, (i + STAGES - 1) % STAGES, page_ahead);
+    if (t + STAGES - 1 < t_end) load_tile(tile(t + STAGES - 1), (i + STAGES - 1) % STAGES, page_ahead);
     cp_async_commit();
-    if (t + STAGES < t_end) page_ahead = page_of_tile(t + STAGES);     // its latency hides behind this tile
+    if (t + STAGES < t_end) page_ahead = page_of_tile(tile(t + STAGES));   // its latency hides behind this tile
     if (t == t_begin) {
       DECODE_STAMP(trace_row, 2)
 #pragma unroll
@@ -544,6 +643,8 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     }
     const unsigned char* sK = sKV + (i % STAGES) * 2 * kTileBytes;
     const unsigned char* sV = sK + kTileBytes;
+
+    if (DECODE_READ_ONLY) continue;    // timing only: the tiles stream, nothing is computed (the output is 0)
 
     // S = Q_i K_j^T for this warp's keys, in registers
     float s[kNT][4];
@@ -561,13 +662,13 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
     }
 
     // mask (only on tiles that reach past some row's last key), then the online softmax
-    const bool needs_mask = (t + 1) * BC > mask_from;
+    const bool needs_mask = (tile(t) + 1) * BC > mask_from;
     float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = t * BC + warp_key0 + n * 8 + 2 * qd + e % 2;
+        const int r = e / 2, key = tile(t) * BC + warp_key0 + n * 8 + 2 * qd + e % 2;
         float x = s[n][e] * p.scale_log2;
         if (needs_mask && key >= min(row_end[r], key_end)) x = -CUDART_INF_F;
         s[n][e] = x;
@@ -664,6 +765,15 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
       out[c] = acc * inv_l;
     }
     const int64_t row = row_offset(r);
+#if DECODE_CLUSTER_MERGE
+    if (p.cluster) {                 // kept in shared memory for the cluster merge below
+      float* part = reinterpret_cast<float*>(sKV + cluster_part_offset<D>());
+#pragma unroll
+      for (int c = 0; c < kPerThread; c += 4)
+        *reinterpret_cast<float4*>(part + r * D + c0 + c) = make_float4(out[c], out[c + 1], out[c + 2], out[c + 3]);
+      if (c0 == 0) part[kRows * D + r] = l_sum > 0.f ? (m_max + __log2f(l_sum)) * 0.6931471805599453f : -CUDART_INF_F;
+    } else
+#endif
     if (p.splits == 1) {
       T* o = static_cast<T*>(p.o) + row * D + c0;
 #pragma unroll
@@ -680,6 +790,12 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   }
 #if DECODE_FUSED_MERGE
   if (p.splits > 1) merge_if_last<T, D>(p, min(kRows, rows - row0), row_offset);
+#endif
+#if DECODE_CLUSTER_MERGE
+  if (p.cluster) {
+    const float* part = reinterpret_cast<const float*>(sKV + cluster_part_offset<D>());
+    merge_in_cluster<T, D>(p, part, part + kRows * D, min(kRows, rows - row0), row_offset);
+  }
 #endif
   DECODE_STAMP(trace_row, 4)
 }
@@ -787,7 +903,60 @@ __device__ __forceinline__ void merge_if_last(const Params& p, int n_rows, RowOf
                           threadIdx.x % 32);
 }
 
+// ---------------------------------------------------------------- the cluster merge --------------------
+//
+// DECODE_CLUSTER_MERGE: no merge kernel and no partials in global memory. The launcher makes the splits of
+// each (sequence, kv head, row block) one thread-block cluster (cluster dims 1 x splits, when splits is at
+// most kMaxClusterSplits), so the blocks that share a row block are resident at once on one GPC and can read
+// each other's shared memory. Each keeps its normalized rows O_s (float32) and lse_s where the ring was;
+// after a cluster barrier, block s of the cluster merges rows s, s + splits, ... (one warp per row, the merge
+// kernel's arithmetic, every split's values read from its block's shared memory); a second barrier keeps
+// every block resident until the others have read it. An empty split leaves lse_s = -inf, weight 0.
+constexpr int kMaxClusterSplits = 8;   // the portable cluster size
+static_assert(!(DECODE_CLUSTER_MERGE && DECODE_FUSED_MERGE), "one way to merge the splits");
+template <typename T, int D, typename RowOffset>
+__device__ __forceinline__ void merge_in_cluster(const Params& p, const float* part, const float* part_lse,
+                                                 int n_rows, RowOffset row_offset) {
+  constexpr int kPerLane = D / 32;                       // 2 or 4 columns
+  cluster_sync();                                        // every split's rows are in its shared memory
+  const int splits = p.splits, rank = static_cast<int>(cluster_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t lse_addr = smem_addr(part_lse), part_addr = smem_addr(part);
+  for (int r = rank + splits * warp; r < n_rows; r += splits * kWarps) {
+    const float lse = lane < splits ? ld_cluster(remote(lse_addr + 4 * r, lane)) : -CUDART_INF_F;
+    float lse_max = lse;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
+    const float my_w = lse_max == -CUDART_INF_F ? 0.f : __expf(lse - lse_max);
+    float total = my_w;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    float acc[kPerLane] = {};
+    for (int s = 0; s < splits; ++s) {
+      const float w = __shfl_sync(0xffffffffu, my_w, s);
+      if (w == 0.f) continue;                            // an empty split: its rows were never written
+      const uint32_t at = remote(part_addr + 4 * (r * D + lane * kPerLane), s);
+      if constexpr (kPerLane == 4) {
+        const float4 x = ld_cluster4(at);
+        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+      } else {
+        acc[0] += w * ld_cluster(at), acc[1] += w * ld_cluster(at + 4);
+      }
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    T* dst = static_cast<T*>(p.o) + row_offset(r) * D + lane * kPerLane;
+#pragma unroll
+    for (int c = 0; c < kPerLane; c += 2)
+      *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+  }
+  cluster_sync();                                        // no block leaves while another reads its rows
+}
+
 // ---------------------------------------------------------------- launch -------------------------------
+
+// Whether a call with `splits` splits merges them in clusters (DECODE_CLUSTER_MERGE builds): then the binding
+// allocates no partials.
+constexpr bool cluster_merges(int splits) { return DECODE_CLUSTER_MERGE && splits > 1 && splits <= kMaxClusterSplits; }
 
 template <typename T, int D, int PAGING, bool CAUSAL>
 const char* launch(const Params& p, bool pdl, cudaStream_t stream) {
@@ -797,11 +966,32 @@ const char* launch(const Params& p, bool pdl, cudaStream_t stream) {
   constexpr size_t kRing = size_t(STAGES) * 2 * BC * kv_row_bytes<D, BULK>();
   constexpr size_t kMerge = size_t(kWarps) * kRows * (D + 4) * 4 + 2 * kWarps * kRows * 4;
   static_assert(8 * STAGES <= kBarrierBytes, "room for one mbarrier per stage");
-  constexpr size_t kSmem = kBarrierBytes + kRows * D * 2 + (kRing > kMerge ? kRing : kMerge);
+  constexpr size_t kClusterMerge = DECODE_CLUSTER_MERGE ? cluster_part_offset<D>() + (kRows * D + kRows) * 4 : 0;
+  constexpr size_t kEnd = kMerge > kClusterMerge ? kMerge : kClusterMerge;   // what the ring is reused for
+  constexpr size_t kSmem = kBarrierBytes + kRows * D * 2 + (kRing > kEnd ? kRing : kEnd);
   auto kernel = split_kernel<T, D, BC, STAGES, PAGING, CAUSAL, BULK>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
   if (err != cudaSuccess) return cudaGetErrorString(err);
   const dim3 grid(static_cast<unsigned>(p.B) * p.H_kv * p.row_blocks, p.splits);
+  if (DECODE_CLUSTER_MERGE && pdl && cluster_merges(p.splits)) {   // (pdl: an sm_90 device) a cluster per row block
+    Params pc = p;
+    pc.cluster = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = 1;
+    cluster[0].val.clusterDim.y = static_cast<unsigned>(p.splits);
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, kernel, pc);
+    if (err == cudaSuccess) err = cudaGetLastError();
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -850,6 +1040,13 @@ const char* dispatch(const Params& p, int D, bool causal, bool pdl, cudaStream_t
 
 size_t decode_tile_keys() { return DECODE_BC; }
 bool decode_fused_merge() { return DECODE_FUSED_MERGE != 0; }
+bool decode_cluster_merges(int splits) {   // on this device (clusters need sm_90)
+  if (!splitkv::cluster_merges(splits)) return false;
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major >= 9;
+}
 
 // DECODE_TRACE builds: the stamps of the last call, [kTraceRows][kTraceCols] into `host`; otherwise no rows.
 int decode_trace_rows() { return DECODE_TRACE ? splitkv::kTraceRows : 0; }
@@ -891,6 +1088,7 @@ const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cud
 
 size_t decode_tile_keys();
 bool decode_fused_merge();
+bool decode_cluster_merges(int splits);
 int decode_trace_rows();
 const char* decode_read_trace(unsigned long long* host);
 const char* decode_forward(splitkv::Params p, int dtype, int D, bool causal, cudaStream_t stream);
@@ -964,7 +1162,7 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
 
   auto o = at::empty({B, M, H_q, D}, q.options());
   at::Tensor o_part, lse_part;
-  if (splits > 1) {
+  if (splits > 1 && !decode_cluster_merges(static_cast<int>(splits))) {   // a cluster merges in shared memory
     o_part = at::empty({splits, B, M, H_q, D}, q.options().dtype(at::kFloat));
     lse_part = at::empty({splits, B, M, H_q}, q.options().dtype(at::kFloat));
   }
@@ -973,8 +1171,8 @@ at::Tensor decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tens
   p.k = k_cache.data_ptr();
   p.v = v_cache.data_ptr();
   p.o = o.data_ptr();
-  p.o_part = splits > 1 ? o_part.data_ptr<float>() : nullptr;
-  p.lse_part = splits > 1 ? lse_part.data_ptr<float>() : nullptr;
+  p.o_part = o_part.defined() ? o_part.data_ptr<float>() : nullptr;
+  p.lse_part = o_part.defined() ? lse_part.data_ptr<float>() : nullptr;
   p.seqlens_k = lengths ? seqlens_k.data_ptr<int>() : nullptr;
   p.block_table = paged ? block_table.data_ptr<int>() : nullptr;
   for (int d = 0; d < 3; ++d) {

@@ -1,8 +1,10 @@
 """attention_with_kvcache (kernels/decode.cu): against float64 over each sequence's valid cache, within twice
 the error SDPA makes in the same dtype; split counts from 1 to more than there are tiles; grouped-query
 heads; paged caches; per-sequence lengths including 0; new keys appended in place and nowhere else; bad
-arguments refused by name before any launch. The tests that split run both builds: the default (a merge
-kernel) and the one whose last split block merges (DECODE_FUSED_MERGE), whose counters are checked too."""
+arguments refused by name before any launch. The tests that split run every build of BUILDS: the default (a
+merge kernel), the one whose last split block merges (DECODE_FUSED_MERGE), whose counters are checked too,
+the one whose splits take every splits-th tile (DECODE_INTERLEAVE) and the one whose splits merge as a
+cluster (DECODE_CLUSTER_MERGE; the sanitizer target's calls of 3 splits include empty ones)."""
 import math
 
 import pytest
@@ -11,13 +13,13 @@ from conftest import poison_allocator, randn, run_sanitized
 
 import flashattn
 from flashattn import decode
-from flashattn.measure.decode_bench import FUSED
+from flashattn.measure.decode_bench import CLUSTER, FUSED, INTERLEAVED
 from flashattn.measure.resources import compile_report
 from flashattn.reference import relative_error
 
 gpu = pytest.mark.gpu
-# The builds that merge splits: the default, and the fused merge as decode_bench times it (the same module).
-BUILDS = {"merge-kernel": (), "fused-merge": FUSED}
+# The builds that split, as decode_bench times them (the same modules).
+BUILDS = {"merge-kernel": (), "fused-merge": FUSED, "interleaved": INTERLEAVED, "cluster-merge": CLUSTER}
 
 
 @pytest.fixture(params=list(BUILDS))

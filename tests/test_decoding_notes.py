@@ -84,6 +84,7 @@ def test_packing_and_paging_mirror_the_kernel():
     assert figs.page_of(9, [5, 2, 7, 0], 4) == (7, 1)
     lookup = decoding.excerpt("auto row_of = [&]", "};")
     assert "j / p.page_size" in lookup and "j % p.page_size" in lookup
+    assert f"kMaxClusterSplits = {decode.MAX_CLUSTER_SPLITS};" in source("decode")
 
 
 @pytest.mark.parametrize("name", sorted(figs.FIGURES))
@@ -357,3 +358,31 @@ def test_live_correctness_on_the_gpu():
     for cells in rows:
         ours, sdpa = float(cells[3]), float(cells[4].strip(" |"))
         assert ours < 1e-2 and ours < 3 * sdpa + 1e-3, cells
+
+
+def _floor_doc(times: dict) -> dict:
+    """A floor part at rows16_32k: `times` column -> µs over 536 MB."""
+    nb = 536_870_912
+    return {"rows": [dict(part="floor", shape="rows16_32k", column=c, status="ok", median_us=us, floor_us=111.9,
+                          tb_per_s=nb / us / 1e6) for c, us in times.items()]}
+
+
+def test_floor_lines_pick_the_fastest_read_that_computes_nothing():
+    from flashattn.book import decoding_floor as floor
+    doc = _floor_doc({"ours": 135.0, "ours, no arithmetic": 133.0, "ours, splits interleaved": 120.0,
+                      "torch.sum": 141.0, "16-byte loads, 528 blocks": 131.0})
+    line = floor.floor_lines(doc=doc)
+    # the interleaved build computes: it is no read floor, however fast
+    assert "16-byte loads, 528 blocks, took 131.0 µs" in line and "4.8% above the 125 µs target" in line
+    assert "Ours took 135.0 µs, 3.1% behind that read" in line
+    table = floor.floor_table(doc).data
+    assert "| ours, splits interleaved | 120.0 (4.47) |" in table and "rows16_32k 111.9 µs" in table
+    assert "Not recorded" in floor.floor_lines(doc={"rows": []})
+
+
+def test_cluster_waves_counts_late_blocks():
+    from flashattn.book import decoding_floor as floor
+    blocks = [[sm, 0, 4000, 110_000, 120_000] for sm in range(3)] + [[7, 122_000, 126_000, 230_000, 240_000]]
+    doc = {"rows": [{"shape": "rows16_32k", "call": 0, "split": blocks}]}
+    assert floor.cluster_waves(doc) == ("rows16_32k, the cluster build: call 0: 3 blocks on 3 SMs at once, "
+                                        "1 starting 122 µs later.")

@@ -10,6 +10,10 @@ median; the host time recorded beside it as host_median_us), written as one reco
   forced, on [B, H, N, D] views of the same cache; grouped heads through enable_gqa) at the issue's shapes;
 * `ceiling`: torch.sum and torch.amax over as many bytes as the first shape's cache (a plain read);
 * `variants`: the chapter's builds of the kernel (VARIANTS), each at a fixed split count;
+* `floor` (not among the default parts; `--parts floor`, results/h200/decode_floor.json): at rows16_32k,
+  one_32k and batch8_16k, what reading the call's bytes costs at all: ours beside our kernel with its
+  arithmetic compiled out, the steps of FLOOR_BUILDS, torch.sum and plain read kernels
+  (flashattn.measure.read_floor: 16-byte loads, and bulk copies through a deep ring) over as many bytes;
 * `fused`: the default call beside the build whose last split block merges the splits (DECODE_FUSED_MERGE,
   no merge kernel) at every peers shape, each with the rule's split count: what that build would change if
   it became the default;
@@ -44,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from flashattn import decode
-from flashattn.measure import decode_profile, peers, results
+from flashattn.measure import decode_profile, peers, read_floor, results
 from flashattn.measure.kernel_trace import profile_spans
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.table import update_readme
@@ -74,6 +78,20 @@ VARIANTS = {
 }
 NO_PDL = VARIANTS["2 stages, merge launched after the split"]
 FUSED = VARIANTS["2 stages, merge fused into the last split"]
+# The floor part's builds: ours without its arithmetic, and the two steps tried against rows16_32k's target
+# after the variants table was recorded (each passes tests/test_decode.py and compute-sanitizer).
+READ_ONLY = ("-DDECODE_READ_ONLY=1",)
+INTERLEAVED = ("-DDECODE_INTERLEAVE=1",)
+CLUSTER = ("-DDECODE_CLUSTER_MERGE=1",)
+FLOOR_BUILDS = {"ours, no arithmetic": READ_ONLY, "ours, splits interleaved": INTERLEAVED,
+                "ours, merge in a cluster": CLUSTER}
+FLOOR_SHAPES = ("rows16_32k", "one_32k", "batch8_16k")
+# The plain reads of the floor part (flashattn.measure.read_floor): (label, kernel, keyword arguments)
+PLAIN_READS = [("16-byte loads, 264 blocks", "loads", dict(blocks=264)),
+               ("16-byte loads, 528 blocks", "loads", dict(blocks=528)),
+               ("bulk copies, 1 block/SM, 6 x 32 KB", "bulk", dict(blocks=132, chunk=32768, stages=6)),
+               ("bulk copies, 2 blocks/SM, 3 x 32 KB", "bulk", dict(blocks=264, chunk=32768, stages=3)),
+               ("bulk copies, 1 block/SM, 12 x 16 KB", "bulk", dict(blocks=132, chunk=16384, stages=12))]
 FUSED_COLUMNS = {"ours": None, "ours, merge fused into the last split": FUSED}     # the fused part's builds
 VARIANT_SPLITS = {"batch8_16k": 1, "rows16_32k": 8, "gqa64_8k": 1, "one_32k": 8}
 LENGTHS = (1, 300, 1000, 2048, 4096, 8192, 16384, 32768)     # the issue's "1 to 32k" batch
@@ -199,10 +217,31 @@ def ceiling_part(args) -> list[dict]:
     return rows
 
 
+def floor_part(args) -> list[dict]:
+    """What reading each shape's bytes costs, beside our call: ours as a user calls it, our kernel with its
+    arithmetic compiled out (DECODE_READ_ONLY: the tiles stream, nothing is computed), the steps of
+    FLOOR_BUILDS, torch.sum over a buffer of the cache's size, and PLAIN_READS (read_floor's kernels). Every
+    build of ours splits as the rule does for the shape."""
+    rows = []
+    for name, B, H_q, H_kv, M, N, D in (s for s in SHAPES if s[0] in FLOOR_SHAPES):
+        q, k, v = inputs(B, H_q, H_kv, M, N, D)
+        splits = planned(q, k, v, N)["num_splits"]
+        calls = {"ours": (ours(q, k, v), None)}
+        calls.update({label: (ours(q, k, v, flags, num_splits=splits), None) for label, flags in FLOOR_BUILDS.items()})
+        x = torch.empty(2 * B * N * H_kv * D, device="cuda", dtype=torch.bfloat16).normal_()
+        calls["torch.sum"] = (lambda x=x: x.sum(), None)
+        for label, kernel, kw in PLAIN_READS:
+            read = getattr(read_floor, kernel)
+            calls[label] = (lambda x=x, read=read, kw=kw: read(x, **kw), None)
+        rows += at_shape("floor", name, (B, H_q, H_kv, M, N, D), calls, args, num_splits=lambda column, s=splits: s)
+        del q, k, v, x
+    return rows
+
+
 def build_variants() -> None:
     """Every variant of VARIANTS built, each in its own process (nvcc runs in parallel)."""
     procs = [subprocess.Popen([sys.executable, "-c", f"from flashattn import decode; decode.module({flags!r})"])
-             for flags in VARIANTS.values()]
+             for flags in (*VARIANTS.values(), *FLOOR_BUILDS.values())]
     if any(p.wait() for p in procs):
         raise SystemExit("a variant of kernels/decode.cu did not build")
 
@@ -338,8 +377,9 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     parts = {"peers": peers_part, "splits": splits_part, "paged": paged_part, "lengths": lengths_part,
-             "variants": variants_part, "ceiling": ceiling_part, "anatomy": anatomy_part, "fused": fused_part}
-    if any(part in args.parts for part in ("variants", "anatomy", "fused")):
+             "variants": variants_part, "ceiling": ceiling_part, "anatomy": anatomy_part, "fused": fused_part,
+             "floor": floor_part}
+    if any(part in args.parts for part in ("variants", "anatomy", "fused", "floor")):
         build_variants()
     rows = []
     for part in args.parts.split(","):

@@ -3,7 +3,7 @@
 A build of kernels/decode.cu with DECODE_TRACE=1 has every block of the split kernel stamp the GPU's
 global timer (nanoseconds) as it starts, when its first K/V tile has landed, after its last tile and as it
 leaves, beside the SM it ran on; the merge kernel's blocks stamp their start and end (a build with
-DECODE_FUSED_MERGE=1, `--flags -DDECODE_FUSED_MERGE=1`, has no merge kernel: the split block that merges
+DECODE_FUSED_MERGE=1, `--flags=-DDECODE_FUSED_MERGE=1`, has no merge kernel: the split block that merges
 stamps its end after the merge, so the split kernel's end is the call's). This program makes
 the chapter's shapes' calls (L2 flushed before each, as decode_bench times them), reads the stamps back
 and records, per shape and call, every block's stamps relative to the first start, as one record of kind
@@ -27,6 +27,7 @@ from flashattn.measure.timing import l2_flush_buffer
 
 TRACE_FLAGS = ("-DDECODE_TRACE=1",)
 FUSED_FLAG = "-DDECODE_FUSED_MERGE=1"
+CLUSTER_FLAG = "-DDECODE_CLUSTER_MERGE=1"      # no merge kernel either, up to decode.MAX_CLUSTER_SPLITS splits
 TRACE_FUNCTIONS = ("decode", "tile_keys", "trace")
 SPLIT_STAMPS = ("sm", "start", "first_tile", "last_tile", "end")
 MERGE_STAMPS = ("sm", "start", "end")
@@ -82,14 +83,18 @@ def summary(call: dict, nbytes: int) -> dict:
     return out
 
 
-def merge_kernel_blocks(B: int, H_q: int, M: int, splits: int, fused: bool = False) -> int:
-    """Blocks of the merge kernel: one per 4 output rows, none with one split or a fused merge."""
-    return 0 if fused or splits == 1 else (B * M * H_q + 3) // 4
+def merge_kernel_blocks(B: int, H_q: int, M: int, splits: int, fused: bool = False, cluster: bool = False) -> int:
+    """Blocks of the merge kernel: one per 4 output rows; none with one split, a fused merge, or a cluster
+    merge of at most decode.MAX_CLUSTER_SPLITS splits."""
+    if fused or splits == 1 or (cluster and splits <= decode.MAX_CLUSTER_SPLITS):
+        return 0
+    return (B * M * H_q + 3) // 4
 
 
-def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor, fused: bool = False) -> list[dict]:
-    """`calls` traced calls of ours at one shape, with the rule's split count; `fused`: `mod` was built with
-    DECODE_FUSED_MERGE=1."""
+def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor, fused: bool = False,
+                cluster: bool = False) -> list[dict]:
+    """`calls` traced calls of ours at one shape, with the rule's split count; `fused`, `cluster`: `mod` was
+    built with DECODE_FUSED_MERGE=1, DECODE_CLUSTER_MERGE=1."""
     B, H_q, H_kv, M, N, D = dims
     q, k, v = inputs(*dims)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -97,7 +102,7 @@ def trace_shape(mod, name: str, dims, calls: int, flush: torch.Tensor, fused: bo
     nb = bytes_moved(B, H_q, H_kv, M, [N] * B, D)
     run = decode.bound(lambda: mod)
     split_blocks = grid_blocks(B, H_q, H_kv, M, splits)
-    merges = merge_kernel_blocks(B, H_q, M, splits, fused)
+    merges = merge_kernel_blocks(B, H_q, M, splits, fused, cluster)
     for _ in range(3):
         run(q, k, v, causal=False, num_splits=splits)
     rows = []
@@ -127,7 +132,8 @@ def main(argv=None) -> int:
     rows = []
     for name, *dims in SHAPES:
         if name in wanted:
-            rows += trace_shape(mod, name, dims, args.calls, flush, fused=FUSED_FLAG in args.flags.split())
+            rows += trace_shape(mod, name, dims, args.calls, flush, fused=FUSED_FLAG in args.flags.split(),
+                                cluster=CLUSTER_FLAG in args.flags.split())
             s = rows[-1]["summary"]
             print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in s.items()), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,84 @@
+"""The Decoding lab's read floor (book/decoding_lab.ipynb): what reading a call's bytes costs on the H200 when
+nothing is computed, from results/h200/decode_floor.json (`python -m flashattn.measure.decode_bench --parts
+floor`), and why the cluster merge lost, from results/h200/decode_timeline_cluster.json (a DECODE_TRACE build
+of it, `python -m flashattn.measure.decode_timeline --flags=-DDECODE_CLUSTER_MERGE=1`).
+
+- `floor_table`: every column of the floor part at every shape, µs and TB/s;
+- `floor_lines`: at one shape, the fastest read that computes nothing against a time target and against ours;
+- `cluster_waves`: how the cluster build's blocks were placed: how many started late, and by how much.
+"""
+from __future__ import annotations
+
+from flashattn.book.decoding import ROWS16_US, ok, part_rows
+from flashattn.book.notebook import md
+from flashattn.measure import results
+from flashattn.measure.results import H200
+
+FLOOR = H200 / "decode_floor.json"
+CLUSTER_TIMELINE = H200 / "decode_timeline_cluster.json"
+OURS = "ours"
+BUILDS = ("ours, no arithmetic", "ours, splits interleaved", "ours, merge in a cluster")   # our kernel's builds
+LATE_NS = 1000          # a block that starts this long after the first belongs to a later wave
+
+
+def record(path=FLOOR) -> dict | None:
+    return results.read_if_exists(path, "decode")
+
+
+def _missing(path) -> str:
+    return f"*Not recorded yet: `results/h200/{path.name}`.*"
+
+
+def floor_table(doc: dict | None = None):
+    """Rows: the floor part's columns in the order they were timed; columns: its shapes, each cell µs (TB/s)."""
+    doc = record() if doc is None else doc
+    rows = part_rows(doc, "floor")
+    if not rows:
+        return md(_missing(FLOOR))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    columns = list(dict.fromkeys(r["column"] for r in rows))
+    got = {(r["shape"], r["column"]): r for r in rows}
+    lines = ["| read | " + " | ".join(f"{s}: µs (TB/s)" for s in shapes) + " |", "|---|" + "--:|" * len(shapes)]
+    for c in columns:
+        cells = [f"{r['median_us']:,.1f} ({r['tb_per_s']:.2f})" if ok(r := got.get((s, c))) else "not run"
+                 for s in shapes]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    floors = ", ".join(f"{s} {next(r['floor_us'] for r in rows if r['shape'] == s):,.1f} µs" for s in shapes)
+    note = f"Each shape's reads timed in one interleaved run. The floor at 4.8 TB/s: {floors}."
+    return md("\n".join(lines) + "\n\n" + note)
+
+
+def reads(doc: dict | None, shape: str) -> list[dict]:
+    """The shape's rows that compute nothing: our kernel without its arithmetic and the plain reads."""
+    return [r for r in part_rows(doc, "floor") if r["shape"] == shape and ok(r)
+            and r["column"] not in (OURS, *BUILDS[1:])]
+
+
+def floor_lines(shape: str = "rows16_32k", target_us: float = ROWS16_US, doc: dict | None = None) -> str:
+    doc = record() if doc is None else doc
+    found = reads(doc, shape)
+    mine = next((r for r in part_rows(doc, "floor") if r["shape"] == shape and r["column"] == OURS and ok(r)), None)
+    if not found or mine is None:
+        return _missing(FLOOR).strip("*")
+    best = min(found, key=lambda r: r["median_us"])
+    return (f"At {shape} the fastest read that computes nothing, {best['column']}, took {best['median_us']:,.1f} µs "
+            f"({best['tb_per_s']:.2f} TB/s): {100 * (best['median_us'] / target_us - 1):.1f}% above the "
+            f"{target_us:.0f} µs target. Ours took {mine['median_us']:,.1f} µs, "
+            f"{100 * (mine['median_us'] / best['median_us'] - 1):.1f}% behind that read.")
+
+
+def cluster_waves(doc: dict | None = None) -> str:
+    """Per traced call of the cluster build: the blocks that started a wave late, when, and the SMs used."""
+    doc = results.read_if_exists(CLUSTER_TIMELINE, "decode_timeline") if doc is None else doc
+    if doc is None:
+        return _missing(CLUSTER_TIMELINE).strip("*")
+    out = []
+    for r in doc["rows"]:
+        blocks = r["split"]      # per block: SM, then start, first tile, last tile, end (ns from the first start)
+        t0 = min(b[1] for b in blocks)
+        late = [b for b in blocks if b[1] - t0 > LATE_NS]
+        first = {b[0] for b in blocks if b[1] - t0 <= LATE_NS}
+        when = min((b[1] - t0 for b in late), default=0) / 1000
+        out.append(f"call {r['call']}: {len(blocks) - len(late)} blocks on {len(first)} SMs at once, "
+                   f"{len(late)} starting {when:,.0f} µs later")
+    return f"{doc['rows'][0]['shape']}, the cluster build: " + "; ".join(out) + "."
