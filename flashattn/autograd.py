@@ -45,8 +45,10 @@ hops cost a small model's host-bound training step 270 to 400 µs per layer (the
 subclasses still see the ops.
 
 The input checks (`flashattn.check_inputs`: types, ranks, dtypes, shapes, head dim, device) run in Python
-before the ops, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. Pointer
-alignment and contiguity are handled inside the ops, which Dynamo does not look into.
+before the ops, and look only at shapes, dtypes and devices, so Dynamo traces them as guards. In eager mode
+a call that passed them is remembered by those (flashattn.validate.check_call), so a training loop's next
+call costs a dictionary lookup, not the checks. Pointer alignment and contiguity are handled inside the ops,
+which Dynamo does not look into.
 
 An input that requires grad (with grad enabled) goes through the differentiable op when its version has a
 backward kernel (TRAINING_VERSIONS); any other version raises, naming those that train, rather than return
@@ -62,7 +64,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from flashattn import reference
 from flashattn.loader import build, check_device, load
-from flashattn.validate import aligned, check_backward, check_backward_head_dim, check_inputs, check_window
+from flashattn.validate import aligned, check_backward, check_backward_head_dim, check_call
 from flashattn.versions import INFO
 
 TRAINING_VERSIONS: tuple[str, ...] = tuple(n for n, v in INFO.items() if v.backward)
@@ -231,8 +233,7 @@ def forward(q, k, v, version: str = "v4", causal: bool = False, scale: float | N
     With an input that requires grad, the versions that train (TRAINING_VERSIONS) run their differentiable
     op; the others raise ValueError (run them under torch.no_grad()).
     """
-    runs_as = check_inputs(q, k, v, version, causal, scale, window)
-    window = check_window(window, causal, version)
+    runs_as, window = check_call(q, k, v, version, causal, scale, window)
     if requires_grad(q, k, v):
         return _differentiable(q, k, v, causal, version, False, scale, window)
     return _forward(q, k, v, runs_as, causal, scale, window)
@@ -256,8 +257,7 @@ def attention(q, k, v, causal: bool = False, version: str = "v6", deterministic:
     "v6_backward" (the Hopper backward was 1.42x to 1.74x as fast at the four shapes of
     results/h200/bench_backward.json).
     """
-    runs_as = check_inputs(q, k, v, version, causal, scale, window)
-    window = check_window(window, causal, version)
+    runs_as, window = check_call(q, k, v, version, causal, scale, window)
     backward = check_backward(backward, version)
     if version in TRAINING_VERSIONS or requires_grad(q, k, v):
         return _differentiable(q, k, v, causal, version, deterministic, scale, window, backward)

@@ -40,7 +40,6 @@ HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 ROWS_PER_BLOCK = 16            # packed rows (new token x query head of a group) of one block's mma tile
 MAX_SPLITS = 128
-MAX_CLUSTER_SPLITS = 8         # kMaxClusterSplits: up to this many splits merge in a cluster (DECODE_CLUSTER_MERGE)
 MIN_TILES_PER_SPLIT = 4        # each split streams at least this many tiles (see choose_num_splits)
 BLOCKS_PER_SM = 2              # split blocks resident per SM (kernels/decode.cu: 2 by registers and smem)
 

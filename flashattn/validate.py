@@ -159,11 +159,51 @@ def check_inputs(q, k, v, version: str = "v4", causal: bool = False, scale: floa
     return runs_as
 
 
+_CHECKED: dict = {}        # check_call's successful checks, by everything a check reads (at most _CHECKED_MAX)
+_CHECKED_MAX = 1024
+
+
+def _typed(x):
+    """x with its type beside it: 1, 1.0 and True are equal keys of a dict, but not the same argument."""
+    if isinstance(x, (tuple, list)):
+        return type(x), tuple(_typed(e) for e in x)
+    return type(x), x
+
+
+def check_call(q, k, v, version: str = "v4", causal: bool = False, scale: float | None = None,
+               window=(-1, -1)) -> tuple[str, tuple[int, int]]:
+    """check_inputs and check_window at once: (the version that runs, the window as check_window returns it).
+
+    A call whose arguments pass is remembered by what the checks read (the tensors' types, shapes, dtypes and
+    devices, and the other arguments with their types), so a training loop's repeated call is checked once
+    and pays a dictionary lookup after that; arguments that fail are checked, and refused, every time."""
+    # (under torch.compile the checks are traced as guards instead: no dictionary for Dynamo to follow)
+    if (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and not torch.compiler.is_compiling()):
+        try:
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                   _typed(version), _typed(causal), _typed(scale), _typed(window))
+            hit = _CHECKED.get(key)
+        except TypeError:          # an unhashable argument: no key, the full check says what is wrong
+            key, hit = None, None
+        if hit is not None:
+            return hit
+    else:
+        key = None
+    checked = check_inputs(q, k, v, version, causal, scale, window), check_window(window, causal, version)
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = checked
+    return checked
+
+
 def aligned(t: torch.Tensor) -> torch.Tensor:
     """Dense [B, H, L, D] memory with a 16-byte aligned base (v4 and later load float4s); a misaligned
     view, such as x[..., 1:, :], is copied."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
 
 
 @dataclass(frozen=True)

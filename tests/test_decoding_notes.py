@@ -84,7 +84,8 @@ def test_packing_and_paging_mirror_the_kernel():
     assert figs.page_of(9, [5, 2, 7, 0], 4) == (7, 1)
     lookup = decoding.excerpt("auto row_of = [&]", "};")
     assert "j / p.page_size" in lookup and "j % p.page_size" in lookup
-    assert f"kMaxClusterSplits = {decode.MAX_CLUSTER_SPLITS};" in source("decode")
+    from flashattn.measure.decode_timeline import MAX_CLUSTER_SPLITS
+    assert f"kMaxClusterSplits = {MAX_CLUSTER_SPLITS};" in source("decode")
 
 
 @pytest.mark.parametrize("name", sorted(figs.FIGURES))
@@ -386,3 +387,15 @@ def test_cluster_waves_counts_late_blocks():
     doc = {"rows": [{"shape": "rows16_32k", "call": 0, "split": blocks}]}
     assert floor.cluster_waves(doc) == ("rows16_32k, the cluster build: call 0: 3 blocks on 3 SMs at once, "
                                         "1 starting 122 µs later.")
+
+
+def test_fixed_cost_is_the_line_through_two_sizes():
+    from flashattn.book import decoding_floor as floor
+    column = "ours, no arithmetic"
+    rows = [dict(part="floor", shape=s, column=column, status="ok", bytes=nb, median_us=us, tb_per_s=nb / us / 1e6)
+            for s, nb, us in (("rows16_32k", 500e6, 120.0), ("batch8_16k", 2000e6, 420.0))]
+    fit = floor.fixed_cost(doc={"rows": rows})
+    assert math.isclose(fit["tb_per_s"], 5.0) and math.isclose(fit["fixed_us"], 20.0)   # 1.5 GB in 300 µs
+    assert "a fixed 20.0 µs per call, then 5.00 TB/s" in floor.fixed_cost_lines(doc={"rows": rows})
+    assert "leaves 25.0 µs of the 125 µs target" in floor.fixed_cost_lines(doc={"rows": rows})
+    assert floor.fixed_cost(doc={"rows": rows[:1]}) is None

@@ -148,9 +148,12 @@ def test_good_call_after_refused_calls(version):
     """A refused call leaves nothing behind: the next good call returns the right answer."""
     dtype = flashattn.INFO[version].dtypes[0]
     info = flashattn.INFO[version]
-    # a head dim the version does not take, from what it declares (v8 takes 256 since it grew wide head dims)
-    bad_D = (info.max_head_dim + 8 if info.head_dims is None
-             else next(d for d in (80, 96, 48) if d not in info.head_dims))
+    # a head dim the version does not take, from what it declares (v8 takes 256 since it grew wide head dims);
+    # v3, v4 and v5 hand the dims they are not built for to v2, so theirs must be too large for v2 as well
+    if info.head_dims is None or info.fallback:
+        bad_D = flashattn.INFO[info.fallback or version].max_head_dim + 8
+    else:
+        bad_D = next(d for d in (80, 96, 48) if d not in info.head_dims)
     bad_calls = [
         lambda: flashattn.forward(*qkv(M=33, N=33, dtype=dtype), version=version),                # CPU
         lambda: flashattn.forward(*qkv(M=33, N=33, D=bad_D, dtype=dtype, device="cuda"), version=version),
@@ -199,3 +202,36 @@ def test_non_contiguous_and_misaligned_inputs_are_copied():
         out = flashattn.forward(qt, k_mis, v, version=version)
         assert flashattn.reference.relative_error(out, ref) < 1e-5
     assert not qt.is_contiguous() and k_mis.data_ptr() % 16 != 0
+
+
+def test_check_call_remembers_a_passing_call_and_refuses_a_failing_one_every_time(monkeypatch):
+    """check_call: a passing call is checked once (its key holds every argument with its type); a refused
+    one is checked, and refused, at every call; 1.0 and True are not taken for 1 from a remembered call."""
+    from flashattn import validate
+    monkeypatch.setattr(validate, "_CHECKED", {})
+    runs = []
+    real = validate.check_inputs
+
+    def counted(*args):
+        runs.append(args[3])
+        try:
+            return real(*args)
+        except ValueError as e:            # CPU tensors: everything but the device check passes
+            assert "must be a CUDA tensor" in str(e)
+            return args[3]
+    monkeypatch.setattr(validate, "check_inputs", counted)
+    q, k, v = qkv(M=33, dtype=torch.bfloat16)
+    assert validate.check_call(q, k, v, "v8", True, None, (5, -1)) == ("v8", (5, 0))
+    assert validate.check_call(q, k, v, "v8", True, None, (5, -1)) == ("v8", (5, 0))
+    assert len(runs) == 1
+    assert validate.check_call(q, k, v, "v8", True, None, [5, -1]) == ("v8", (5, 0))   # a list: its own key
+    assert len(runs) == 2
+    for _ in range(2):
+        with pytest.raises(TypeError, match="window must be a pair of ints"):
+            validate.check_call(q, k, v, "v8", True, None, (5.0, -1))
+        with pytest.raises(TypeError, match="scale must be a float"):
+            validate.check_call(q, k, v, "v8", True, True, (5, -1))
+    monkeypatch.setattr(validate, "check_inputs", real)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):     # nothing remembered for CPU tensors
+        validate.check_call(*qkv(M=33, N=65, dtype=torch.bfloat16), "v8")
+

@@ -82,3 +82,29 @@ def cluster_waves(doc: dict | None = None) -> str:
         out.append(f"call {r['call']}: {len(blocks) - len(late)} blocks on {len(first)} SMs at once, "
                    f"{len(late)} starting {when:,.0f} µs later")
     return f"{doc['rows'][0]['shape']}, the cluster build: " + "; ".join(out) + "."
+
+
+def fixed_cost(column: str = "ours, no arithmetic", doc: dict | None = None) -> dict | None:
+    """The line time = fixed + bytes / bandwidth through `column`'s two sizes of the floor part (rows16_32k and
+    batch8_16k): what a call costs whatever it reads, and the pace beyond that. None when either is missing."""
+    doc = record() if doc is None else doc
+    got = {r["shape"]: r for r in part_rows(doc, "floor") if r["column"] == column and ok(r)}
+    small, large = got.get("rows16_32k"), got.get("batch8_16k")
+    if not (small and large):
+        return None
+    bytes_per_us = (large["bytes"] - small["bytes"]) / (large["median_us"] - small["median_us"])
+    return dict(column=column, fixed_us=small["median_us"] - small["bytes"] / bytes_per_us,
+                tb_per_s=bytes_per_us / 1e6, small=small, large=large)
+
+
+def fixed_cost_lines(target_us: float = ROWS16_US, doc: dict | None = None) -> str:
+    fit = fixed_cost(doc=doc)
+    if fit is None:
+        return _missing(FLOOR).strip("*")
+    s = fit["small"]
+    room = target_us - s["bytes"] / (fit["tb_per_s"] * 1e6)
+    return (f"Through {fit['column']} at rows16_32k ({s['median_us']:,.1f} µs) and batch8_16k "
+            f"({fit['large']['median_us']:,.1f} µs): a fixed {fit['fixed_us']:,.1f} µs per call, then "
+            f"{fit['tb_per_s']:.2f} TB/s. At that pace rows16_32k's bytes alone take "
+            f"{target_us - room:,.1f} µs, which leaves {room:,.1f} µs of the {target_us:.0f} µs target for "
+            f"everything else.")

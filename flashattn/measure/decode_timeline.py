@@ -27,7 +27,8 @@ from flashattn.measure.timing import l2_flush_buffer
 
 TRACE_FLAGS = ("-DDECODE_TRACE=1",)
 FUSED_FLAG = "-DDECODE_FUSED_MERGE=1"
-CLUSTER_FLAG = "-DDECODE_CLUSTER_MERGE=1"      # no merge kernel either, up to decode.MAX_CLUSTER_SPLITS splits
+CLUSTER_FLAG = "-DDECODE_CLUSTER_MERGE=1"      # no merge kernel either, up to MAX_CLUSTER_SPLITS splits
+MAX_CLUSTER_SPLITS = 8                         # kMaxClusterSplits in kernels/decode.cu
 TRACE_FUNCTIONS = ("decode", "tile_keys", "trace")
 SPLIT_STAMPS = ("sm", "start", "first_tile", "last_tile", "end")
 MERGE_STAMPS = ("sm", "start", "end")
@@ -85,8 +86,8 @@ def summary(call: dict, nbytes: int) -> dict:
 
 def merge_kernel_blocks(B: int, H_q: int, M: int, splits: int, fused: bool = False, cluster: bool = False) -> int:
     """Blocks of the merge kernel: one per 4 output rows; none with one split, a fused merge, or a cluster
-    merge of at most decode.MAX_CLUSTER_SPLITS splits."""
-    if fused or splits == 1 or (cluster and splits <= decode.MAX_CLUSTER_SPLITS):
+    merge of at most MAX_CLUSTER_SPLITS splits."""
+    if fused or splits == 1 or (cluster and splits <= MAX_CLUSTER_SPLITS):
         return 0
     return (B * M * H_q + 3) // 4
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.utils.cpp_extension import load_inline
 
 SOURCE = r"""
 #include <cstdint>
@@ -149,7 +150,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 @functools.cache
 def module():
-    from torch.utils.cpp_extension import load_inline
     return load_inline("flashattn_read_floor", BINDING, cuda_sources=SOURCE,
                        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
 
