@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(kThreads, DECODE_MIN_BLOCKS) split_kernel(cons
   const int key_end = CAUSAL ? max(0, min(L, L - p.M + m_last + 1)) : L;
   const int mask_from = CAUSAL ? max(0, min(L, L - p.M + m_first + 1)) : L;
   const int n_tiles = (key_end + BC - 1) / BC;
-  // The split's key tiles t_begin .. t_end - 1; tile(t) is the key tile of step t, t itself.
+  // This split's steps t_begin .. t_end - 1; step t reads key tile tile(t). By default a split takes a
+  // contiguous run of tiles; DECODE_INTERLEAVE gives it every splits-th tile from its own index, so that at
+  // any moment a head's splits read neighbouring tiles.
 #if DECODE_INTERLEAVE
-  // Steps 0 .. t_end - 1 take every splits-th tile from the split's own index, so that at any moment a
-  // head's splits read neighbouring tiles.
   const int t_begin = 0;
   const int t_end = split < n_tiles ? (n_tiles - 1 - split) / p.splits + 1 : 0;
   auto tile = [&](int t) { return split + t * p.splits; };
