@@ -67,10 +67,11 @@ def test_wide_dims_pass_validation(D):
 
 
 def refuses_before_launch():
-    """Patches: inputs on the CPU pass check_inputs, and any launch fails the test."""
+    """Patches: inputs on the CPU pass the input checks (check_call, with the default window), and any launch
+    fails the test."""
     def launched(*args, **kwargs):
         pytest.fail("a kernel was called for inputs that should have been refused")
-    return (mock.patch("flashattn.autograd.check_inputs", return_value="v8"),
+    return (mock.patch("flashattn.autograd.check_call", return_value=("v8", (-1, -1))),
             mock.patch("flashattn.autograd.attention_forward", launched),
             mock.patch("flashattn.autograd.kernel_forward", launched))
 
