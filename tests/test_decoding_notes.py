@@ -399,3 +399,28 @@ def test_fixed_cost_is_the_line_through_two_sizes():
     assert "a fixed 20.0 µs per call, then 5.00 TB/s" in floor.fixed_cost_lines(doc={"rows": rows})
     assert "leaves 25.0 µs of the 125 µs target" in floor.fixed_cost_lines(doc={"rows": rows})
     assert floor.fixed_cost(doc={"rows": rows[:1]}) is None
+
+
+def test_bytes_for_fraction_and_the_lab_exercise_follow_the_record():
+    """On a synthetic line (20 µs + bytes / 5 TB/s) the bytes for a fraction solve bytes / time = f x 4.8 TB/s;
+    on the record, the lab's exercise quotes what the functions give."""
+    from flashattn.book import decoding_floor as floor
+    rows = [dict(part="floor", shape=s, column="ours, no arithmetic", status="ok", bytes=nb, median_us=20 + nb / 5e6,
+                 tb_per_s=0.0, floor_us=nb / 4.8e6) for s, nb in (("rows16_32k", 5e8), ("batch8_16k", 2e9))]
+    doc = {"rows": rows}
+    got = floor.bytes_for_fraction(0.9, doc)
+    assert math.isclose(got / (20e-6 + got / 5e12), 0.9 * 4.8e12)
+    assert floor.bytes_for_fraction(5.0 / 4.8, doc) is None                  # the line's own pace: never
+    assert floor.fit_figure(doc=doc, show=False) is not None
+    plt.close("all")
+    fit = floor.fixed_cost()
+    if fit is None:
+        pytest.skip("results/h200/decode_floor.json is not recorded")
+    lab = "".join(c.source for c in nbformat.read(records.ROOT / "book" / "decoding_lab.ipynb", as_version=4).cells
+                  if c.cell_type == "markdown")
+    for text in (f"$a$ = {fit['fixed_us']:.1f} µs, $P$ = {fit['tb_per_s']:.2f} TB/s",
+                 f"93%: about\n{floor.bytes_for_fraction(0.93) / 1e9:.2f} GB",
+                 f"90%: about {floor.bytes_for_fraction(0.90) / 1e9:.2f} GB",
+                 f"({100 * fit['tb_per_s'] / 4.8:.1f}%)", f"reads {fit['large']['bytes'] / 1e9:.2f} GB",
+                 f"rows16_32k's {fit['small']['bytes'] / 1e9:.2f} GB"):
+        assert text in lab, text

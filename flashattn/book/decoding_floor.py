@@ -5,11 +5,16 @@ of it, `python -m flashattn.measure.decode_timeline --flags=-DDECODE_CLUSTER_MER
 
 - `floor_table`: every column of the floor part at every shape, µs and TB/s;
 - `floor_lines`: at one shape, the fastest read that computes nothing against a time target and against ours;
+- `fixed_cost`, `fixed_cost_lines`, `fit_figure`: the line time = fixed + bytes / pace through two sizes;
+- `bytes_for_fraction`: how many bytes a call must read, on that line, to reach a fraction of 4.8 TB/s;
 - `cluster_waves`: how the cluster build's blocks were placed: how many started late, and by how much.
 """
 from __future__ import annotations
 
-from flashattn.book.decoding import ROWS16_US, ok, part_rows
+import matplotlib.pyplot as plt
+
+from flashattn.book.decoding import DATASHEET_BYTES_PER_S, ROWS16_US, ok, part_rows
+from flashattn.book.figures import show_or_return
 from flashattn.book.notebook import md
 from flashattn.measure import results
 from flashattn.measure.results import H200
@@ -108,3 +113,44 @@ def fixed_cost_lines(target_us: float = ROWS16_US, doc: dict | None = None) -> s
             f"{fit['tb_per_s']:.2f} TB/s. At that pace rows16_32k's bytes alone take "
             f"{target_us - room:,.1f} µs, which leaves {room:,.1f} µs of the {target_us:.0f} µs target for "
             f"everything else.")
+
+
+def bytes_for_fraction(fraction: float, doc: dict | None = None) -> float | None:
+    """The bytes a call must read for the line's time to reach `fraction` of 4.8 TB/s (bytes / time =
+    fraction x 4.8 TB/s), or None when the line's pace alone is below that (or nothing is recorded)."""
+    fit = fixed_cost(doc=doc)
+    if fit is None:
+        return None
+    goal = fraction * DATASHEET_BYTES_PER_S / 1e12                 # TB/s = bytes per ps
+    if goal >= fit["tb_per_s"]:
+        return None
+    return fit["fixed_us"] * 1e-6 / (1 / (goal * 1e12) - 1 / (fit["tb_per_s"] * 1e12))
+
+
+def fit_figure(target_us: float = ROWS16_US, doc: dict | None = None, show: bool = True):
+    """Time above the floor (time - bytes / 4.8 TB/s) against bytes, for our call and every read that computes
+    nothing at the floor part's two sizes: the line through our kernel without arithmetic, and the target at
+    rows16_32k's bytes. (The steps of FLOOR_BUILDS are in the table, not here.)"""
+    doc = record() if doc is None else doc
+    fit = fixed_cost(doc=doc)
+    if fit is None:
+        print(_missing(FLOOR).strip("*"))
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4), constrained_layout=True)
+    rows = [r for r in part_rows(doc, "floor") if ok(r) and r["shape"] in ("rows16_32k", "batch8_16k")
+            and r["column"] not in BUILDS[1:]]
+    for i, column in enumerate(dict.fromkeys(r["column"] for r in rows)):
+        pts = sorted((r["bytes"] / 1e6, r["median_us"] - r["floor_us"]) for r in rows if r["column"] == column)
+        ax.plot(*zip(*pts, strict=True), "o-" if column.startswith("ours") else "o--", ms=5, lw=0.8,
+                color=f"C{i}", label=column)
+    small, large = fit["small"]["bytes"], fit["large"]["bytes"]
+    over = 1 / (fit["tb_per_s"] * 1e6) - 1e6 / DATASHEET_BYTES_PER_S      # µs per byte beyond the floor's pace
+    xs = [0, large * 1.05]
+    ax.plot([x / 1e6 for x in xs], [fit["fixed_us"] + x * over for x in xs], "-", color="0.3", lw=1.5,
+            label=f"{fit['fixed_us']:.1f} µs + bytes / {fit['tb_per_s']:.2f} TB/s, less the floor")
+    ax.plot([small / 1e6], [target_us - small / DATASHEET_BYTES_PER_S * 1e6], "*", ms=13, color="k",
+            label=f"rows16_32k's target ({target_us:.0f} µs)")
+    ax.set(xlabel="MB read by the call", ylabel="µs above bytes / 4.8 TB/s", xlim=(0, None), ylim=(0, None),
+           title="What a read costs beyond the floor, at two sizes")
+    ax.legend(fontsize=7, loc="upper left")
+    return show_or_return(fig, show)
