@@ -124,6 +124,7 @@
 #include <cuda_fp16.h>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -191,6 +192,18 @@
 // ms): the lab notes.
 #ifndef V8B_EARLY_DV
 #define V8B_EARLY_DV 2
+#endif
+
+// The query tile at D=128 without a band (no causal mask, no window). 0 (default): B_r = 64, dQ_i = dS K_j
+// with the queries as M (above). 1: B_r = 80, FlashAttention-3's and -4's tile there
+// (hopper/flash_bwd_launch_template.h): a step covers 25% more queries for the same K_j, V_j, and dQ_i's
+// product is turned round, dQ_i^T = K_j^T dS_i^T, so that its M is the head dim (64 per warpgroup) and B_r
+// only sets N (wgmma's M is 64 per warpgroup, and 80 is not a multiple of it). dS_i then goes to shared
+// memory as [queries][keys] (the K-major B operand, as Q_i is for S^T), stored from the dS^T accumulator by
+// stmatrix .trans, and dQ_i^T's fragments go into the image row-major, XOR-swizzled (dq_image_float). The
+// banded instances keep B_r = 64, as FlashAttention-3 and -4 do.
+#ifndef V8B_BR80
+#define V8B_BR80 0
 #endif
 
 namespace v8b {
@@ -313,6 +326,9 @@ __device__ __forceinline__ uint64_t opdesc(uint32_t tile, uint32_t off, uint32_t
 #define BWD_ACC128(d) BWD_ACC64(d), BWD_ACC8(d, 32), BWD_ACC8(d, 40), BWD_ACC8(d, 48), BWD_ACC8(d, 56)
 #define BWD_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define BWD_REGS40 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+                   "%38, %39}"
 #define BWD_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
                    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
@@ -359,8 +375,22 @@ template <int N, typename T> struct Wgmma;
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
     }                                                                                                        \
   };
+// V8B_BR80: S^T, dP^T and dQ_i^T with N = B_r = 80 (shared-memory operands only)
+#define BWD_WGMMA_N80(CTYPE, PTXTYPE)                                                                        \
+  template <> struct Wgmma<80, CTYPE> {                                                                      \
+    template <int TA, int TB>                                                                                \
+    static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a, uint64_t b, int accumulate) {      \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n80k16.f32." PTXTYPE "." PTXTYPE " " BWD_REGS40           \
+                   ", %40, %41, p, 1, 1, %43, %44;\n}\n"                                                     \
+                   : BWD_ACC64(d), BWD_ACC8(d, 32)                                                           \
+                   : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));                                     \
+    }                                                                                                        \
+  };
 BWD_WGMMA_N64(__nv_bfloat16, "bf16")
 BWD_WGMMA_N64(__half, "f16")
+BWD_WGMMA_N80(__nv_bfloat16, "bf16")
+BWD_WGMMA_N80(__half, "f16")
 BWD_WGMMA_N128(__nv_bfloat16, "bf16")
 BWD_WGMMA_N128(__half, "f16")
 
@@ -402,6 +432,20 @@ __device__ __forceinline__ void red_add2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
 
+// V8B_BR80 without the image: one float, as red_add2.
+__device__ __forceinline__ void red_add1(float* dst, float a) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a) : "memory");
+}
+
+// V8B_BR80: four 8 x 8 tiles of 16-bit values from the accumulator fragment layout (register i of lane (g, q)
+// holds row g, columns 2q, 2q + 1 of tile i), each stored transposed: row c of tile i, 16 bytes, goes to
+// the address lane 8i + c gives, so those 16 bytes are column c of the fragment.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // V8B_DQ_BULK: the copy engine adds `bytes` of fp32 from shared memory into global memory (one bulk
 // group per call). wait_read: the source may be overwritten; wait_all: the additions are done.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
@@ -435,14 +479,15 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // The head dim the tiles have for tensors of head dim d: whole 64-column panels (96 -> 128).
 __host__ __device__ constexpr int tile_dim(int d) { return (d + 63) / 64 * 64; }
 
-template <int D, int STAGES>
+template <int D, int STAGES, bool BANDED = false>
 struct Layout {
   static constexpr int BC = 128, NWG = 2, THREADS = 128 * (NWG + 1);
-  static constexpr int BR = D == 64 ? 128 : 64;
+  static constexpr int BR = D == 64 ? 128 : V8B_BR80 != 0 && !BANDED ? 80 : 64;
   // dQ_i's tile [B_r][D] splits into two m64 x n64 halves: by rows (B_r = 128, D = 64) or by columns
-  // (B_r = 64, D = 128), so that every wgmma operand is whole 64-wide panels.
-  static constexpr bool SPLIT_ROWS = BR == 128;
-  static_assert(BR * D == 64 * 128, "dQ_i's tile must split into two 64 x 64 consumer halves");
+  // (B_r = 64, D = 128), so that every wgmma operand is whole 64-wide panels. V8B_BR80 (B_r = 80, D = 128):
+  // each warpgroup computes 64 head-dim rows of dQ_i^T = K_j^T dS_i^T, 64 x 80.
+  static constexpr bool SPLIT_ROWS = BR == 128, DQ_T = BR == 80;
+  static_assert(BR * D == 64 * 128 || (DQ_T && D == 128), "dQ_i's tile must split into two consumer halves");
   static constexpr uint32_t KV_BYTES = BC * D * 2, QO_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
   static constexpr uint32_t ROW_BYTES = BR * 4;
   static constexpr uint32_t K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
@@ -464,8 +509,13 @@ struct Layout {
 // copies byte for byte, is stored without bank conflicts (each warp store: 32 lanes x 8 contiguous bytes):
 // float pair ((w * 16 + 2t + h) * 32 + lane) holds the pair of consumer warp w (warpgroup * 4 + warp in
 // it) for n8 group t, row half h. Element (r, c) of the tile, as bwd_convert reads it back:
-template <int D>
+// V8B_BR80 (B_r = 80): the consumers hold dQ_i^T, whose fragment pairs are two query rows of one column,
+// so the image is the tile row-major with each row's columns XOR-ed by a multiple of 8, ((r / 2) % 4) * 8:
+// a store instruction's 32 lanes (columns g + 8h of 16 consecutive, rows 8t + 2q + e) hit 32 banks, and
+// four columns from a multiple of 4 stay four consecutive floats.
+template <int D, int BR>
 __host__ __device__ constexpr int dq_image_float(int r, int c) {
+  if (BR == 80) return r * D + (c ^ (((r >> 1) & 3) << 3));
   constexpr bool split_rows = D == 64;   // Layout::SPLIT_ROWS: the consumers split dQ_i by rows at D = 64
   const int cwg = split_rows ? r / 64 : c / 64, rr = split_rows ? r % 64 : r, cc = split_rows ? c : c % 64;
   const int wq = rr / 16, g = rr % 8, h = (rr / 8) % 2, t = cc / 8, q = (cc % 8) / 2;
@@ -544,7 +594,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
                  int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
   static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
   constexpr int D = tile_dim(DG);
-  using L = Layout<D, STAGES>;
+  using L = Layout<D, STAGES, BANDED>;
   constexpr int BR = L::BR, BC = L::BC, PANELS = D / 64;
   constexpr int NT = BR / 8;   // n8 column groups (query columns) of S^T and dP^T per thread row
   constexpr int DT = D / 8;    // n8 column groups of dK_j, dV_j
@@ -705,7 +755,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   constexpr int DV_AT = D == 128 ? V8B_EARLY_DV : 0;   // V8B_EARLY_DV: D=64 issues dV_j with dK_j
   float s_acc[BR / 2], dp[BR / 2];   // S^T, then P^T in place; dP^T
-  float dq[32];                      // this warpgroup's 64 x 64 half of dQ_i's tile
+  float dq[L::DQ_T ? BR / 2 : 32];   // this warpgroup's half of dQ_i's tile: 64 x 64, or 64 x B_r of dQ_i^T
   uint32_t p_pack[NT][2], ds_pack[NT][2];
 
   // S^T = K_j Q_i^T and dP^T = V_j dO_i^T for this warpgroup's 64 keys: D / 16 k steps each, A = its rows
@@ -737,13 +787,22 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   };
   // dQ's half: A = dS (queries x all B_c keys) read M-major from the stored dS^T, B = K_j MN-major; then
   // (DV_AT == 0) dV_j and dK_j += dS^T Q_i with dS^T from registers, as P^T for dV_j. Two commit groups.
+  // L::DQ_T: dQ_i^T's 64 head-dim rows of my panel, A = K_j^T (that panel of K_j read M-major), B = dS
+  // K-major from the stored [queries][keys] tile, 64 keys per panel.
   auto issue_grads = [&](int st, int buf) {
-    const uint32_t a_base = sdS(buf) + (L::SPLIT_ROWS ? cwg * BC * 128 : 0);   // dS^T panel of my queries
-    const uint32_t b_base = sK + (L::SPLIT_ROWS ? 0 : cwg * BC * 128);         // K_j panel of my columns
+    if constexpr (L::DQ_T) {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      Wgmma<64, T>::template ss<1, 1>(dq, opdesc(a_base, kk * 16 * 128, BC * 128),
-                                      opdesc(b_base, kk * 16 * 128, BC * 128), kk > 0);
+      for (int kk = 0; kk < BC / 16; ++kk)
+        Wgmma<BR, T>::template ss<1, 0>(dq, opdesc(sK + cwg * BC * 128, kk * 16 * 128, BC * 128),
+                                        opdesc(sdS(buf), (kk / 4) * BR * 128 + (kk % 4) * 32, 16), kk > 0);
+    } else {
+      const uint32_t a_base = sdS(buf) + (L::SPLIT_ROWS ? cwg * BC * 128 : 0);   // dS^T panel of my queries
+      const uint32_t b_base = sK + (L::SPLIT_ROWS ? 0 : cwg * BC * 128);         // K_j panel of my columns
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        Wgmma<64, T>::template ss<1, 1>(dq, opdesc(a_base, kk * 16 * 128, BC * 128),
+                                        opdesc(b_base, kk * 16 * 128, BC * 128), kk > 0);
+    }
     wgmma_commit();
     if constexpr (DV_AT == 0) issue_dv(st);
 #pragma unroll
@@ -817,7 +876,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     // for dQ: key row r (128 bytes per row of a 64-query panel), query pair 8t + 2q in panel t / 8, chunk
     // (t % 8) ^ (r % 8) -- the 128-byte swizzle the descriptor reads, TMA's own -- byte 4q; per store
     // instruction the 8 rows g x 4 lanes q hit 32 distinct banks.
-    unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
+    [[maybe_unused]] unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;   // !L::DQ_T
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float2 d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
@@ -827,9 +886,25 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
         const float ds0 = p0 * (dp[4 * t + 2 * h] - d2.x), ds1 = p1 * (dp[4 * t + 2 * h + 1] - d2.y);
         if constexpr (DV_AT != 1) p_pack[t][h] = pack2<T>(p0, p1);
         ds_pack[t][h] = pack2<T>(ds0, ds1);
-        const int r = key_row0 + g + 8 * h;   // r % 8 == g
-        *reinterpret_cast<uint32_t*>(ds_tile + (t / 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q) =
-            ds_pack[t][h];
+        if constexpr (!L::DQ_T) {
+          const int r = key_row0 + g + 8 * h;   // r % 8 == g
+          *reinterpret_cast<uint32_t*>(ds_tile + (t / 8) * (BC * 128) + r * 128 + (((t % 8) ^ g) << 4) + 4 * q) =
+              ds_pack[t][h];
+        }
+      }
+    }
+    if constexpr (L::DQ_T) {
+      // dS as [queries][keys]: panel cwg (my 64 keys) of [B_r rows][128 bytes], the 16-byte chunk of keys
+      // 8c .. 8c + 7 of query row x at chunk c ^ (x % 8). Tiles (t, h) = (2p + i / 2, i % 2) per instruction;
+      // lane l gives row l % 8 of tile l / 8: query 8t + l % 8, chunk 2 wq + h. A tile's 8 rows are 8
+      // distinct chunks: one wavefront per tile.
+      const int i = lane >> 3, x0 = lane & 7;
+      const uint32_t panel = sdS(buf) + cwg * (BR * 128);
+#pragma unroll
+      for (int pp = 0; pp < NT / 2; ++pp) {
+        const int x = 8 * (2 * pp + (i >> 1)) + x0;
+        stmatrix_x4_trans(panel + x * 128 + (((2 * wq + (i & 1)) ^ x0) << 4), ds_pack[2 * pp][0],
+                          ds_pack[2 * pp][1], ds_pack[2 * pp + 1][0], ds_pack[2 * pp + 1][1]);
       }
     }
     if constexpr (DV_AT == 2) {
@@ -850,7 +925,22 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     // dQ's half done (and dV_j; dK_j may still run): out to the accumulator, no row test (padded rows)
     wgmma_wait<1>();
     pin(dq);
-    if constexpr (L::DQ_BULK) {   // into the image, in fragment order (dq_image_float), for the writer
+    if constexpr (L::DQ_T) {   // dq[4t + i]: dQ_i^T's row (head-dim column) c, column (query) x
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int x = 8 * t + 2 * q + (i & 1), c = 64 * cwg + 16 * wq + g + 8 * (i >> 1);
+          if constexpr (L::DQ_BULK)
+            reinterpret_cast<float*>(gbase + L::DQ_OFF)[dq_image_float<D, BR>(x, c)] = dq[4 * t + i];
+          else
+            red_add1(dq_acc + ((size_t)bh * M_pad + (size_t)it * BR + x) * D + c, dq[4 * t + i]);
+        }
+      if constexpr (L::DQ_BULK) {
+        fence_proxy_async_smem();
+        mbar_arrive(dq_full);
+      }
+    } else if constexpr (L::DQ_BULK) {   // into the image, in fragment order (dq_image_float), for the writer
       float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;
 #pragma unroll
       for (int t = 0; t < 8; ++t)
@@ -923,7 +1013,7 @@ __global__ void __launch_bounds__(kThreads)
   const long long row = i / (DG / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
   const int c = (int)(i % (DG / 4));
   const long long src = (row / M) * M_pad + row % M;
-  const long long at = IMAGE ? (src - src % BR) * D + dq_image_float<D>((int)(src % BR), 4 * c) : src * D + 4 * c;
+  const long long at = IMAGE ? (src - src % BR) * D + dq_image_float<D, BR>((int)(src % BR), 4 * c) : src * D + 4 * c;
   const float4 a = *reinterpret_cast<const float4*>(acc + at);
   uint2 out;
   out.x = pack2<T>(a.x * scale, a.y * scale);
@@ -968,9 +1058,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_r
 
 // Query rows per tile at head dim D (Layout's B_r), and M rounded up to whole tiles: the padded length of
 // the row terms and of the dQ accumulator.
-inline int query_tile(int D) { return D == 64 ? Layout<64, V8B_STAGES>::BR : Layout<128, V8B_STAGES>::BR; }
-inline long long padded_rows(int M, int D) {
-  return ((long long)M + query_tile(D) - 1) / query_tile(D) * query_tile(D);
+inline int query_tile(int D, bool banded) {
+  return D == 64 ? Layout<64, V8B_STAGES>::BR
+                 : banded ? Layout<128, V8B_STAGES, true>::BR : Layout<128, V8B_STAGES, false>::BR;
+}
+inline long long padded_rows(int M, int D, bool banded) {
+  return ((long long)M + query_tile(D, banded) - 1) / query_tile(D, banded) * query_tile(D, banded);
 }
 
 // V8B_HEAD_GROUP -1: the most kv heads (at least one) whose rows that every key tile of the head reads or adds
@@ -1004,9 +1097,9 @@ struct Args {
 template <typename T, int DG, bool BANDED>
 const char* run(const Args& a) {
   constexpr int STAGES = V8B_STAGES, D = tile_dim(DG);
-  using L = Layout<D, STAGES>;
+  using L = Layout<D, STAGES, BANDED>;
   const long long BH = (long long)a.B * a.H, BH_kv = (long long)a.B * a.H_kv;
-  const long long M_pad = padded_rows(a.M, D), rows = BH * M_pad;
+  const long long M_pad = padded_rows(a.M, D, BANDED), rows = BH * M_pad;
   float* dq_acc = a.workspace;
   float* lse2 = dq_acc + rows * D;
   float* dvec = lse2 + rows;
@@ -1076,12 +1169,14 @@ const char* dispatch(const Args& a, int D, bool banded) {
 
 // Bytes of float32 scratch the launcher needs: the dQ accumulator and the two row terms, each padded to
 // whole query tiles (B_r rows), and one int per query tile (the deterministic mode's turns); 0 for a head
-// dim it does not take.
+// dim it does not take. Enough for either instance (V8B_BR80: the banded one pads to 64 rows, the other to 80).
 size_t v8_backward_workspace_bytes(int B, int H, int M, int D) {
   if (D != 64 && D != 96 && D != 128) return 0;
   D = v8b::tile_dim(D);   // the accumulator has the tiles' columns (96 -> 128)
-  const size_t rows = (size_t)B * H * (size_t)v8b::padded_rows(M, D);
-  return rows * (D + 2) * sizeof(float) + rows / v8b::query_tile(D) * sizeof(int);
+  const long long padded = std::max(v8b::padded_rows(M, D, false), v8b::padded_rows(M, D, true));
+  const int tile = std::min(v8b::query_tile(D, false), v8b::query_tile(D, true));
+  const size_t rows = (size_t)B * H * (size_t)padded;
+  return rows * (D + 2) * sizeof(float) + rows / tile * sizeof(int);
 }
 
 // dtype: 0 = bfloat16, 1 = float16. workspace: v8_backward_workspace_bytes of float32 scratch. k, v, dk and dv
@@ -1128,6 +1223,7 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
+#include <algorithm>
 #include <cmath>
 #include <optional>
 

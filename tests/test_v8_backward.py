@@ -64,9 +64,15 @@ needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the v8 backward needs
 BC = 128   # keys per block (Layout::BC; flashattn.book.block_order.BC)
 
 
-def query_tile(D: int) -> int:
-    """Layout::BR: query rows per step at head dim D."""
-    return 128 if D == 64 else 64
+def query_tile(D: int, br80: bool = False, banded: bool = False) -> int:
+    """Layout::BR: query rows per step at head dim D (br80: a V8B_BR80=1 build, whose unbanded D = 128 kernel
+    takes 80)."""
+    return 128 if D == 64 else 80 if br80 and not banded else 64
+
+
+BR80 = "-DV8B_BR80=1"
+# (head dim, V8B_BR80) of the CPU tests that emulate the tiles: B_r = 128, 64 and, with V8B_BR80, 80
+TILES = pytest.mark.parametrize("D,br80", [(64, False), (128, False), (128, True)], ids=["d64", "d128", "d128-br80"])
 
 
 # The head dims of the GPU tests: 96 runs D = 128's tiles with columns 96 .. 127 zero (flash_bwd_ws's DG)
@@ -111,14 +117,15 @@ def dv_at(flags: list[str], D: int) -> int:
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
-                                   ["-DV8B_EARLY_DV=1"]],
+                                   ["-DV8B_EARLY_DV=1"], [BR80], [BR80, "-DV8B_STAGES=3"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait"])
+                              "dv_before_dp_wait", "br80", "br80_stages3"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
-    # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 96, 128); flash_bwd_ws also x causal
-    assert len(entries) == 8 * len(GRAD_DIMS), entries
+    # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 96, 128); flash_bwd_ws also x causal;
+    # V8B_BR80: at D = 96 and 128 bwd_convert also for B_r = 80
+    assert len(entries) == 8 * len(GRAD_DIMS) + (4 if BR80 in flags else 0), entries
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
     for line in report.splitlines():
@@ -133,10 +140,13 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     fence = "-DV8B_EXP_FENCE=0" not in flags
     for name, text in funcs.items():
         D = tile_dim(head_dim(name))   # the SASS of D = 96 is D = 128's tiles, its stores aside
+        BR = query_tile(D, BR80 in flags, "Lb1E" in name)
+        dq_t = BR == 80   # dQ_i^T: dS by stmatrix .trans, the image by 4 x B_r / 8 scalar stores per thread
+        assert text.count("STSM") == (2 * BR // 16 if dq_t else 0), f"{name}: stmatrix count"
         assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA (dV, dK)"
         assert re.search(r"HGMMA\.\S+ R\d+, gdesc", text), f"{name}: no shared-memory HGMMA (S^T, dP^T, dQ)"
         # two copies of the step (masked, plain), each with D/16 + D/16 + 8 + 2 B_r/16 wgmma
-        assert text.count("HGMMA") == 2 * (D // 8 + 8 + query_tile(D) // 8), f"{name}: wgmma count"
+        assert text.count("HGMMA") == 2 * (D // 8 + 8 + BR // 8), f"{name}: wgmma count"
         assert "UTMALDG" in text and "UBLKCP" in text, f"{name}: no TMA box or bulk copy"
         assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} has mma.sync"
@@ -152,7 +162,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         # for S^T and dP^T (1), between the wait for dP^T and dQ's (2), or after it with dK_j's (0)
         gaps = [body for _, body, _ in sass_tools.wgmma_gaps(text)]
         rs = [sum(bool(re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", line)) for line in gap) for gap in gaps]
-        kdv = query_tile(D) // 16
+        kdv = BR // 16
         expect = {0: [0, 2 * kdv, 0], 1: [kdv, kdv, 0], 2: [0, 2 * kdv, 0]}[at]
         assert rs[:3] == expect and rs[4:7] == expect, f"{name}: register-A wgmma between waits {rs}"
         if at == 2:   # dV_j's wgmma issued before the named barrier, dK_j's after it
@@ -167,22 +177,27 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         # dQ leaves while dK_j (and dV_j) are on the tensor cores: as 16 red.global per thread, or (V8B_DQ_BULK,
         # which does not fit beside 3 stages at D = 64) as 16 stores into the image and one mbarrier
         # arrival, and no branch there either way
-        bulk = "-DV8B_DQ_BULK=0" not in flags and not (D == 64 and "-DV8B_STAGES=3" in flags)
+        bulk = "-DV8B_DQ_BULK=0" not in flags and not ((D == 64 or dq_t) and "-DV8B_STAGES=3" in flags)
         out = wins if at == 1 else wins[1::2]
+        stores = BR // 2 if dq_t else 16
         if bulk:
-            assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in out] == [(16, 1, 0)] * 2, \
+            assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in out] == [(stores, 1, 0)] * 2, \
                 f"{name}: dQ image stores outside dV/dK's window {wins}"
             if at != 1:
                 assert [(w["STS"], w["SYNCS"], w["REDG"]) for w in wins[::2]] == [(0, 0, 0)] * 2, wins
             assert "UBLKRED.G.S.ADD.F32" in text, f"{name}: no bulk reduction of the dQ image"
         else:
-            assert [w["REDG"] for w in out] == [16, 16], f"{name}: dQ atomics outside dV/dK's window {wins}"
+            if dq_t:   # 40 single-float reductions per step; ptxas leaves two or three of them after dK_j's wait
+                assert text.count("REDG") == 2 * stores, f"{name}: dQ reductions"
+                assert all(w["REDG"] >= stores - 4 for w in out), f"{name}: dQ atomics outside dV/dK's window {wins}"
+            else:
+                assert [w["REDG"] for w in out] == [stores] * 2, f"{name}: dQ atomics outside dV/dK's window {wins}"
             assert "UBLKRED" not in text, f"{name}: a bulk reduction without V8B_DQ_BULK"
         assert not any(w["BRA"] for w in wins), f"{name}: a branch between a wgmma and its wait {wins}"
         if fence and at != 1:
-            assert [w["EX2"] for w in wins] == [query_tile(D) // 2, 0] * 2, f"{name}: P^T left dP^T's window {wins}"
+            assert [w["EX2"] for w in wins] == [BR // 2, 0] * 2, f"{name}: P^T left dP^T's window {wins}"
         if at == 1:   # every exponential between the wait for S^T and the wait for dP^T, whatever the fence
-            assert [sum("MUFU.EX2" in line for line in gaps[i]) for i in (0, 4)] == [query_tile(D) // 2] * 2, \
+            assert [sum("MUFU.EX2" in line for line in gaps[i]) for i in (0, 4)] == [BR // 2] * 2, \
                 f"{name}: P^T left dP^T's window"
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
 
@@ -256,19 +271,46 @@ def store_ds_tile(mem, base, dsT: np.ndarray) -> list[list[int]]:
     return instructions
 
 
+def stmatrix_ds_tile(mem, base, dsT: np.ndarray) -> list[list[int]]:
+    """V8B_BR80: both consumer warpgroups store dS [B_r queries][B_c keys] from their dS^T accumulator registers
+    with stmatrix .x4 .trans as the kernel does (lane l: row l % 8 of tile l / 8 at `panel + x * 128 + (((2 *
+    wq + (i & 1)) ^ x0) << 4)`; tile i of instruction pp is (t, h) = (2 pp + i / 2, i % 2), whose fragment holds
+    keys key_row0 + 8h .. + 7 x queries 8t .. 8t + 7; .trans stores its column x0, the 8 keys of query 8t + x0,
+    as that row's 16 bytes); returns each tile's 8 row addresses."""
+    BR = dsT.shape[1]
+    bits = dsT.view(np.uint16)
+    tiles = []
+    for cwg in range(2):
+        for wq in range(4):
+            for pp in range(BR // 16):
+                rows: dict[int, list[int]] = {}
+                for lane in range(32):
+                    i, x0 = lane >> 3, lane & 7
+                    t, h = 2 * pp + (i >> 1), i & 1
+                    x = 8 * t + x0
+                    addr = base + cwg * BR * 128 + x * 128 + (((2 * wq + h) ^ x0) << 4)
+                    keys = 64 * cwg + 16 * wq + 8 * h + np.arange(8)
+                    mem[addr // 2:addr // 2 + 8] = bits[keys, x]
+                    rows.setdefault(i, []).append(addr)
+                tiles += rows.values()
+    return tiles
+
+
 def make_desc(saddr: int, lbo: int, sbo: int) -> int:
     """The kernel's make_desc: start address, LBO and SBO in 16-byte units, 128-byte swizzle."""
     return ((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32) | (1 << 62)
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_opdesc_adds_offsets_exactly(D):
+@TILES
+def test_opdesc_adds_offsets_exactly(D, br80):
     """V8B_DESC_ADD: a tile's descriptor plus off / 16 is the descriptor make_desc builds at tile + off, for every
     tile and k-step offset of the kernel's products, wherever the block's shared memory starts (1024-aligned,
     below the 256 KB that the start-address field's 18 bits reach): no sum carries into the LBO field."""
-    BR, L = query_tile(D), backward_hopper.layout(D)
-    assert L["DYNAMIC"] + 1024 <= 1 << 18
+    BR, L = query_tile(D, br80), backward_hopper.layout(D, flags=[BR80] if br80 else [])
+    assert L["BR"] == BR and L["DYNAMIC"] + 1024 <= 1 << 18
     tiles = [(L["K_OFF"] + cwg * 64 * 128, 16) for cwg in range(2)] + [(L["V_OFF"], 16)]
+    tiles += [(L["K_OFF"] + cwg * BC * 128, BC * 128) for cwg in range(2)]
+    tiles += [(L["DS_OFF"] + b * L["DS_BYTES"], 16) for b in range(2)]   # dS as dQ_i^T's K-major B (B_r = 80)
     tiles += [(L[f"{t}_OFF"] + s * L["QO_BYTES"], lbo) for t in ("Q", "DO") for s in range(L["STAGES"])
               for lbo in (16, BR * 128)]
     tiles += [(L["DS_OFF"] + b * L["DS_BYTES"] + h * BC * 128, BC * 128) for b in range(2) for h in range(2)]
@@ -281,10 +323,10 @@ def test_opdesc_adds_offsets_exactly(D):
                     assert make_desc(base + tile, lbo, 1024) + (off >> 4) == make_desc(base + tile + off, lbo, 1024)
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_operand_layouts_emulated(D):
+@TILES
+def test_operand_layouts_emulated(D, br80):
     """Each wgmma operand the kernel describes, read back through its descriptor, is the matrix it means."""
-    BR = query_tile(D)
+    BR = query_tile(D, br80)
     rng = np.random.default_rng(D)
     K, V = (rng.integers(-8, 9, (BC, D)).astype(np.float16) for _ in range(2))
     Q, dO = (rng.integers(-8, 9, (BR, D)).astype(np.float16) for _ in range(2))
@@ -295,9 +337,13 @@ def test_operand_layouts_emulated(D):
     mem = np.zeros((sdS + BC * BR * 2) // 2, np.uint16)
     for base, mat in ((sK, K), (sV, V), (sQ, Q), (sdO, dO)):
         tma_write(mem, base, mat)
-    stores = store_ds_tile(mem, sdS, dsT)
-    for addrs in stores:   # 4-byte stores of 32 lanes: 32 distinct banks, one wavefront
-        assert len({(a // 4) % 32 for a in addrs}) == 32, "dS^T store has a bank conflict"
+    if br80:
+        for rows in stmatrix_ds_tile(mem, sdS, dsT):   # 8 rows of 16 bytes per 8 x 8 tile: 8 distinct chunks
+            assert len({(a // 16) % 8 for a in rows}) == 8, "a dS tile's rows share banks"
+    else:
+        stores = store_ds_tile(mem, sdS, dsT)
+        for addrs in stores:   # 4-byte stores of 32 lanes: 32 distinct banks, one wavefront
+            assert len({(a // 4) % 32 for a in addrs}) == 32, "dS^T store has a bank conflict"
 
     split_rows = BR == 128
     for cwg in range(2):
@@ -315,6 +361,16 @@ def test_operand_layouts_emulated(D):
             for s, Bm in ((sdO, dO), (sQ, Q)):
                 b = read_mn_major(mem, s + kk * 16 * 128, BR * 128, D)
                 assert np.array_equal(b, Bm[16 * kk:16 * kk + 16, :].T)
+        if br80:
+            # dQ_i^T's half: A = K_j^T [m = my 64 head-dim columns][k = keys] MN-major, B = dS [n = queries][k =
+            # keys] K-major from the stmatrix tile (issue_grads' L::DQ_T descriptors)
+            for kk in range(BC // 16):
+                keys = slice(16 * kk, 16 * kk + 16)
+                a = read_mn_major(mem, sK + cwg * BC * 128 + kk * 16 * 128, BC * 128, 64)
+                b = read_k_major(mem, sdS + (kk // 4) * BR * 128 + (kk % 4) * 32, BR)
+                assert np.array_equal(a, K[keys, 64 * cwg:64 * cwg + 64].T), (cwg, kk)
+                assert np.array_equal(b, dsT[keys, :].T), (cwg, kk)
+            continue
         # dQ's half: A = dS [queries][keys] from the stored dS^T, B = K_j [n = head-dim columns][k = keys]
         a_base = sdS + (cwg * BC * 128 if split_rows else 0)
         b_base = sK + (0 if split_rows else cwg * BC * 128)
@@ -378,13 +434,14 @@ def masked(n0: int, it: int, M: int, N: int, BR: int, banded: bool, lo: int, hi:
     return (col - 2 * q < first) | (col - 2 * q > last)   # 8t + e = col - 2q
 
 
-def emulate(q, k, v, do, causal: bool, scale: float, window_left: int = -1, window_right: int = -1):
+def emulate(q, k, v, do, causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
+            br80: bool = False):
     """(dq, dk, dv) summed step by step as the kernel's blocks do, in float64, from the same lse and D_i."""
     B, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
-    group, BR = H // H_kv, query_tile(D)
-    M_pad = -(-M // BR) * BR
     banded, lo, hi = band(M, N, causal, window_left, window_right)
+    group, BR = H // H_kv, query_tile(D, br80, banded)
+    M_pad = -(-M // BR) * BR
     s = torch.einsum("bhmd,bhnd->bhmn", q, k.repeat_interleave(group, 1)) * scale
     s = s.masked_fill(~visible(M, N, causal, window_left, window_right), float("-inf"))
     lse = torch.logsumexp(s, -1)
@@ -444,9 +501,9 @@ BANDS = [(False, -1, -1), (True, -1, -1), (False, 40, 0), (False, 100, 50), (Fal
 
 
 @pytest.mark.parametrize("M,N", WALK_SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
+@TILES
 @pytest.mark.parametrize("causal,window_left,window_right", BANDS)
-def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M, N):
+def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, br80, M, N):
     """The blocks' steps (the query tiles a key tile visits, the masked / plain split, per-thread limits,
     padded lse2 and D_i, grouped heads) sum to the float64 gradients; no plain step has an element the mask
     would change, no skipped tile one it would keep, and every visited tile one."""
@@ -455,7 +512,7 @@ def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M
     q, do = (torch.randn(B, H, M, D, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(B, H_kv, N, D, generator=g, dtype=torch.float64) for _ in range(2))
     scale = 0.3
-    got = emulate(q, k, v, do, causal, scale, window_left, window_right)
+    got = emulate(q, k, v, do, causal, scale, window_left, window_right, br80)
     if window_left < 0 and window_right < 0:
         ref = attention_gradients(q, k, v, do, causal, scale=scale)
     else:
@@ -465,8 +522,8 @@ def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M
         # taken or skipped wrongly changes an entry by O(1)
         tol = 1e-9 * max(1.0, r.abs().max().item())
         assert torch.allclose(a, r, rtol=1e-9, atol=tol), f"{name}: {(a - r).abs().max().item():.3e}"
-    BR = query_tile(D)
     banded, lo, hi = band(M, N, causal, window_left, window_right)
+    BR = query_tile(D, br80, banded)
     m_tiles = -(-M // BR)
     for n0 in range(0, N, BC):
         it_begin, it_end, plain_begin, plain_end = walk(n0, M, N, BR, banded, lo, hi)
@@ -484,6 +541,7 @@ def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, M
 
 # the kernel's lines that walk(), masked() and band() above write again in Python: if one changes, so must they
 MIRRORED = [
+    "if (BR == 80) return r * D + (c ^ (((r >> 1) & 3) << 3));",
     "const long long first = (long long)n0 - hi, last = (long long)min(n0 + BC, N) - 1 - lo;",
     "it_begin = first <= 0 ? 0 : first >= M ? m_tiles : (int)(first / BR);",
     "it_end = last < 0 ? 0 : (int)min((long long)m_tiles, last / BR + 1);",
@@ -532,14 +590,14 @@ def turn(j: int, it: int, BR: int, banded: bool, lo: int) -> int:
 
 
 @pytest.mark.parametrize("M,N", WALK_SHAPES)
-@pytest.mark.parametrize("D", [64, 128])
+@TILES
 @pytest.mark.parametrize("causal,window_left,window_right", BANDS)
-def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, window_right, D, M, N):
+def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, window_right, D, br80, M, N):
     """For every query tile, the key tiles that visit it (walk) wait for turns 0, 1, 2, ... in the order of
     their blockIdx (lowest key tile first): each turn is taken once and none waits for a tile that never
     comes, so the deterministic mode neither deadlocks nor skips."""
-    BR = query_tile(D)
     banded, lo, hi = band(M, N, causal, window_left, window_right)
+    BR = query_tile(D, br80, banded)
     visitors: dict[int, list[int]] = {}
     for j, n0 in enumerate(range(0, N, BC)):
         it_begin, it_end, _, _ = walk(n0, M, N, BR, banded, lo, hi)
@@ -594,8 +652,10 @@ def test_block_order_figure_counts_the_first_waves_heads():
         assert np.bincount(grid.ravel()).tolist() == [132] * 15 + [32 * 64 - 15 * 132]
 
 
-def image_float(D: int, r: int, c: int) -> int:
-    """dq_image_float<D>(r, c): where element (r, c) of a query tile's dQ sits in the accumulator's tile."""
+def image_float(D: int, r: int, c: int, BR: int | None = None) -> int:
+    """dq_image_float<D, BR>(r, c): where element (r, c) of a query tile's dQ sits in the accumulator's tile."""
+    if BR == 80:
+        return r * D + (c ^ (((r >> 1) & 3) << 3))
     split_rows = D == 64
     cwg, rr, cc = (r // 64, r % 64, c) if split_rows else (c // 64, r, c % 64)
     wq, g, h, t, q = rr // 16, rr % 8, (rr // 8) % 2, cc // 8, (cc % 8) // 2
@@ -631,6 +691,32 @@ def test_dq_image_is_the_consumers_store_order_and_convert_reads_it_back(D):
             assert at % 4 == 0 and [image_float(D, r, c + i) for i in range(4)] == [at + i for i in range(4)]
 
 
+def test_dq_image_br80_is_conflict_free_and_convert_reads_it_back():
+    """V8B_BR80: each consumer thread holds dQ_i^T's rows (head-dim columns c = 64 cwg + 16 wq + g + 8h) x
+    columns (queries x = 8t + 2q + e) and stores them one float at a time (the kernel's `img[dq_image_float<D,
+    BR>(x, c)]`): per store instruction (fixed t, i) its 32 lanes hit 32 distinct banks; the map is a
+    permutation of the tile; four columns from a multiple of 4 stay four consecutive, aligned floats."""
+    D, BR = 128, 80
+    seen = np.full(BR * D, -1)
+    for cwg in range(2):
+        for wq in range(4):
+            for t in range(BR // 8):
+                for i in range(4):
+                    banks = set()
+                    for lane in range(32):
+                        g, q = divmod(lane, 4)
+                        x, c = 8 * t + 2 * q + (i & 1), 64 * cwg + 16 * wq + g + 8 * (i >> 1)
+                        at = image_float(D, x, c, BR)
+                        banks.add(at % 32)
+                        seen[at] = x * D + c
+                    assert len(banks) == 32, (cwg, wq, t, i)
+    assert sorted(seen) == list(range(BR * D)), "the image is not a permutation of the tile"
+    for r in range(BR):
+        for c in range(0, D, 4):
+            at = image_float(D, r, c, BR)
+            assert at % 4 == 0 and [image_float(D, r, c + i, BR) for i in range(4)] == [at + i for i in range(4)]
+
+
 def test_mirrored_lines_are_the_kernels():
     text = " ".join(KERNEL.read_text().split())
     for line in MIRRORED:
@@ -662,17 +748,20 @@ def forward_lse(q, k, v, causal, scale, window=(-1, -1)):
     return o.to(q.dtype), lse.float()
 
 
-def workspace_like(q) -> torch.Tensor:
-    """A float32 tensor of the binding's workspace size (dQ accumulator and row terms, padded)."""
+def workspace_like(q, br80: bool = False) -> torch.Tensor:
+    """A float32 tensor of the binding's workspace size (v8_backward_workspace_bytes: dQ accumulator and row
+    terms padded for either instance's query tile, and the turns)."""
     B, H, M, D = q.shape
-    BR, D = query_tile(D), -(-D // 64) * 64   # the accumulator has the tiles' columns
-    return q.new_empty(B * H * (-(-M // BR) * BR) * (D + 2), dtype=torch.float32)
+    D = tile_dim(D)   # the accumulator has the tiles' columns
+    tiles = {query_tile(D, br80, banded) for banded in (False, True)}
+    rows = B * H * max(-(-M // t) * t for t in tiles)
+    return q.new_empty(rows * (D + 2) + rows // min(tiles), dtype=torch.float32)
 
 
-def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1), deterministic=False):
+def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1), deterministic=False, br80=False):
     """(dq, dk, dv) of v8's forward_lse and the v8 backward, the memory they get poisoned with NaN first."""
     o, lse = forward_lse(q, k, v, causal, scale, window)
-    conftest.poison_allocator(q, k, v, workspace_like(q))   # dq, dk, dv and the workspace
+    conftest.poison_allocator(q, k, v, workspace_like(q, br80))   # dq, dk, dv and the workspace
     if window == (-1, -1):   # the binding's own parameters, as v6's backward has them without a window
         got = bwd.backward(q, k, v, o, lse, do, causal, deterministic, scale)
     else:
@@ -812,18 +901,18 @@ SANITIZE_MASKS = [(False, (-1, -1), False), (True, (-1, -1), False), (False, (40
 
 
 def step_build(flag: str | None):
-    """The default build (None), or the build with one -D flag of a measured step under a module name of its
-    own."""
+    """The default build (None), or the build with the -D flags of a measured step (one, or several separated
+    by spaces) under a module name of its own."""
     from flashattn.loader import build
     if flag is None:
         return build("v8_backward", archs=["9.0a"], functions=("backward",))
-    name = flag.removeprefix("-DV8B_").replace("=", "").lower()
-    return build("v8_backward", extra_cuda_cflags=[flag], archs=["9.0a"], functions=("backward",),
+    name = "_".join(f.removeprefix("-DV8B_").replace("=", "").lower() for f in flag.split())
+    return build("v8_backward", extra_cuda_cflags=flag.split(), archs=["9.0a"], functions=("backward",),
                  module_name=f"flashattn_v8_backward_{name}")
 
 
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
-SANITIZE_STEPS = ["-DV8B_EARLY_DV=1", "-DV8B_STAGES=3"]
+SANITIZE_STEPS = ["-DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR80, f"{BR80} -DV8B_STAGES=3"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -834,12 +923,14 @@ def sanitize_target(flag: str | None = None) -> None:
         for D in GRAD_DIMS if flag is None else (64, 128):
             for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
-                if det and flag == "-DV8B_STAGES=3" and D == 64:   # refused before any launch: no dQ image
+                no_image = flag is not None and "-DV8B_STAGES=3" in flag and (D == 64 or BR80 in flag and not causal
+                                                                             and window == (-1, -1))
+                if det and no_image:   # refused before any launch: no dQ image
                     with pytest.raises(RuntimeError, match=r"needs the bulk dQ reduction"):
                         ours(mod, q, k, v, do, causal, None, window, det)
                     print(f"ran v8b B={B} M={M} N={N} D={D}: deterministic=True refused", flush=True)
                     continue
-                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det)
+                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det, flag is not None and BR80 in flag)
                 assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
                 print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window} "
                       f"deterministic={det}", flush=True)
@@ -907,6 +998,38 @@ def test_builds_match_the_default_bit_for_bit(flag, D, causal):
         return
     det = [ours(m, q, k, v, do, causal, deterministic=True) for m in (mod, mod, default)]
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*det))
+
+
+# (B, H, H_kv, M, N) for V8B_BR80: tiles of 80 cut at both ends, M != N both ways, one row, grouped heads
+BR80_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 3, 17, 17), (2, 2, 2, 113, 203), (2, 2, 2, 203, 113), (1, 6, 2, 1023, 1025),
+               (1, 4, 4, 1025, 1023), (2, 2, 2, 1, 1025), (1, 8, 1, 333, 1025), (1, 2, 2, 160, 160)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("flag", [BR80, f"{BR80} -DV8B_STAGES=3"], ids=["br80", "br80_stages3"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", GRAD_DIMS)
+@pytest.mark.parametrize("B,H,H_kv,M,N", BR80_SHAPES)
+def test_br80_builds_match_float64(flag, causal, D, B, H, H_kv, M, N):
+    """V8B_BR80 (B_r = 80 and dQ_i^T = K_j^T dS_i^T in the unbanded D = 128 kernel; with 3 stages dQ leaves by
+    red.global, the image no longer fitting) against float64 within twice SDPA's error, bf16 and fp16; the
+    kernels it does not change (banded, D = 64) give dK and dV bit for bit as the default build; the
+    deterministic mode (where the build has the image) repeats bit for bit."""
+    mod = step_build(flag)
+    dtype = list(DTYPES)[(M + N + D) % len(DTYPES)]
+    q, k, v, do = make(B, H, H_kv, M, N, D, dtype, seed=M * 7 + N + D)
+    got = compare_grads(ours(mod, q, k, v, do, causal, br80=True), q, k, v, do, causal)
+    if causal or D == 64:
+        ref = ours(step_build(None), q, k, v, do, causal)
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]), "an unchanged kernel changed"
+    if "-DV8B_STAGES=3" in flag and D != 64 and not causal:
+        with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
+            ours(mod, q, k, v, do, causal, deterministic=True, br80=True)
+        return
+    det = [ours(mod, q, k, v, do, causal, deterministic=True, br80=True) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic runs differ"
+    compare_grads(det[0], q, k, v, do, causal)
 
 
 @pytest.mark.gpu

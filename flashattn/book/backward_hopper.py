@@ -94,11 +94,11 @@ def evaluate(name: str, known: dict, text: str | None = None) -> dict:
     return values
 
 
-def layout(D: int, stages: int | None = None, text: str | None = None, flags=()) -> dict:
-    """Layout<D, STAGES> of the kernel as a build with `flags` has it (`stages` None: V8B_STAGES's)."""
+def layout(D: int, stages: int | None = None, text: str | None = None, flags=(), banded: bool = False) -> dict:
+    """Layout<D, STAGES, BANDED> of the kernel as a build with `flags` has it (`stages` None: V8B_STAGES's)."""
     text = source(KERNEL) if text is None else text
     known = macros(text, flags)
-    return evaluate("Layout", {**known, "D": D, "STAGES": stages or known["V8B_STAGES"]}, text)
+    return evaluate("Layout", {**known, "D": D, "STAGES": stages or known["V8B_STAGES"], "BANDED": int(banded)}, text)
 
 
 def registers(text: str | None = None) -> dict:

@@ -172,6 +172,11 @@ STEPS = {
     "stages": ("stage-count times", {"3 slots (V8B_STAGES=3)": ("stages3", False),
                                      "2 slots (default)": ("default", False)},
                {"3 / 2 slots": (0, 1)}, "Ratios above 1: two slots are faster."),
+    "tile": ("query-tile times", {"B_r = 80 (V8B_BR80=1)": ("br80", False), "B_r = 64 (default)": ("default", False),
+                                  "B_r = 80, deterministic": ("br80", True)},
+             {"80 / 64": (0, 1), "deterministic / default, B_r = 80": (2, 0)},
+             "Ratios above 1 in the first: B_r = 64 is faster. The build changes only the unmasked kernel at D = 128 "
+             "(causal rows and D = 64 run the same kernel in both columns: their ratio is the run's spread)."),
 }
 
 

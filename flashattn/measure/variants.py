@@ -229,7 +229,7 @@ BACKWARD_DET = (BACKWARD_TILE[1], _backward("v6_det_split", "deterministic mode 
                                             br=128, det_split=1))
 
 # The Hopper backward's builds ("The backward on Hopper": flashattn.book.backward_hopper_live): its first dQ path,
-# the order of its blocks, its first way of making descriptors, where dV_j is issued, a third slot.
+# the order of its blocks, its first way of making descriptors, where dV_j is issued, a third slot, B_r = 80.
 V8_BACKWARD = (
     Variant("default", "v8_backward", None),
     Variant("dq_atomics", "v8_backward", None, {"V8B_DQ_BULK": 0}, "dQ by 16 red.global per consumer thread and step"),
@@ -245,6 +245,8 @@ V8_BACKWARD = (
     Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1},
             "dV_j issued before the wait for dP^T (D=128; D=64 issues it with dK_j)"),
     Variant("stages3", "v8_backward", None, {"V8B_STAGES": 3}, "Q_i, dO_i and the row terms in three slots"),
+    Variant("br80", "v8_backward", None, {"V8B_BR80": 1},
+            "B_r = 80 at D=128 without a band, dQ_i^T = K_j^T dS_i^T (FlashAttention-3's and -4's tile there)"),
 )
 
 # ---------------------------------------------------------------------------------------------- sets
