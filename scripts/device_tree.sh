@@ -6,14 +6,23 @@
 #   scripts/device_tree.sh light   delete the tracked *.ncu-rep files from the working tree (git keeps them)
 #   scripts/device_tree.sh full    restore them from git (do this before unpacking a call's records.tar.gz,
 #                                  which may hold newly recorded reports)
+#   scripts/device_tree.sh keep GLOB...  like light, but keep the reports whose paths match a GLOB (the whole
+#                                  set is over 64 MiB since the V8B_BR80 profiles: a call that executes
+#                                  notebooks keeps the reports those notebooks read, e.g. 'results/h200/flash_v8_*')
 #   scripts/device_tree.sh size    the MiB that would travel, without any carried path
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case ${1:?usage: scripts/device_tree.sh light|full|size} in
+case ${1:?usage: scripts/device_tree.sh light|keep GLOB...|full|size} in
   light) git ls-files -z '*.ncu-rep' | xargs -0 rm -f ;;
+  keep)
+    shift
+    git ls-files -z '*.ncu-rep' | while IFS= read -r -d '' f; do
+      for g in "$@"; do case $f in $g) continue 2 ;; esac; done
+      rm -f "$f"
+    done ;;
   full)  git ls-files -z --deleted '*.ncu-rep' | xargs -0 -r git checkout -- ;;
   size)  ;;
-  *) echo "usage: scripts/device_tree.sh light|full|size" >&2; exit 2 ;;
+  *) echo "usage: scripts/device_tree.sh light|keep GLOB...|full|size" >&2; exit 2 ;;
 esac
 set +o pipefail   # stat fails on the files `light` deleted: they do not travel
 { git ls-files -z --cached; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null |

@@ -91,9 +91,14 @@ def test_registers_split_fits_the_launch():
 
 def test_evaluator_follows_an_edited_struct():
     text = source("v8_backward")
-    edited = text.replace("BR = D == 64 ? 128 : 64;", "BR = D == 64 ? 128 : 32;")
+    edited = text.replace("BR = D == 64 ? 128 : V8B_BR80 != 0 && !BANDED ? 80 : 64;",
+                          "BR = D == 64 ? 128 : V8B_BR80 != 0 && !BANDED ? 80 : 32;")
     assert edited != text
     assert notes.layout(128, text=edited)["BR"] == 32 and notes.layout(128, text=text)["BR"] == 64
+    # V8B_BR80: 80 rows in the unbanded instance only, dQ_i^T's flag with them
+    br80 = notes.layout(128, flags=["-DV8B_BR80=1"])
+    assert (br80["BR"], br80["DQ_T"], br80["DQ_BULK"]) == (80, 1, 1)
+    assert notes.layout(128, flags=["-DV8B_BR80=1"], banded=True)["BR"] == 64
     assert notes.layout(64, text=text.replace("#define V8B_STAGES 2", "#define V8B_STAGES 3"))["STAGES"] == 3
     with pytest.raises(ValueError, match="struct Layout"):
         notes.layout(64, text=text.replace("struct Layout {", "struct Tiles {"))

@@ -30,7 +30,8 @@ PIPES = {"tensor_op_gmma": "wgmma", "fma": "FP32 add, multiply, FMA; IMAD",
          "adu": "branches, barriers, constant loads"}
 COMMAND = ("`python -m flashattn.measure.profile {name} -B 2 -H 16 -D 128 --seq-len 8192 --out results/h200`")
 # reports kept under another name than the one `profile` writes: the name it was profiled as
-PROFILED = {"v8_backward_l2order": "v8_backward", "v8_backward_early_dv": "v8_backward"}
+PROFILED = {"v8_backward_l2order": "v8_backward", "v8_backward_early_dv": "v8_backward",
+            "v8_backward_tile64": "v8_backward", "v8_backward_tile80": "v8_backward"}
 
 
 def summaries(names=PAIR) -> tuple[dict | None, str | None]:
@@ -148,6 +149,12 @@ def step_log(name: str):
     return md("\n".join(kept).replace("\nMeasured now", "\n\nMeasured"))
 
 
+def log_text(name: str) -> str:
+    """A log of results/h200/logs without its '#' command line (which the page's prose gives) and blank lines."""
+    text = (REPO_ROOT / "results" / "h200" / "logs" / name).read_text()
+    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# "))
+
+
 # dV_j with dK_j (the two steps' report), before dP^T's wait (V8B_EARLY_DV=1, the default when it was profiled),
 # FlashAttention-4's; at D=64, both kernels at (4, 12, 2048, 64) non-causal; the warp states that moved
 DV = {"v8_backward_l2order": "dV_j with dK_j", "v8_backward_early_dv": "dV_j before dPᵀ's wait",
@@ -157,23 +164,43 @@ D64_SHAPE = dict(batch_size=4, num_heads=12, seq_len=2048, head_dim=64)
 STALLS = ("barrier", "short_scoreboard", "wait", "long_scoreboard")
 
 
-def stall_table(names: dict, seq_len: int = SHAPE["seq_len"]):
-    """Reports side by side: time, tensor pipe, and the warp states that differ (cycles per issued instruction)."""
+def stall_table(names: dict, seq_len: int = SHAPE["seq_len"], metrics=ORDER_ROWS[:2], instructions: bool = False,
+                stalls=STALLS):
+    """Reports side by side: time, tensor pipe (or `metrics` of ncu_tables.table_rows), the executed instructions
+    over the last report's (`instructions`), and the warp states that differ (cycles per issued instruction)."""
     got = {n: records.profile_summary(n, seq_len) for n in names}
     if any(v is None for v in got.values()):
         return md(f"*Not recorded here: {', '.join(str(records.report_path(n, seq_len).name) for n in names)} "
                   "(or `ncu_report` is not installed).*")
     rows = {n: {a: b for a, b, _ in ncu_tables.table_rows(s)} for n, s in got.items()}
     lines = ["| Metric | " + " | ".join(names.values()) + " |", "|---|" + "--:|" * len(names)]
-    lines += [f"| {m} | " + " | ".join(rows[n][m] for n in names) + " |" for m in ORDER_ROWS[:2]]
+    lines += [f"| {m} | " + " | ".join(rows[n][m] for n in names) + " |" for m in metrics]
+    if instructions:
+        counts = {n: _pipe_counts(str(records.report_path(n, seq_len)))["all"] for n in names}
+        last = counts[list(names)[-1]]
+        lines.append(f"| Instructions, over {list(names.values())[-1]}'s | " +
+                     " | ".join(f"{counts[n] / last:.2f}×" for n in names) + " |")
     lines += [f"| stall: {r.replace('_', ' ')} | " + " | ".join(f"{got[n]['stalls'].get(r, 0.0):.2f}" for n in names) +
-              " |" for r in STALLS]
+              " |" for r in stalls]
     lines.append("| all states, per issued instruction | " +
                  " | ".join(f"{got[n]['warp_cycles_per_issue']:.2f}" for n in names) + " |")
     shape = SHAPE if seq_len == SHAPE["seq_len"] else D64_SHAPE
     return md("\n".join(lines) + f"\n\nbf16, B = {shape['batch_size']}, H = {shape['num_heads']}, M = N = "
               f"{seq_len}, D = {shape['head_dim']}, non-causal, on {next(iter(got.values()))['device']}; "
               "durations under Nsight Compute; stalls in cycles per issued instruction.")
+
+
+# V8B_BR80's step (the same command, both builds in one session at 9a00c38) beside FlashAttention-4's report
+TILE = {"v8_backward_tile64": "B_r = 64 (default)", "v8_backward_tile80": "B_r = 80 (V8B_BR80=1)",
+        "fa4_backward": "FlashAttention-4"}
+TILE_STALLS = ("barrier", "mio_throttle", "short_scoreboard", "wait", "long_scoreboard")
+
+
+def tile_table():
+    """B_r = 64 and 80 at the chapter's shape, and FlashAttention-4: time, tensor pipe, shared-memory bank conflicts,
+    instructions, and the warp states."""
+    return stall_table(TILE, metrics=("Profiled duration", "Tensor pipe", "Shared-memory bank conflicts"),
+                       instructions=True, stalls=TILE_STALLS)
 
 
 def dv_table():
