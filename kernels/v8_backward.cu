@@ -202,7 +202,10 @@
 // only sets N (wgmma's M is 64 per warpgroup, and 80 is not a multiple of it). dS_i then goes to shared
 // memory as [queries][keys] (the K-major B operand, as Q_i is for S^T), stored from the dS^T accumulator by
 // stmatrix .trans, and dQ_i^T's fragments go into the image row-major, XOR-swizzled (dq_image_float). The
-// banded instances keep B_r = 64, as FlashAttention-3 and -4 do.
+// banded instances keep B_r = 64, as FlashAttention-3 and -4 do. Shared memory at B_r = 80: K_j, V_j 2 x 32 KB,
+// Q_i, dO_i 2 stages x 2 x 20 KB, dS 2 x 20 KB, row terms 2 x 2 x 320 B, dQ_i^T's image 40 KB: 226.3 KB with the 1
+// KB to align (3 stages leave no room for the image: 40 red.global per consumer thread and step). Registers
+// at the widest point: dK_j, dV_j 64 floats each, S^T, dP^T 40 each, 208 of the 240 (192 at B_r = 64).
 #ifndef V8B_BR80
 #define V8B_BR80 0
 #endif
