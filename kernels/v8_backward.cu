@@ -817,6 +817,39 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     wgmma_commit();
   };
 
+  // V8B_BR80 (L::DQ_T): dS as [queries][keys] into the tile at ds_tile, panel cwg (my 64 keys) of [B_r rows][128
+  // bytes], the 16-byte chunk of keys 8c .. 8c + 7 of query row x at chunk c ^ (x % 8). Tiles (t, h) = (2p + i /
+  // 2, i % 2) per instruction; lane l gives row l % 8 of tile l / 8: query 8t + l % 8, chunk 2 wq + h. A tile's
+  // 8 rows are 8 distinct chunks: one wavefront per tile.
+  auto store_ds_queries_by_keys = [&](const unsigned char* ds_tile) {
+    const int i = lane >> 3, x0 = lane & 7;
+    const uint32_t panel = smem_addr(ds_tile) + cwg * (BR * 128);
+#pragma unroll
+    for (int pp = 0; pp < NT / 2; ++pp) {
+      const int x = 8 * (2 * pp + (i >> 1)) + x0;
+      stmatrix_x4_trans(panel + x * 128 + (((2 * wq + (i & 1)) ^ x0) << 4), ds_pack[2 * pp][0], ds_pack[2 * pp][1],
+                        ds_pack[2 * pp + 1][0], ds_pack[2 * pp + 1][1]);
+    }
+  };
+  // V8B_BR80: dq[4t + i] is dQ_i^T's row (head-dim column) c, column (query) x: into the image (dq_image_float),
+  // or one red.global per float without it.
+  auto dq_transposed_out = [&](const int bh, const int it) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int x = 8 * t + 2 * q + (i & 1), c = 64 * cwg + 16 * wq + g + 8 * (i >> 1);
+        if constexpr (L::DQ_BULK)
+          reinterpret_cast<float*>(gbase + L::DQ_OFF)[dq_image_float<D, BR>(x, c)] = dq[4 * t + i];
+        else
+          red_add1(dq_acc + ((size_t)bh * M_pad + (size_t)it * BR + x) * D + c, dq[4 * t + i]);
+      }
+    if constexpr (L::DQ_BULK) {
+      fence_proxy_async_smem();
+      mbar_arrive(dq_full);
+    }
+  };
+
   // One step: query tile `it` of head bh, the u-th of the block. MASKED (a template choice, so that no
   // branch sits between a wgmma and its wait: ptxas keeps no wgmma in flight across a branch that may
   // diverge): keys >= N and (banded) keys outside a row's band get P = 0.
@@ -880,7 +913,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     // for dQ: key row r (128 bytes per row of a 64-query panel), query pair 8t + 2q in panel t / 8, chunk
     // (t % 8) ^ (r % 8) -- the 128-byte swizzle the descriptor reads, TMA's own -- byte 4q; per store
     // instruction the 8 rows g x 4 lanes q hit 32 distinct banks.
-    [[maybe_unused]] unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;   // !L::DQ_T
+    unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float2 d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
@@ -897,20 +930,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
         }
       }
     }
-    if constexpr (L::DQ_T) {
-      // dS as [queries][keys]: panel cwg (my 64 keys) of [B_r rows][128 bytes], the 16-byte chunk of keys
-      // 8c .. 8c + 7 of query row x at chunk c ^ (x % 8). Tiles (t, h) = (2p + i / 2, i % 2) per instruction;
-      // lane l gives row l % 8 of tile l / 8: query 8t + l % 8, chunk 2 wq + h. A tile's 8 rows are 8
-      // distinct chunks: one wavefront per tile.
-      const int i = lane >> 3, x0 = lane & 7;
-      const uint32_t panel = sdS(buf) + cwg * (BR * 128);
-#pragma unroll
-      for (int pp = 0; pp < NT / 2; ++pp) {
-        const int x = 8 * (2 * pp + (i >> 1)) + x0;
-        stmatrix_x4_trans(panel + x * 128 + (((2 * wq + (i & 1)) ^ x0) << 4), ds_pack[2 * pp][0],
-                          ds_pack[2 * pp][1], ds_pack[2 * pp + 1][0], ds_pack[2 * pp + 1][1]);
-      }
-    }
+    if constexpr (L::DQ_T) store_ds_queries_by_keys(ds_tile);   // V8B_BR80: dS transposed, by stmatrix
     if constexpr (DV_AT == 2) {
       wgmma_fence();
       issue_dv(st);
@@ -929,22 +949,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     // dQ's half done (and dV_j; dK_j may still run): out to the accumulator, no row test (padded rows)
     wgmma_wait<1>();
     pin(dq);
-    if constexpr (L::DQ_T) {   // dq[4t + i]: dQ_i^T's row (head-dim column) c, column (query) x
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int x = 8 * t + 2 * q + (i & 1), c = 64 * cwg + 16 * wq + g + 8 * (i >> 1);
-          if constexpr (L::DQ_BULK)
-            reinterpret_cast<float*>(gbase + L::DQ_OFF)[dq_image_float<D, BR>(x, c)] = dq[4 * t + i];
-          else
-            red_add1(dq_acc + ((size_t)bh * M_pad + (size_t)it * BR + x) * D + c, dq[4 * t + i]);
-        }
-      if constexpr (L::DQ_BULK) {
-        fence_proxy_async_smem();
-        mbar_arrive(dq_full);
-      }
-    } else if constexpr (L::DQ_BULK) {   // into the image, in fragment order (dq_image_float), for the writer
+    if constexpr (L::DQ_BULK && !L::DQ_T) {   // into the image, in fragment order (dq_image_float), for the writer
       float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;
 #pragma unroll
       for (int t = 0; t < 8; ++t)
@@ -952,13 +957,15 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
         for (int h = 0; h < 2; ++h) img[(2 * t + h) * 32] = make_float2(dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
       fence_proxy_async_smem();   // the stores, before the copy engine reads them
       mbar_arrive(dq_full);
-    } else {
+    } else if constexpr (!L::DQ_T) {
       const int r0 = it * BR + (L::SPLIT_ROWS ? 64 * cwg : 0) + 16 * wq + g;
       float* dst = dq_acc + ((size_t)bh * M_pad + r0) * D + (L::SPLIT_ROWS ? 0 : 64 * cwg) + 2 * q;
 #pragma unroll
       for (int t = 0; t < 8; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) red_add2(dst + (size_t)h * 8 * D + 8 * t, dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
+    } else {
+      dq_transposed_out(bh, it);   // V8B_BR80
     }
     wgmma_wait<0>();
     pin(dk);
