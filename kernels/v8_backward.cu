@@ -104,10 +104,10 @@
 // Steps taken since the first version, each a switch below, timed on the H200 (the lab notes of "The backward
 // on Hopper"): the order of the blocks (V8B_HEAD_GROUP, up to 5%), descriptors made once per tile
 // (V8B_DESC_ADD, 0-3%), where dV_j is issued (V8B_EARLY_DV, within 1%), a third slot (V8B_STAGES, none
-// faster) and B_r = 80 at D=128 without a mask (V8B_BR80: 2-3% less time where it applies, 12% fewer
-// instructions under Nsight Compute; its tests and the three sanitizer tools passed on the H200,
-// results/h200/logs/pytest_br80_9a00c38.log; not the default until the chapter's records are re-recorded
-// with it). Next: that default, fewer integer and uniform instructions per step, and causal scheduling.
+// faster) and B_r = 80 at D=128 without a mask (V8B_BR80: 7-13% less time where it applies, 2-3% in its
+// first, inline version; 12% fewer instructions and the tensor pipe 65.6% -> 74.5% busy under Nsight Compute;
+// its tests and the three sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log; not
+// the default until the chapter's records are re-recorded with it). Next: that default, fewer integer and uniform instructions per step, and causal scheduling.
 //
 // Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
@@ -930,7 +930,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
         }
       }
     }
-    if constexpr (L::DQ_T) store_ds_queries_by_keys(ds_tile);   // V8B_BR80: dS transposed, by stmatrix
+    if constexpr (L::DQ_T) store_ds_queries_by_keys(ds_tile);
     if constexpr (DV_AT == 2) {
       wgmma_fence();
       issue_dv(st);
@@ -949,7 +949,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     // dQ's half done (and dV_j; dK_j may still run): out to the accumulator, no row test (padded rows)
     wgmma_wait<1>();
     pin(dq);
-    if constexpr (L::DQ_BULK && !L::DQ_T) {   // into the image, in fragment order (dq_image_float), for the writer
+    if constexpr (L::DQ_BULK && !L::DQ_T) {   // into the image, in fragment order
       float2* img = reinterpret_cast<float2*>(gbase + L::DQ_OFF) + (cwg * 4 + wq) * 16 * 32 + lane;
 #pragma unroll
       for (int t = 0; t < 8; ++t)
