@@ -1234,7 +1234,6 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
 #include <torch/csrc/utils/pybind.h>   // at::Tensor <-> torch.Tensor for pybind11
-#include <algorithm>
 #include <cmath>
 #include <optional>
 

@@ -31,6 +31,7 @@ included: not implemented); compute-sanitizer (memcheck, racecheck, synccheck) w
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -64,10 +65,11 @@ needs_hopper = pytest.mark.skipif(not is_hopper(), reason="the v8 backward needs
 BC = 128   # keys per block (Layout::BC; flashattn.book.block_order.BC)
 
 
+@functools.cache
 def query_tile(D: int, br80: bool = False, banded: bool = False) -> int:
     """Layout::BR: query rows per step at head dim D (br80: a V8B_BR80=1 build, whose unbanded D = 128 kernel
-    takes 80)."""
-    return 128 if D == 64 else 80 if br80 and not banded else 64
+    takes 80), evaluated from the kernel's struct."""
+    return backward_hopper.layout(tile_dim(D), flags=[BR80] if br80 else [], banded=banded)["BR"]
 
 
 BR80 = "-DV8B_BR80=1"
