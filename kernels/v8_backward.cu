@@ -80,11 +80,12 @@
 //   = 0. Needs compute capability 9.0.
 //
 // Tiles (per head dim; 3 warpgroups = 384 threads, one block per SM):
-//   D=128: B_c = 128 keys, B_r = 64 queries (FlashAttention-3's tile at this head dim). Shared memory:
-//          K_j, V_j 2 x 32 KB; Q_i, dO_i 2 stages x 2 x 16 KB; dS^T 2 buffers x 16 KB; lse2, D_i 2 x 2 x
-//          256 B; dQ_i's image 32 KB; barriers: 193 KB + 1 KB to align the base (3 stages: 226 KB; without
-//          the image 161 and 194 KB). dQ_i is split by columns:
-//          consumer c computes dQ_i[:, 64c .. 64c + 63] (one 64-column panel of K_j).
+//   D=128: B_c = 128 keys; B_r = 80 queries without a band, 64 with one (FlashAttention-3's and -4's tiles
+//          at this head dim; V8B_BR80 below). B_r = 64: K_j, V_j 2 x 32 KB; Q_i, dO_i 2 stages x 2 x 16 KB;
+//          dS^T 2 buffers x 16 KB; lse2, D_i 2 x 2 x 256 B; dQ_i's image 32 KB; barriers: 193 KB + 1 KB to
+//          align the base (3 stages: 226 KB; without the image 161 and 194 KB). dQ_i is split by columns:
+//          consumer c computes dQ_i[:, 64c .. 64c + 63] (one 64-column panel of K_j). B_r = 80 turns dQ_i's
+//          product round (dQ_i^T = K_j^T dS_i^T, consumer c computes head-dim rows 64c .. 64c + 63).
 //   D=64 : B_c = 128, B_r = 128 (FlashAttention-3's tile at D=64). Shared memory: K_j, V_j 2 x 16 KB;
 //          Q_i, dO_i 2 x 2 x 16 KB; dS^T 2 x 32 KB; row terms 2 x 2 x 512 B; the image 32 KB: 194 KB + 1 KB
 //          (3 stages leave no room for the image: 195 KB without it). dQ_i is split
@@ -94,8 +95,8 @@
 //          project), or both consumers adding a whole 64 x 64 partial dQ (twice the atomics); with B_r =
 //          128 both splits are whole panels and each key tile's loop has half the steps.
 //   Registers per consumer thread at the widest point (after S^T, dP^T): dK_j and dV_j D/2 floats each,
-//   S^T and dP^T B_r/2 each -- 192 at both head dims (128 + 64 at D=128, 64 + 128 at D=64); later dQ's
-//   32 floats and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 / 384), producer
+//   S^T and dP^T B_r/2 each -- 192 at both head dims with B_r = 64 or 128 (128 + 64 at D=128, 64 + 128 at
+//   D=64), 208 at B_r = 80; later dQ's 32 floats (40 at B_r = 80) and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 / 384), producer
 //   24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168), the split of v8's forward at D=128; the consumers
 //   fit their share with no spills and no stack frame (tests/test_v8_backward.py checks the split, the
 //   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
@@ -104,10 +105,11 @@
 // Steps taken since the first version, each a switch below, timed on the H200 (the lab notes of "The backward
 // on Hopper"): the order of the blocks (V8B_HEAD_GROUP, up to 5%), descriptors made once per tile
 // (V8B_DESC_ADD, 0-3%), where dV_j is issued (V8B_EARLY_DV, within 1%), a third slot (V8B_STAGES, none
-// faster) and B_r = 80 at D=128 without a mask (V8B_BR80: 7-13% less time where it applies, 2-3% in its
-// first, inline version; 12% fewer instructions and the tensor pipe 65.6% -> 74.5% busy under Nsight Compute;
-// its tests and the three sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log; not
-// the default until the chapter's records are re-recorded with it). Next: that default, fewer integer and uniform instructions per step, and causal scheduling.
+// faster) and B_r = 80 at D=128 without a mask (V8B_BR80, the default since the chapter's records were
+// re-recorded with it: 7-13% less time where it applies, 2-3% in its first, inline version; 12% fewer
+// instructions and the tensor pipe 65.6% -> 74.5% busy under Nsight Compute; its tests and the three
+// sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log). Next: fewer integer and
+// uniform instructions per step, and causal scheduling.
 //
 // Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
@@ -186,7 +188,9 @@
 //   2 (default): once dS^T is stored, before the named barrier (FlashAttention-3's and -4's place).
 // D=128 only: at D=64 (B_r = 128) the registers are too few. With 1 the packed P^T beside S^T and dP^T
 // (B_r / 4 + B_r / 2 + B_r / 2) do not fit the 240: ptxas spills and waits after every wgmma; with 2 the
-// banded kernel spills 8 to 32 bytes (with and without V8B_EXP_FENCE). D=64 issues dV_j with dK_j.
+// banded kernel spills 8 to 32 bytes (with and without V8B_EXP_FENCE). D=64 issues dV_j with dK_j. 1 spills
+// at B_r = 80 too (V8B_BR80, the unbanded D=128 kernel: 40 packed P^T registers more), so it was measured,
+// and is tested, at B_r = 64 (-DV8B_BR80=0).
 // On the H200 the three took the same time within 1% at the four target shapes (2 fastest at D=128 by 1%,
 // results/h200/logs/backward_dv_9bde8ce.log, where 2 also ran at D=64); under Nsight Compute 1 cut the
 // barrier stalls (1.56 -> 0.88 cycles per issued instruction) and not the kernel's duration (4.61 -> 4.63
@@ -195,8 +199,8 @@
 #define V8B_EARLY_DV 2
 #endif
 
-// The query tile at D=128 without a band (no causal mask, no window). 0 (default): B_r = 64, dQ_i = dS K_j
-// with the queries as M (above). 1: B_r = 80, FlashAttention-3's and -4's tile there
+// The query tile at D=128 without a band (no causal mask, no window). 0: B_r = 64, dQ_i = dS K_j with the
+// queries as M (above; the first versions). 1 (default): B_r = 80, FlashAttention-3's and -4's tile there
 // (hopper/flash_bwd_launch_template.h): a step covers 25% more queries for the same K_j, V_j, and dQ_i's
 // product is turned round, dQ_i^T = K_j^T dS_i^T, so that its M is the head dim (64 per warpgroup) and B_r
 // only sets N (wgmma's M is 64 per warpgroup, and 80 is not a multiple of it). dS_i then goes to shared
@@ -207,7 +211,7 @@
 // KB to align (3 stages leave no room for the image: 40 red.global per consumer thread and step). Registers
 // at the widest point: dK_j, dV_j 64 floats each, S^T, dP^T 40 each, 208 of the 240 (192 at B_r = 64).
 #ifndef V8B_BR80
-#define V8B_BR80 0
+#define V8B_BR80 1
 #endif
 
 namespace v8b {

@@ -60,7 +60,8 @@ def test_layout_regions_are_back_to_back_and_aligned(D, stages):
     for name, off, _ in regions:
         if not name.startswith(("lse2", "D_i", "dQ image", "barriers")):
             assert off % 1024 == 0, f"{name} at {off}: the 128-byte swizzle needs 1024-byte aligned tiles"
-    assert L["BR"] * D == 64 * 128 and L["THREADS"] == 384
+    # dQ_i's tile in two 64 x 64 halves, or at B_r = 80 (V8B_BR80, the default at D = 128) dQ_i^T in two 64 x 80
+    assert (L["BR"] * D == 64 * 128 or (D, L["BR"], L["DQ_T"]) == (128, 80, 1)) and L["THREADS"] == 384
     assert L["STAGE_TX"] == 2 * L["QO_BYTES"] + 2 * L["ROW_BYTES"]
     assert L["NBARS"] == 1 + 2 * stages + 2   # K/V; full and empty per stage; dq_full, dq_empty
     assert L["BYTES"] - L["BAR_OFF"] == 8 * L["NBARS"] and L["DYNAMIC"] == L["BYTES"] + 1024
@@ -94,11 +95,14 @@ def test_evaluator_follows_an_edited_struct():
     edited = text.replace("BR = D == 64 ? 128 : V8B_BR80 != 0 && !BANDED ? 80 : 64;",
                           "BR = D == 64 ? 128 : V8B_BR80 != 0 && !BANDED ? 80 : 32;")
     assert edited != text
-    assert notes.layout(128, text=edited)["BR"] == 32 and notes.layout(128, text=text)["BR"] == 64
-    # V8B_BR80: 80 rows in the unbanded instance only, dQ_i^T's flag with them
-    br80 = notes.layout(128, flags=["-DV8B_BR80=1"])
+    assert notes.layout(128, text=edited, banded=True)["BR"] == 32
+    assert notes.layout(128, text=text, banded=True)["BR"] == 64
+    # V8B_BR80 (the default): 80 rows in the unbanded instance only, dQ_i^T's flag with them; 0 gives it 64
+    br80 = notes.layout(128)
     assert (br80["BR"], br80["DQ_T"], br80["DQ_BULK"]) == (80, 1, 1)
-    assert notes.layout(128, flags=["-DV8B_BR80=1"], banded=True)["BR"] == 64
+    assert notes.layout(128, flags=["-DV8B_BR80=1"]) == br80
+    br64 = notes.layout(128, flags=["-DV8B_BR80=0"])
+    assert (br64["BR"], br64["DQ_T"], br64["DQ_BULK"]) == (64, 0, 1)
     assert notes.layout(64, text=text.replace("#define V8B_STAGES 2", "#define V8B_STAGES 3"))["STAGES"] == 3
     with pytest.raises(ValueError, match="struct Layout"):
         notes.layout(64, text=text.replace("struct Layout {", "struct Tiles {"))

@@ -66,15 +66,29 @@ BC = 128   # keys per block (Layout::BC; flashattn.book.block_order.BC)
 
 
 @functools.cache
-def query_tile(D: int, br80: bool = False, banded: bool = False) -> int:
-    """Layout::BR: query rows per step at head dim D (br80: a V8B_BR80=1 build, whose unbanded D = 128 kernel
-    takes 80), evaluated from the kernel's struct."""
-    return backward_hopper.layout(tile_dim(D), flags=[BR80] if br80 else [], banded=banded)["BR"]
+def query_tile(D: int, flags: tuple[str, ...] = (), banded: bool = False) -> int:
+    """Layout::BR: query rows per step at head dim D in a build with these -D flags (none: the default build),
+    evaluated from the kernel's struct."""
+    return backward_hopper.layout(tile_dim(D), flags=list(flags), banded=banded)["BR"]
 
 
-BR80 = "-DV8B_BR80=1"
-# (head dim, V8B_BR80) of the CPU tests that emulate the tiles: B_r = 128, 64 and, with V8B_BR80, 80
-TILES = pytest.mark.parametrize("D,br80", [(64, False), (128, False), (128, True)], ids=["d64", "d128", "d128-br80"])
+# V8B_BR80 picks the unbanded D = 128 kernel's query tile: 80 (the default) or 64 (the first versions')
+BR80, BR64 = "-DV8B_BR80=1", "-DV8B_BR80=0"
+
+
+def tile_flags(br80: bool) -> tuple[str, ...]:
+    """The flag that gives the unbanded D = 128 kernel B_r = 80 (br80) or 64, whichever is the default."""
+    return (BR80,) if br80 else (BR64,)
+
+
+def takes_br80(flags) -> bool:
+    """Whether a build with these -D flags runs B_r = 80 (dQ_i^T = K_j^T dS_i^T) in its unbanded D = 128 kernel."""
+    return query_tile(128, tuple(flags)) == 80
+
+
+# (head dim, B_r = 80) of the CPU tests that emulate the tiles: B_r = 128, 64 and 80
+TILES = pytest.mark.parametrize("D,br80", [(64, False), (128, False), (128, True)],
+                                ids=["d64", "d128-br64", "d128-br80"])
 
 
 # The head dims of the GPU tests: 96 runs D = 128's tiles with columns 96 .. 127 zero (flash_bwd_ws's DG)
@@ -119,15 +133,15 @@ def dv_at(flags: list[str], D: int) -> int:
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
-                                   ["-DV8B_EARLY_DV=1"], [BR80], [BR80, "-DV8B_STAGES=3"]],
+                                   [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait", "br80", "br80_stages3"])
+                              "dv_before_dp_wait", "br64", "br64_stages3"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
     # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 96, 128); flash_bwd_ws also x causal;
-    # V8B_BR80: at D = 96 and 128 bwd_convert also for B_r = 80
-    assert len(entries) == 8 * len(GRAD_DIMS) + (4 if BR80 in flags else 0), entries
+    # B_r = 80 (V8B_BR80): at D = 96 and 128 bwd_convert also for B_r = 80
+    assert len(entries) == 8 * len(GRAD_DIMS) + (4 if takes_br80(flags) else 0), entries
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
     for line in report.splitlines():
@@ -142,7 +156,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     fence = "-DV8B_EXP_FENCE=0" not in flags
     for name, text in funcs.items():
         D = tile_dim(head_dim(name))   # the SASS of D = 96 is D = 128's tiles, its stores aside
-        BR = query_tile(D, BR80 in flags, "Lb1E" in name)
+        BR = query_tile(D, tuple(flags), "Lb1E" in name)
         dq_t = BR == 80   # dQ_i^T: dS by stmatrix .trans, the image by 4 x B_r / 8 scalar stores per thread
         assert text.count("STSM") == (2 * BR // 16 if dq_t else 0), f"{name}: stmatrix count"
         assert re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", text), f"{name}: no register-A HGMMA (dV, dK)"
@@ -308,7 +322,7 @@ def test_opdesc_adds_offsets_exactly(D, br80):
     """V8B_DESC_ADD: a tile's descriptor plus off / 16 is the descriptor make_desc builds at tile + off, for every
     tile and k-step offset of the kernel's products, wherever the block's shared memory starts (1024-aligned,
     below the 256 KB that the start-address field's 18 bits reach): no sum carries into the LBO field."""
-    BR, L = query_tile(D, br80), backward_hopper.layout(D, flags=[BR80] if br80 else [])
+    BR, L = query_tile(D, tile_flags(br80)), backward_hopper.layout(D, flags=list(tile_flags(br80)))
     assert L["BR"] == BR and L["DYNAMIC"] + 1024 <= 1 << 18
     tiles = [(L["K_OFF"] + cwg * 64 * 128, 16) for cwg in range(2)] + [(L["V_OFF"], 16)]
     tiles += [(L["K_OFF"] + cwg * BC * 128, BC * 128) for cwg in range(2)]
@@ -328,7 +342,7 @@ def test_opdesc_adds_offsets_exactly(D, br80):
 @TILES
 def test_operand_layouts_emulated(D, br80):
     """Each wgmma operand the kernel describes, read back through its descriptor, is the matrix it means."""
-    BR = query_tile(D, br80)
+    BR = query_tile(D, tile_flags(br80))
     rng = np.random.default_rng(D)
     K, V = (rng.integers(-8, 9, (BC, D)).astype(np.float16) for _ in range(2))
     Q, dO = (rng.integers(-8, 9, (BR, D)).astype(np.float16) for _ in range(2))
@@ -442,7 +456,7 @@ def emulate(q, k, v, do, causal: bool, scale: float, window_left: int = -1, wind
     B, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     banded, lo, hi = band(M, N, causal, window_left, window_right)
-    group, BR = H // H_kv, query_tile(D, br80, banded)
+    group, BR = H // H_kv, query_tile(D, tile_flags(br80), banded)
     M_pad = -(-M // BR) * BR
     s = torch.einsum("bhmd,bhnd->bhmn", q, k.repeat_interleave(group, 1)) * scale
     s = s.masked_fill(~visible(M, N, causal, window_left, window_right), float("-inf"))
@@ -525,7 +539,7 @@ def test_tile_walk_sums_to_the_gradients(causal, window_left, window_right, D, b
         tol = 1e-9 * max(1.0, r.abs().max().item())
         assert torch.allclose(a, r, rtol=1e-9, atol=tol), f"{name}: {(a - r).abs().max().item():.3e}"
     banded, lo, hi = band(M, N, causal, window_left, window_right)
-    BR = query_tile(D, br80, banded)
+    BR = query_tile(D, tile_flags(br80), banded)
     m_tiles = -(-M // BR)
     for n0 in range(0, N, BC):
         it_begin, it_end, plain_begin, plain_end = walk(n0, M, N, BR, banded, lo, hi)
@@ -599,7 +613,7 @@ def test_deterministic_turns_are_0_1_2_in_key_tile_order(causal, window_left, wi
     their blockIdx (lowest key tile first): each turn is taken once and none waits for a tile that never
     comes, so the deterministic mode neither deadlocks nor skips."""
     banded, lo, hi = band(M, N, causal, window_left, window_right)
-    BR = query_tile(D, br80, banded)
+    BR = query_tile(D, tile_flags(br80), banded)
     visitors: dict[int, list[int]] = {}
     for j, n0 in enumerate(range(0, N, BC)):
         it_begin, it_end, _, _ = walk(n0, M, N, BR, banded, lo, hi)
@@ -671,7 +685,7 @@ def test_dq_image_is_the_consumers_store_order_and_convert_reads_it_back(D):
     consecutive columns from a multiple of 4 are four consecutive, 16-byte aligned floats (bwd_convert's
     float4 loads). Each store instruction (fixed t, h) writes 32 lanes x 8 contiguous bytes: no bank
     conflict."""
-    BR = query_tile(D)
+    BR = query_tile(D, (BR64,))
     split_rows = D == 64
     seen = np.full(BR * D, -1)
     for cwg in range(2):
@@ -750,20 +764,22 @@ def forward_lse(q, k, v, causal, scale, window=(-1, -1)):
     return o.to(q.dtype), lse.float()
 
 
-def workspace_like(q, br80: bool = False) -> torch.Tensor:
-    """A float32 tensor of the binding's workspace size (v8_backward_workspace_bytes: dQ accumulator and row
-    terms padded for either instance's query tile, and the turns)."""
+def workspace_like(q, flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """A float32 tensor of the binding's workspace size in a build with these -D flags
+    (v8_backward_workspace_bytes: dQ accumulator and row terms padded for either instance's query tile, and
+    the turns)."""
     B, H, M, D = q.shape
     D = tile_dim(D)   # the accumulator has the tiles' columns
-    tiles = {query_tile(D, br80, banded) for banded in (False, True)}
+    tiles = {query_tile(D, flags, banded) for banded in (False, True)}
     rows = B * H * max(-(-M // t) * t for t in tiles)
     return q.new_empty(rows * (D + 2) + rows // min(tiles), dtype=torch.float32)
 
 
-def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1), deterministic=False, br80=False):
-    """(dq, dk, dv) of v8's forward_lse and the v8 backward, the memory they get poisoned with NaN first."""
+def ours(bwd, q, k, v, do, causal, scale=None, window=(-1, -1), deterministic=False, flags=()):
+    """(dq, dk, dv) of v8's forward_lse and the v8 backward (bwd: a build with these -D flags), the memory they
+    get poisoned with NaN first."""
     o, lse = forward_lse(q, k, v, causal, scale, window)
-    conftest.poison_allocator(q, k, v, workspace_like(q, br80))   # dq, dk, dv and the workspace
+    conftest.poison_allocator(q, k, v, workspace_like(q, tuple(flags)))   # dq, dk, dv and the workspace
     if window == (-1, -1):   # the binding's own parameters, as v6's backward has them without a window
         got = bwd.backward(q, k, v, o, lse, do, causal, deterministic, scale)
     else:
@@ -914,25 +930,26 @@ def step_build(flag: str | None):
 
 
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
-SANITIZE_STEPS = ["-DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR80, f"{BR80} -DV8B_STAGES=3"]
+# (V8B_EARLY_DV=1 spills at B_r = 80: it was measured at 64)
+SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
     """What the sanitizer runs: every shape at every head dim (a step build: the first and third shapes at 64
     and 128), no mask, causal and a window, bf16, one line per call."""
-    mod = step_build(flag)
+    mod, flags = step_build(flag), tuple(flag.split()) if flag else ()
     for B, H, H_kv, M, N in SANITIZE_SHAPES if flag is None else SANITIZE_SHAPES[0:3:2]:
         for D in GRAD_DIMS if flag is None else (64, 128):
             for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
-                no_image = flag is not None and "-DV8B_STAGES=3" in flag and (D == 64 or BR80 in flag and not causal
-                                                                             and window == (-1, -1))
+                no_image = "-DV8B_STAGES=3" in flags and (D == 64 or takes_br80(flags) and not causal
+                                                          and window == (-1, -1))
                 if det and no_image:   # refused before any launch: no dQ image
                     with pytest.raises(RuntimeError, match=r"needs the bulk dQ reduction"):
-                        ours(mod, q, k, v, do, causal, None, window, det)
+                        ours(mod, q, k, v, do, causal, None, window, det, flags)
                     print(f"ran v8b B={B} M={M} N={N} D={D}: deterministic=True refused", flush=True)
                     continue
-                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det, flag is not None and BR80 in flag)
+                dq, dk, dv = ours(mod, q, k, v, do, causal, None, window, det, flags)
                 assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
                 print(f"ran v8b B={B} H={H} H_kv={H_kv} M={M} N={N} D={D} causal={causal} window={window} "
                       f"deterministic={det}", flush=True)
@@ -979,57 +996,64 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
-                                  "-DV8B_EARLY_DV=0", "-DV8B_EARLY_DV=1", "-DV8B_STAGES=3"])
+                                  "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):
     """Other orders of the blocks (V8B_HEAD_GROUP), descriptors made for every wgmma (V8B_DESC_ADD=0), dV_j
     issued elsewhere in the step (V8B_EARLY_DV) and a third slot (V8B_STAGES=3) compute the same gradients: dK
     and dV bit for bit as the default build (each written once, from the same sums in the same order), and in
-    the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in)."""
-    mod = step_build(flag)
+    the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in). A step
+    measured at B_r = 64 is held against the default build of that tile (V8B_BR80=0)."""
+    mod, flags = step_build(flag), flag.split()
     q, k, v, do = make(3, 6, 3, 333, 1025, D, torch.bfloat16, seed=len(flag) + D)
-    got = ours(mod, q, k, v, do, causal)
+    got = ours(mod, q, k, v, do, causal, flags=flags)
     compare_grads(got, q, k, v, do, causal)
-    default = step_build(None)
-    ref = ours(default, q, k, v, do, causal)
+    base = [f for f in flags if f == BR64]
+    default = step_build(" ".join(base) or None)
+    ref = ours(default, q, k, v, do, causal, flags=base)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
-    if flag == "-DV8B_STAGES=3" and D == 64:   # no room for dQ's image beside three slots: red.global, no turns
+    # no room for dQ's image beside three slots at D = 64 and at B_r = 80 (unbanded D = 128): red.global, no turns
+    if flag == "-DV8B_STAGES=3" and (D == 64 or not causal):
         with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
-            ours(mod, q, k, v, do, causal, deterministic=True)
+            ours(mod, q, k, v, do, causal, deterministic=True, flags=flags)
         return
-    det = [ours(m, q, k, v, do, causal, deterministic=True) for m in (mod, mod, default)]
+    det = [ours(m, q, k, v, do, causal, deterministic=True, flags=f) for m, f in ((mod, flags), (mod, flags),
+                                                                                  (default, base))]
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*det))
 
 
-# (B, H, H_kv, M, N) for V8B_BR80: tiles of 80 cut at both ends, M != N both ways, one row, grouped heads
-BR80_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 3, 17, 17), (2, 2, 2, 113, 203), (2, 2, 2, 203, 113), (1, 6, 2, 1023, 1025),
+# (B, H, H_kv, M, N) for the query tiles: tiles of 80 cut at both ends, M != N both ways, one row, grouped heads
+TILE_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 3, 17, 17), (2, 2, 2, 113, 203), (2, 2, 2, 203, 113), (1, 6, 2, 1023, 1025),
                (1, 4, 4, 1025, 1023), (2, 2, 2, 1, 1025), (1, 8, 1, 333, 1025), (1, 2, 2, 160, 160)]
 
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("flag", [BR80, f"{BR80} -DV8B_STAGES=3"], ids=["br80", "br80_stages3"])
+@pytest.mark.parametrize("flag", [None, "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3"],
+                         ids=["br80", "br80_stages3", "br64", "br64_stages3"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", GRAD_DIMS)
-@pytest.mark.parametrize("B,H,H_kv,M,N", BR80_SHAPES)
-def test_br80_builds_match_float64(flag, causal, D, B, H, H_kv, M, N):
-    """V8B_BR80 (B_r = 80 and dQ_i^T = K_j^T dS_i^T in the unbanded D = 128 kernel; with 3 stages dQ leaves by
-    red.global, the image no longer fitting) against float64 within twice SDPA's error, bf16 and fp16; the
-    kernels it does not change (banded, D = 64) give dK and dV bit for bit as the default build; the
-    deterministic mode (where the build has the image) repeats bit for bit."""
-    mod = step_build(flag)
+@pytest.mark.parametrize("B,H,H_kv,M,N", TILE_SHAPES)
+def test_query_tile_builds_match_float64(flag, causal, D, B, H, H_kv, M, N):
+    """Both query tiles of the unbanded D = 128 kernel (B_r = 80 with dQ_i^T = K_j^T dS_i^T, the default, and
+    the first versions' 64, V8B_BR80=0), each with 2 and 3 slots (at B_r = 80 three leave no room for the image:
+    dQ leaves by red.global), against float64 within twice SDPA's error, bf16 and fp16; the kernels V8B_BR80
+    does not change (banded, D = 64) give dK and dV bit for bit as the default build; the deterministic mode
+    (where the build has the image) repeats bit for bit."""
+    mod, flags = step_build(flag), tuple(flag.split()) if flag else ()
     dtype = list(DTYPES.values())[(M + N + D) % len(DTYPES)]
     q, k, v, do = make(B, H, H_kv, M, N, D, dtype, seed=M * 7 + N + D)
-    got = compare_grads(ours(mod, q, k, v, do, causal, br80=True), q, k, v, do, causal)
-    if causal or D == 64:
+    got = compare_grads(ours(mod, q, k, v, do, causal, flags=flags), q, k, v, do, causal)
+    if flag is not None and (causal or D == 64):
         ref = ours(step_build(None), q, k, v, do, causal)
         assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]), "an unchanged kernel changed"
-    if "-DV8B_STAGES=3" in flag and (D == 64 or not causal):   # no room for the image beside three slots
+    # no room for the image beside three slots at D = 64 and at B_r = 80
+    if "-DV8B_STAGES=3" in flags and (D == 64 or takes_br80(flags) and not causal):
         with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
-            ours(mod, q, k, v, do, causal, deterministic=True, br80=True)
+            ours(mod, q, k, v, do, causal, deterministic=True, flags=flags)
         return
-    det = [ours(mod, q, k, v, do, causal, deterministic=True, br80=True) for _ in range(2)]
+    det = [ours(mod, q, k, v, do, causal, deterministic=True, flags=flags) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*det)), "deterministic runs differ"
     compare_grads(det[0], q, k, v, do, causal)
 

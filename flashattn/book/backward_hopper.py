@@ -33,6 +33,9 @@ BULK_LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
 HEAD_DIMS = (64, 128)
 SMEM_OPTIN = resources.SM90["smem_per_block_max"]   # what one block may opt into on sm_90
 DQ_ATOMICS = ("-DV8B_DQ_BULK=0",)                   # the first version's dQ path, kept as a build
+# B_r = 64 in the unbanded D = 128 kernel, the tile of every step before V8B_BR80 (the default takes 80): the
+# tables of those steps compile it, so that they show the builds that were timed
+BR64 = ("-DV8B_BR80=0",)
 # V6's key-tile kernel as sm_90 builds it by default: layout 2, two stages, dQ by bulk reduction (DQ_SUM 1)
 V6_KERNELS = {64: "bwd_dkdv_split<__nv_bfloat16, 64, 128, 2, 2, 1, false>",
               128: "bwd_dkdv_split<__nv_bfloat16, 128, 64, 2, 2, 1, false>"}
@@ -280,9 +283,10 @@ def mix_rows(D: int, flags=()) -> dict[str, int]:
 DESC_MAKE = ("-DV8B_DESC_ADD=0",)   # make_desc for every wgmma: the first version's descriptors
 
 
-def mix_table() -> str:
-    """Per head dim, the first version's descriptors (V8B_DESC_ADD=0) beside the default's."""
-    rows = {f"D={D}, {label}": mix_rows(D, flags) for D in HEAD_DIMS
+def mix_table(base=BR64) -> str:
+    """Per head dim, the first version's descriptors (V8B_DESC_ADD=0) beside the default's, on the tile the step
+    was timed on (base: B_r = 64 at D = 128)."""
+    rows = {f"D={D}, {label}": mix_rows(D, base + flags) for D in HEAD_DIMS
             for label, flags in (("make_desc per wgmma", DESC_MAKE), ("descriptor + offset", ()))}
     lines = ["| instructions of one plain step, per thread | " + " | ".join(rows) + " |", "|---|" + "--:|" * len(rows)]
     for name in next(iter(rows.values())):
@@ -291,13 +295,14 @@ def mix_table() -> str:
     return "\n".join(lines)
 
 
-def dq_rows() -> list[dict]:
-    """The plain step of the default build beside the V8B_DQ_BULK=0 build's, per head dim: what runs in dQ's
-    window, the step's length, the kernel's bulk reductions and its shared memory."""
+def dq_rows(base=BR64) -> list[dict]:
+    """The plain step of the default build beside the V8B_DQ_BULK=0 build's, per head dim, on the tile the step
+    was timed on (base: B_r = 64 at D = 128): what runs in dQ's window, the step's length, the kernel's bulk
+    reductions and its shared memory."""
     rows = []
     for D in HEAD_DIMS:
         for name, flags in (("V8B_DQ_BULK=1 (default)", ()), ("V8B_DQ_BULK=0 (first version)", DQ_ATOMICS)):
-            lines, L = texts(D, flags=flags), layout(D, flags=flags)
+            lines, L = texts(D, flags=base + flags), layout(D, flags=base + flags)
             plain = min((span_counts(s) for s in step_spans(lines, L)), key=lambda c: c["fsel"])
             rows.append({"D": D, "build": name, "while dV_j, dK_j run": out_of_window(plain["windows"][1]),
                          "step instructions": plain["instructions"],
@@ -357,14 +362,15 @@ def _tensor_row(label: str, lines: list[str]) -> dict:
             "shared stores": ops["STS"] + ops["STSM"], "bar.sync": ops["BAR"]}
 
 
-def v6_rows() -> list[dict]:
-    """One warp, one query tile: V6's hot loop (sm_90 default build) and this kernel's plain step."""
+def v6_rows(base=BR64) -> list[dict]:
+    """One warp, one query tile: V6's hot loop (sm_90 default build) and this kernel's plain step, on V6's tile
+    (base: B_r = 64 at D = 128, so that both do the same tensor work)."""
     rows = []
     for D in HEAD_DIMS:
         hot = sass.function("v6_backward", V6_KERNELS[D]).hot_loop()
         rows.append(_tensor_row(f"V6, D={D} (mma.sync)", [i.text for i in hot.instructions]))
-        plain = min(step_spans(texts(D), layout(D)), key=lambda s: span_counts(s)["fsel"])
-        rows.append(_tensor_row(f"this kernel, D={D} (wgmma)", plain))
+        plain = min(step_spans(texts(D, flags=base), layout(D, flags=base)), key=lambda s: span_counts(s)["fsel"])
+        rows.append(_tensor_row(f"this kernel, D={D} (wgmma{', B_r = 64' if D == 128 else ''})", plain))
     return rows
 
 

@@ -191,7 +191,7 @@ def stall_table(names: dict, seq_len: int = SHAPE["seq_len"], metrics=ORDER_ROWS
 
 
 # V8B_BR80's step (the same command, both builds in one session at fadf861) beside FlashAttention-4's report
-TILE = {"v8_backward_tile64": "B_r = 64 (default)", "v8_backward_tile80": "B_r = 80 (V8B_BR80=1)",
+TILE = {"v8_backward_tile64": "B_r = 64 (V8B_BR80=0)", "v8_backward_tile80": "B_r = 80 (now the default)",
         "fa4_backward": "FlashAttention-4"}
 TILE_STALLS = ("barrier", "mio_throttle", "short_scoreboard", "wait", "long_scoreboard")
 

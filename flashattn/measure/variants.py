@@ -240,13 +240,14 @@ V8_BACKWARD = (
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
     Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
     Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
-    Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0},
-            "dV_j issued with dK_j, after dQ_i (the first version)"),
-    Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1},
-            "dV_j issued before the wait for dP^T (D=128; D=64 issues it with dK_j)"),
+    Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0, "V8B_BR80": 0},
+            "dV_j issued with dK_j, after dQ_i (the first version), at B_r = 64 as measured"),
+    Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1, "V8B_BR80": 0},
+            "dV_j issued before the wait for dP^T (D=128 at B_r = 64: it spills at 80; D=64 issues it with dK_j)"),
     Variant("stages3", "v8_backward", None, {"V8B_STAGES": 3}, "Q_i, dO_i and the row terms in three slots"),
-    Variant("br80", "v8_backward", None, {"V8B_BR80": 1},
-            "B_r = 80 at D=128 without a band, dQ_i^T = K_j^T dS_i^T (FlashAttention-3's and -4's tile there)"),
+    Variant("br64", "v8_backward", None, {"V8B_BR80": 0},
+            "B_r = 64 at D=128 without a band, dQ_i = dS K_j (the first versions; the default takes 80, "
+            "FlashAttention-3's and -4's tile there, with dQ_i^T = K_j^T dS_i^T)"),
 )
 
 # ---------------------------------------------------------------------------------------------- sets
