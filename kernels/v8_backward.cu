@@ -3,17 +3,18 @@
 // moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
 // sliding windows, grouped-query heads, head dims 64, 96 (on 128-wide tiles) and 128. Needs an sm_90a build
 // (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
-// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes, and
-// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for the builds
-// V8B_EARLY_DV=1 (that run's default), 2 and V8B_STAGES=3 (results/h200/logs/pytest_v8b_early_dv_9bde8ce.log;
-// this file's default kernels compile to the same SASS as that run's default at D=64 and its V8B_EARLY_DV=2
-// build at D=128), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
+// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes (1,216), and
+// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for this default and the
+// step builds V8B_STAGES=3, V8B_BR80=0 with and without it, and V8B_BR80=0 V8B_EARLY_DV=1
+// (results/h200/logs/pytest_br80_default_0e647c9.log, sanitizer_br80_default_0e647c9.log); before, for the
+// builds V8B_EARLY_DV=1, 2 and V8B_STAGES=3 at B_r = 64 (pytest_v8b_early_dv_9bde8ce.log), V8B_BR80=1
+// (pytest_br80_fadf861.log, the SASS of this default), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
 // the first version's runs: *_f50ce76.log; the deterministic mode's block order of ac2747a ran its tests,
 // pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the tests and the
 // three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
 // runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
 // results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through
-// autograd beside V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at ac2747a,
+// autograd beside V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at 0e647c9,
 // this file's code (README: "The backward pass against SDPA's backends and FlashAttention-4"), and profiled
 // beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_

@@ -71,16 +71,17 @@ def test_layout_regions_are_back_to_back_and_aligned(D, stages):
 
 
 def test_exercise_two_answer():
-    """Three stages fit at both head dims, at D = 64 without dQ's image; four at neither, image or not, at
-    D = 128 by less than a hundred bytes."""
-    assert all(notes.layout(D, 3)["DYNAMIC"] <= notes.SMEM_OPTIN for D in notes.HEAD_DIMS)
-    assert (notes.layout(64, 3)["DQ_BULK"], notes.layout(128, 3)["DQ_BULK"]) == (0, 1)
-    assert all(notes.layout(D, 4)["DYNAMIC"] > notes.SMEM_OPTIN and not notes.layout(D, 4)["DQ_BULK"]
-               for D in notes.HEAD_DIMS)
-    assert notes.layout(128, 4)["DYNAMIC"] - notes.SMEM_OPTIN < 100
-    assert notes.layout(128, 4)["BYTES"] <= notes.SMEM_OPTIN   # it is the alignment kilobyte that tips it
+    """Three stages fit every kernel, with dQ's image only at D = 128 with a band (B_r = 64); four fit none,
+    image or not, the B_r = 64 kernel by less than a hundred bytes."""
+    kernels = [notes.layout(D, stages, banded=banded) for stages in (3, 4) for D, banded, _ in notes.INSTANCES]
+    assert [(L["BR"], L["STAGES"]) for L in kernels] == [(128, 3), (64, 3), (80, 3), (128, 4), (64, 4), (80, 4)]
+    assert all(L["DYNAMIC"] <= notes.SMEM_OPTIN for L in kernels[:3])
+    assert [L["DQ_BULK"] for L in kernels[:3]] == [0, 1, 0]
+    assert all(L["DYNAMIC"] > notes.SMEM_OPTIN and not L["DQ_BULK"] for L in kernels[3:])
+    assert kernels[4]["DYNAMIC"] - notes.SMEM_OPTIN < 100
+    assert kernels[4]["BYTES"] <= notes.SMEM_OPTIN   # it is the alignment kilobyte that tips it
     table = notes.smem_table((3, 4))
-    assert table.count("| yes |") == 2 and table.count("| no |") == 2 and table.count("no room") == 3
+    assert table.count("| yes |") == 3 and table.count("| no |") == 3 and table.count("no room") == 5
     assert all(notes.layout(D)["DQ_BULK"] for D in notes.HEAD_DIMS), "the default build has the image"
 
 
@@ -127,7 +128,7 @@ def test_expressions_as_python():
 def test_figure_rectangles_are_the_layout_to_scale():
     fig = figure.fig_dataflow()
     for D in notes.HEAD_DIMS:
-        L = notes.layout(D)
+        L = notes.layout(D, banded=True)   # at D = 128 the B_r = 64 kernel whose step the figure draws
         rects = {p.get_gid().split(":", 2)[2]: p for p in fig.axes[0].patches
                  if (p.get_gid() or "").startswith(f"smem:D{D}:")}
         assert set(rects) == {name for name, _, _ in notes.regions(L)}
@@ -151,7 +152,7 @@ def test_committed_png_is_what_the_code_draws():
 @needs_tools
 @pytest.mark.parametrize("D", notes.HEAD_DIMS)
 def test_sass_uses_layout_offsets(D):
-    L, got = notes.layout(D), notes.sass_offsets(notes.texts(D))
+    L, got = notes.layout(D, flags=notes.BR64), notes.sass_offsets(notes.texts(D, flags=notes.BR64))
     assert got["barriers"] == [L["BAR_OFF"] + 8 * k for k in range(L["NBARS"])]
     rows = [o for o in got["row terms"] if o >= L["LSE_OFF"]]
     assert rows == [L["LSE_OFF"] + 32 * t for t in range(L["BR"] // 8)] + \
@@ -162,10 +163,12 @@ def test_sass_uses_layout_offsets(D):
 
 @needs_tools
 def test_step_rows_hold_what_the_chapter_says():
-    rows = notes.step_rows()
+    """The step the chapter describes: B_r = 128 at D = 64, 64 at D = 128 (the banded kernel, and the unbanded
+    one's before V8B_BR80, which the lab's step table compiles)."""
+    rows = notes.step_rows(notes.BR64)
     assert [(r["D"], r["step"]) for r in rows] == [(64, "plain"), (64, "masked"), (128, "plain"), (128, "masked")]
     for r in rows:
-        L = notes.layout(r["D"])
+        L = notes.layout(r["D"], flags=notes.BR64)
         assert r["hgmma"] == 2 * r["D"] // 16 + L["BC"] // 16 + 2 * L["BR"] // 16
         assert r["register_a"] == 2 * L["BR"] // 16 and r["transposed_a"] == L["BC"] // 16
         assert r["waits"] == 4 and r["bar"] == 1 and r["ex2"] == L["BR"] // 2 and r["redg"] == 0
@@ -176,6 +179,21 @@ def test_step_rows_hold_what_the_chapter_says():
         assert r["image_stores"] == 16 and r["ds_stores"] == L["BR"] // 4
         assert r["fsel"] == (0 if r["step"] == "plain" else L["BR"] // 2)
         assert notes.out_of_window(second) == "16 st.shared.v2, 1 arrive, 0 branches"
+    assert [(r["hgmma"], r["ds_stores"]) for r in notes.step_rows(notes.BR64, banded=True)] == \
+        [(r["hgmma"], r["ds_stores"]) for r in rows]
+
+
+@needs_tools
+def test_step_rows_of_the_taller_tile():
+    """The default's unbanded D = 128 kernel (B_r = 80): dQ_i^T's 8 wgmma with A = K_j transposed, dS by B_r / 16
+    stmatrix, dQ^T's image by B_r / 2 4-byte stores and one arrival while dK_j runs (the lab's exercise)."""
+    L = notes.layout(128)
+    for r in notes.step_rows()[2:]:
+        assert (r["D"], L["BR"]) == (128, 80)
+        assert (r["hgmma"], r["register_a"], r["transposed_a"]) == (34, 10, 8)
+        assert (r["waits"], r["bar"], r["ex2"], r["redg"]) == (4, 1, 40, 0)
+        assert (r["ds_stores"], r["image_stores"]) == (80 // 16, 80 // 2)
+        assert notes.out_of_window(r["windows"][1]) == "40 st.shared, 1 arrive, 0 branches"
 
 
 @needs_tools
@@ -187,7 +205,7 @@ def test_dq_rows_show_the_step_from_the_first_version():
         assert bulk["while dV_j, dK_j run"] == "16 st.shared.v2, 1 arrive, 0 branches"
         assert first["while dV_j, dK_j run"] == "16 red.global, 0 branches"
         assert (bulk["UBLKRED in the kernel"], first["UBLKRED in the kernel"]) == (1, 0)
-        L, L0 = notes.layout(bulk["D"]), notes.layout(bulk["D"], flags=notes.DQ_ATOMICS)
+        L, L0 = notes.layout(bulk["D"], flags=notes.BR64), notes.layout(bulk["D"], flags=notes.BR64 + notes.DQ_ATOMICS)
         assert (bulk["shared memory"], first["shared memory"]) == (notes.kb(L["DYNAMIC"]), notes.kb(L0["DYNAMIC"]))
         assert L["DYNAMIC"] - L0["DYNAMIC"] == L["DQ_IMAGE"] == 32 * 1024
         assert abs(bulk["step instructions"] - first["step instructions"]) < 10, "about as long either way"
@@ -221,7 +239,7 @@ def test_exercise_one_answer():
             assert b["windows"][0]["MUFU.EX2"] == a["windows"][0]["MUFU.EX2"] == a["ex2"]
         else:
             assert b["windows"][0]["MUFU.EX2"] < a["windows"][0]["MUFU.EX2"] // 2, "most exponentials leave"
-    early = notes.step_rows(("-DV8B_EARLY_DV=1",))
+    early = notes.step_rows(notes.BR64 + ("-DV8B_EARLY_DV=1",))   # measured at B_r = 64 (it spills at 80)
     assert [r["D"] for r in early if r["dv_early"]] == [128, 128], "dV_j before dP^T's wait at D=128 only"
     assert not any(r["dv_early"] for r in fenced)
 
@@ -282,7 +300,7 @@ def test_log_lines_read_each_command_once(tmp_path):
     other = tmp_path / "other.log"
     other.write_text("# third\n..F.\nFAILED tests/t.py::x - E: RACECHECK SUMMARY: 5 hazards displayed\n"
                      "RACECHECK SUMMARY: 5 hazards displayed\n1 failed, 3 passed in 2.0s\n")
-    text = notes.log_lines((log, other))
+    text = profile.log_lines((log, other))
     assert text.count("first: pytest -k a") == 1
     assert "first: pytest -k a\n    4 passed in 1.0s\n" in text
     assert "second (stopped)\n    no summary (the run stopped); progress marks: 7 passed, 1 failed\n" in text
@@ -291,7 +309,7 @@ def test_log_lines_read_each_command_once(tmp_path):
 
 
 def test_committed_logs_are_read():
-    text = notes.log_lines()
+    text = profile.log_lines()
     assert "failed: tests/test_v8_backward.py::test_sanitizer_clean[racecheck]" in text
     assert "racecheck's summary:" in text and "tests/test_v8_backward.py -k sanitizer\n    3 passed" in text
     assert "(stopped by its 200 s limit)\n    no summary (the run stopped); progress marks: " in text

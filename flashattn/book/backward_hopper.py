@@ -9,27 +9,18 @@ kernels/v8_backward.cu on the CPU, so that its tables follow the file (its figur
 - `step_rows`, `step_table`: what one step issues, and what runs while a product is still in flight;
 - `dq_rows`, `dq_table`: how dQ leaves a step in the two builds (V8B_DQ_BULK 1 and 0), side by side;
 - `writer_lines`: the dQ writer thread's memory and ordering instructions, in SASS order;
-- `v6_rows`, `v6_table`: one warp's instructions per query tile, V6's mma.sync backward against this one;
-- `log_lines`: what the committed H200 logs (results/h200/logs) record.
+- `v6_rows`, `v6_table`: one warp's instructions per query tile, V6's mma.sync backward against this one.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
 
-from flashattn.loader import REPO_ROOT, source
 from flashattn.loader import excerpt as loader_excerpt
+from flashattn.loader import source
 from flashattn.measure import resources, sass
 
 KERNEL = "v8_backward"
-# the H200 runs of the first version (now V8B_DQ_BULK=0), in the order they ran: before and after the empty fix
-LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
-    "sanitizer_pending_gpu_rest_f50ce76.log", "pytest_pending_gpu_rest_f50ce76.log",
-    "v8_backward_arrive_all_threads.log"))
-# the bulk dQ path and the deterministic mode on the H200: the first run (four tests failed, each in the test),
-# the sanitizer run, and the fixed tests
-BULK_LOGS = tuple(REPO_ROOT / "results" / "h200" / "logs" / name for name in (
-    "pytest_v8_backward_77b169c.log", "sanitizer_v8_backward_77b169c.log", "pytest_backward_fixes_506e705.log"))
 HEAD_DIMS = (64, 128)
 SMEM_OPTIN = resources.SM90["smem_per_block_max"]   # what one block may opt into on sm_90
 DQ_ATOMICS = ("-DV8B_DQ_BULK=0",)                   # the first version's dQ path, kept as a build
@@ -126,14 +117,18 @@ def kb(n: int) -> str:
     return f"{n / 1024:,.1f} KB" if n >= 1024 else f"{n} B"
 
 
+# the kernels with a tile of their own: D = 64 (masked or not), D = 128 with a band and without (V8B_BR80)
+INSTANCES = ((64, False, "64"), (128, True, "128, causal or window"), (128, False, "128, no mask"))
+
+
 def smem_table(stages=(None,)) -> str:
-    """Shared memory per block by region, at both head dims, for each stage count (None: the default)."""
+    """Shared memory per block by region, per kernel of INSTANCES, for each stage count (None: the default)."""
     lines = ["| D | B_r × B_c | stages | K_j, V_j | Q_i, dO_i ring | dSᵀ (2 buffers) | lse2_i, D_i | dQ image | "
-             "barriers | with 1 KB to align | fits one block |", "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "barriers | with 1 KB to align | fits one block |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for s in stages:
-        for D in HEAD_DIMS:
-            L = layout(D, s)
-            lines.append(f"| {D} | {L['BR']} × {L['BC']} | {L['STAGES']} | {kb(2 * L['KV_BYTES'])} | "
+        for D, banded, label in INSTANCES:
+            L = layout(D, s, banded=banded)
+            lines.append(f"| {label} | {L['BR']} × {L['BC']} | {L['STAGES']} | {kb(2 * L['KV_BYTES'])} | "
                          f"{kb(2 * L['STAGES'] * L['QO_BYTES'])} | {kb(2 * L['DS_BYTES'])} | "
                          f"{kb(2 * L['STAGES'] * L['ROW_BYTES'])} | "
                          f"{kb(L['DQ_IMAGE']) if L['DQ_BULK'] else 'no room'} | {L['BYTES'] - L['BAR_OFF']} B | "
@@ -164,11 +159,12 @@ def sass_offsets(lines: list[str]) -> dict[str, list[int]]:
     return {k: sorted(v) for k, v in found.items()}
 
 
-def offset_lines() -> str:
-    """Where the SASS of each head dim's kernel puts the row terms, dQ's image and the barriers, against Layout."""
+def offset_lines(flags=BR64) -> str:
+    """Where the SASS of each head dim's kernel puts the row terms, dQ's image (in 8-byte stores: not B_r = 80's)
+    and the barriers, against Layout."""
     out = []
     for D in HEAD_DIMS:
-        L, got = layout(D), sass_offsets(texts(D))
+        L, got = layout(D, flags=flags), sass_offsets(texts(D, flags=flags))
         lse = [o for o in got["row terms"] if L["LSE_OFF"] <= o < L["DVEC_OFF"]]
         dvec = [o for o in got["row terms"] if L["DVEC_OFF"] <= o < L["DQ_OFF"]]
         out.append(f"D={D}, from the base: lse2_i read at {min(lse):#x} (Layout's LSE_OFF {L['LSE_OFF']:#x}), D_i "
@@ -224,7 +220,9 @@ def span_counts(span: list[str]) -> dict:
     return dict(instructions=len(span), hgmma=ops["HGMMA"],
                 register_a=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in span),
                 transposed_a=sum("tnspA" in t for t in span), waits=sum("DEPBAR.LE gsb0" in t for t in span),
-                ex2=full["MUFU.EX2"], fsel=ops["FSEL"], ds_stores=full["STS"], image_stores=full["STS.64"],
+                ex2=full["MUFU.EX2"], fsel=ops["FSEL"],
+                # dS (B_r = 80): stmatrix, and the image's 4-byte stores; else 4-byte dS^T and 8-byte image stores
+                ds_stores=ops["STSM"] or full["STS"], image_stores=full["STS"] if ops["STSM"] else full["STS.64"],
                 lds=ops["LDS"], redg=ops["REDG"], bar=ops["BAR"], windows=[c for _, _, c in gaps[0:3:2]],
                 dv_early=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in gaps[0][1]))
 
@@ -240,10 +238,11 @@ def step_rows(flags=(), banded: bool = False) -> list[dict]:
 
 
 def out_of_window(w: Counter) -> str:
-    """How dQ leaves in a window: its 8-byte shared stores, mbarrier arrivals and global reductions (those there
-    are), and its branches (none, or ptxas would have waited for the product first)."""
-    kinds = (("STS.64", "st.shared.v2"), ("SYNCS.ARRIVE", "arrive"), ("REDG", "red.global"))
-    return ", ".join([f"{w[k]} {name}" for k, name in kinds if w[k]] + [f"{w['BRA']} branches"])
+    """How dQ leaves in a window: its 8-byte and 4-byte (B_r = 80) shared stores, mbarrier arrivals and global
+    reductions (those there are), and its branches (none, or ptxas would have waited for the product first)."""
+    got = {"st.shared.v2": w["STS.64"], "st.shared": w["STS"] - w["STS.64"], "arrive": w["SYNCS.ARRIVE"],
+           "red.global": w["REDG"]}
+    return ", ".join([f"{n} {name}" for name, n in got.items() if n] + [f"{w['BRA']} branches"])
 
 
 def step_table(flags=()) -> str:
@@ -380,25 +379,3 @@ def v6_table() -> str:
     lines = ["| " + " | ".join(cols) + " |", "|---|" + "--:|" * (len(cols) - 1)]
     lines += ["| " + " | ".join(f"{r[c]:,}" if isinstance(r[c], int) else r[c] for c in cols) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def log_lines(paths=LOGS) -> str:
-    """Each command of the committed logs (its '#' line, once), then pytest's summary and the tests it names as
-    failed, with the hazards racecheck counted; for a run that stopped, the tests its progress lines show."""
-    out, seen = [], set()
-    for block in (b for path in paths for b in re.split(r"\n(?=# )", path.read_text().strip())):
-        head, _, body = block.partition("\n")
-        if head in seen:
-            continue
-        seen.add(head)
-        summary = re.search(r"^=*\s*(\d+ (?:passed|failed).*?)\s*=*$", body, re.M)
-        if summary is None:
-            marks = "".join(re.sub(r"\[\s*\d+%\]", "", ln).strip() for ln in body.splitlines()
-                            if re.fullmatch(r"[.FEsx]+\s*(\[\s*\d+%\])?", ln.strip()))
-            said = f"no summary (the run stopped); progress marks: {marks.count('.')} passed, {marks.count('F')} failed"
-        else:
-            said = summary[1]
-        named = dict.fromkeys([f"failed: {t}" for t in re.findall(r"^FAILED (\S+)", body, re.M)] + [
-            f"racecheck's summary: {n} hazards" for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazards", body)])
-        out.append(f"{head.lstrip('# ')}\n    {said}" + "".join(f"\n    {t}" for t in named))
-    return "\n".join(out)

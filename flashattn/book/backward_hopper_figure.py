@@ -48,8 +48,10 @@ def arrow(ax, start, end, kind, text="", at=None, rad=0.0, style="-|>", ls="-"):
 
 
 def smem_strip(ax, D: int, y: float, width: float = 15.6, x0: float = 0.4):
-    """Layout<D, default stages> to scale: one rectangle per region (gid 'smem:D<D>:<name>')."""
-    L = layout(D)
+    """Layout<D, default stages, banded> to scale: one rectangle per region (gid 'smem:D<D>:<name>'). The banded
+    kernel's: at D = 128 it keeps B_r = 64 and the queries as dQ's M, the step this figure draws (without a mask
+    the default takes B_r = 80 and turns dQ round, V8B_BR80)."""
+    L = layout(D, banded=True)
     scale = width / L["BYTES"]
     for name, off, size in regions(L):
         label = name.replace("^T", "ᵀ")
@@ -58,9 +60,10 @@ def smem_strip(ax, D: int, y: float, width: float = 15.6, x0: float = 0.4):
         ax.add_patch(r)
         if size * scale > 0.9:
             ax.text(x0 + (off + size / 2) * scale, y + 0.25, label, ha="center", va="center", fontsize=8)
-    ax.text(x0, y + 0.62, f"D = {D}: B_r = {L['BR']}, B_c = {L['BC']}, {L['STAGES']} stages, {L['BYTES']:,} bytes "
-            "to scale (lse2_i, D_i: the sliver before dQ's image; the mbarriers: at the right)", fontsize=8.5,
-            va="bottom")
+    mask = " with a mask" if D == 128 else ""
+    ax.text(x0, y + 0.62, f"D = {D}{mask}: B_r = {L['BR']}, B_c = {L['BC']}, {L['STAGES']} stages, "
+            f"{L['BYTES']:,} bytes to scale (lse2_i, D_i: the sliver before dQ's image; the mbarriers: at the right)",
+            fontsize=8.5, va="bottom")
 
 
 def fig_dataflow(show: bool = False):
@@ -68,7 +71,7 @@ def fig_dataflow(show: bool = False):
     with their full and empty barriers, dSᵀ through shared memory for dQ, and dQ leaving through a shared-memory
     image that the producer warpgroup's second thread hands to the copy engine (dq_full, dq_empty); below, the
     shared memory of both head dims to scale (Layout evaluated from the file)."""
-    L, R = layout(128), registers()
+    L, R = layout(128, banded=True), registers()
     fig, ax = plt.subplots(figsize=(16, 10.8))
     ax.set(xlim=(0, 16.4), ylim=(-1.9, 10.2))
     ax.axis("off")

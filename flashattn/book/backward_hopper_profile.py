@@ -6,17 +6,27 @@ at the shape where the two are furthest apart. Every table reads the committed r
 For the lab notes, the steps the profile asked for: `order_table` adds the report of the order that is now the
 default (V8B_HEAD_GROUP -1, profiled by the same command and saved as flash_v8_backward_l2order_s8192_profile),
 and `step_log` reads the tables `python -m flashattn.book.backward_hopper_live order|descriptors` printed on the
-H200 (results/h200/logs).
+H200 (results/h200/logs); `log_lines` what the committed test and sanitizer logs record.
 """
 from __future__ import annotations
 
 import functools
+import re
 
 from flashattn.book import records
 from flashattn.book.notebook import md
 from flashattn.loader import REPO_ROOT
 from flashattn.measure import ncu, ncu_tables
 
+LOGS_DIR = REPO_ROOT / "results" / "h200" / "logs"
+# the H200 runs of the first version (now V8B_DQ_BULK=0), in the order they ran: before and after the empty fix
+LOGS = tuple(LOGS_DIR / name for name in (
+    "sanitizer_pending_gpu_rest_f50ce76.log", "pytest_pending_gpu_rest_f50ce76.log",
+    "v8_backward_arrive_all_threads.log"))
+# the bulk dQ path and the deterministic mode on the H200: the first run (four tests failed, each in the test),
+# the sanitizer run, and the fixed tests
+BULK_LOGS = tuple(LOGS_DIR / name for name in (
+    "pytest_v8_backward_77b169c.log", "sanitizer_v8_backward_77b169c.log", "pytest_backward_fixes_506e705.log"))
 SHAPE = dict(batch_size=2, num_heads=16, seq_len=8192, head_dim=128)
 PAIR = {"v8_backward": "V8 backward (`flash_bwd_ws`)", "fa4_backward": "FlashAttention-4"}
 # the rows of ncu_tables.table_rows that differ between two tensor-core kernels at one shape
@@ -144,14 +154,14 @@ def order_table():
 
 def step_log(name: str):
     """The table a `backward_hopper_live` step printed on the H200, from results/h200/logs/NAME."""
-    text = (REPO_ROOT / "results" / "h200" / "logs" / name).read_text()
+    text = (LOGS_DIR / name).read_text()
     kept = [ln for ln in text.splitlines() if ln.startswith("|") or ln.startswith("Measured now")]
     return md("\n".join(kept).replace("\nMeasured now", "\n\nMeasured"))
 
 
 def log_text(name: str) -> str:
     """A log of results/h200/logs without its '#' command line (which the page's prose gives) and blank lines."""
-    text = (REPO_ROOT / "results" / "h200" / "logs" / name).read_text()
+    text = (LOGS_DIR / name).read_text()
     return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# "))
 
 
@@ -211,3 +221,25 @@ def dv_table():
 def d64_table():
     """Both main kernels at (4, 12, 2048, 64), where FlashAttention-4's backward is furthest ahead."""
     return stall_table(D64, D64_SHAPE["seq_len"])
+
+
+def log_lines(paths=LOGS) -> str:
+    """Each command of the committed logs (its '#' line, once), then pytest's summary and the tests it names as
+    failed, with the hazards racecheck counted; for a run that stopped, the tests its progress lines show."""
+    out, seen = [], set()
+    for block in (b for path in paths for b in re.split(r"\n(?=# )", path.read_text().strip())):
+        head, _, body = block.partition("\n")
+        if head in seen:
+            continue
+        seen.add(head)
+        summary = re.search(r"^=*\s*(\d+ (?:passed|failed).*?)\s*=*$", body, re.M)
+        if summary is None:
+            marks = "".join(re.sub(r"\[\s*\d+%\]", "", ln).strip() for ln in body.splitlines()
+                            if re.fullmatch(r"[.FEsx]+\s*(\[\s*\d+%\])?", ln.strip()))
+            said = f"no summary (the run stopped); progress marks: {marks.count('.')} passed, {marks.count('F')} failed"
+        else:
+            said = summary[1]
+        named = dict.fromkeys([f"failed: {t}" for t in re.findall(r"^FAILED (\S+)", body, re.M)] + [
+            f"racecheck's summary: {n} hazards" for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazards", body)])
+        out.append(f"{head.lstrip('# ')}\n    {said}" + "".join(f"\n    {t}" for t in named))
+    return "\n".join(out)
