@@ -1,26 +1,24 @@
-// v8 backward: the FlashAttention backward pass on Hopper -- every matrix product on wgmma, Q_i, dO_i
-// and their row terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg
-// moving registers to the two consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and
-// sliding windows, grouped-query heads, head dims 64, 96 (on 128-wide tiles) and 128. Needs an sm_90a build
-// (-gencode=arch=compute_90a,code=sm_90a) and a GPU of compute capability 9.0 (H100, H200). On an H200
-// every GPU test of tests/test_v8_backward.py and tests/test_backward_choice.py passes (1,216), and
-// compute-sanitizer's memcheck, racecheck and synccheck are clean in both modes, for this default and the
-// step builds V8B_STAGES=3, V8B_BR80=0 with and without it, and V8B_BR80=0 V8B_EARLY_DV=1
-// (results/h200/logs/pytest_br80_default_0e647c9.log, sanitizer_br80_default_0e647c9.log); before, for the
-// builds V8B_EARLY_DV=1, 2 and V8B_STAGES=3 at B_r = 64 (pytest_v8b_early_dv_9bde8ce.log), V8B_BR80=1
-// (pytest_br80_fadf861.log, the SASS of this default), and before them (*_l2order_*_wip.log, *_77b169c.log, pytest_backward_fixes_506e705.log;
-// the first version's runs: *_f50ce76.log; the deterministic mode's block order of ac2747a ran its tests,
-// pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the tests and the
-// three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
+// v8 backward: the FlashAttention backward pass on Hopper -- every matrix product on wgmma, Q_i, dO_i and their row
+// terms by TMA in a multi-stage mbarrier pipeline fed by a producer warpgroup, setmaxnreg moving registers to the two
+// consumer warpgroups. bf16/fp16 with fp32 accumulation, causal masking and sliding windows, grouped-query heads, head
+// dims 64, 96 (on 128-wide tiles) and 128. Needs an sm_90a build (-gencode=arch=compute_90a,code=sm_90a) and a GPU of
+// compute capability 9.0 (H100, H200). On an H200 every GPU test of tests/test_v8_backward.py and
+// tests/test_backward_choice.py passes (1,216), and compute-sanitizer's memcheck, racecheck and synccheck are clean in
+// both modes, for this default and the step builds V8B_STAGES=3, V8B_BR80=0 with and without it, and V8B_BR80=0
+// V8B_EARLY_DV=1 (results/h200/logs/pytest_br80_default_0e647c9.log, sanitizer_br80_default_0e647c9.log); before, for
+// the builds V8B_EARLY_DV=1, 2 and V8B_STAGES=3 at B_r = 64 (pytest_v8b_early_dv_9bde8ce.log), V8B_BR80=1
+// (pytest_br80_fadf861.log, the SASS of this default), and before them (*_l2order_*_wip.log, *_77b169c.log,
+// pytest_backward_fixes_506e705.log; the first version's runs: *_f50ce76.log; the deterministic mode's block order of
+// ac2747a ran its tests, pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the
+// tests and the three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
 // runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
-// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through
-// autograd beside V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at 0e647c9,
-// this file's code (README: "The backward pass against SDPA's backends and FlashAttention-4"), and profiled
-// beside FlashAttention-4's in
-// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_
-// reports (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward
-// on Hopper" and its lab notes read them. flashattn trains v7 and v8 on it by default (attention(...,
-// backward="v6_backward") picks V6's instead).
+// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through autograd beside
+// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at 0e647c9, this file's code (README:
+// "The backward pass against SDPA's backends and FlashAttention-4"), and profiled beside FlashAttention-4's in
+// results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_ reports
+// (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward on Hopper" and its
+// lab notes read them. flashattn trains v7 and v8 on it by default (attention(..., backward="v6_backward") picks V6's
+// instead).
 //
 // What it computes (as kernels/v6_backward.cu, which it replaces for v7's and v8's training).
 // With S = Q K^T, P = softmax(S * scale) row by row, O = P V and the incoming gradient dO:
@@ -95,13 +93,13 @@
 //          atom of K_j as the B operand (a descriptor start inside an atom, nowhere else used in this
 //          project), or both consumers adding a whole 64 x 64 partial dQ (twice the atomics); with B_r =
 //          128 both splits are whole panels and each key tile's loop has half the steps.
-//   Registers per consumer thread at the widest point (after S^T, dP^T): dK_j and dV_j D/2 floats each,
-//   S^T and dP^T B_r/2 each -- 192 at both head dims with B_r = 64 or 128 (128 + 64 at D=128, 64 + 128 at
-//   D=64), 208 at B_r = 80; later dQ's 32 floats (40 at B_r = 80) and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 / 384), producer
-//   24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168), the split of v8's forward at D=128; the consumers
-//   fit their share with no spills and no stack frame (tests/test_v8_backward.py checks the split, the
-//   waits and what runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32
-//   distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
+//   Registers per consumer thread at the widest point (after S^T, dP^T): dK_j and dV_j D/2 floats each, S^T and dP^T
+//   B_r/2 each -- 192 at both head dims with B_r = 64 or 128 (128 + 64 at D=128, 64 + 128 at D=64), 208 at B_r = 80;
+//   later dQ's 32 floats (40 at B_r = 80) and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 /
+//   384), producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168), the split of v8's forward at D=128; the consumers
+//   fit their share with no spills and no stack frame (tests/test_v8_backward.py checks the split, the waits and what
+//   runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32 distinct banks per instruction
+//   (chunk t ^ (key % 8), byte 4q).
 //
 // Steps taken since the first version, each a switch below, timed on the H200 (the lab notes of "The backward
 // on Hopper"): the order of the blocks (V8B_HEAD_GROUP, up to 5%), descriptors made once per tile

@@ -452,3 +452,18 @@ def test_step_logs_hold_the_four_targets(log, columns):
         cells = [c.strip() for c in r.strip("|").split("|")][2:]
         assert len(cells) == columns and all(re.fullmatch(r"[\d,]+\.\d|\d\.\d\d×", c) for c in cells), r
     assert "Measured on NVIDIA H200" in text
+
+
+def test_timed_steps_compare_builds_one_switch_apart():
+    """Every build a timed step names is the default or one of flashattn.measure.variants' v8-backward builds, and
+    the builds of one step differ from each other in one switch (the steps taken at B_r = 64 carry V8B_BR80=0 in
+    every column, so that their tables still time what the lab notes say)."""
+    from flashattn.measure.variants import SETS
+    macros = {"default": {}} | {name: v.macros for name, v in SETS["v8-backward"].items()}
+    for step, (_, columns, _, _) in live.STEPS.items():
+        builds = {b for b, _ in columns.values()}
+        assert builds <= set(macros), step
+        for a in builds:
+            for b in builds - {a}:
+                switches = {k for k in macros[a].keys() | macros[b].keys() if macros[a].get(k) != macros[b].get(k)}
+                assert len(switches) == 1, (step, a, b, switches)

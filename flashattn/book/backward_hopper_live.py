@@ -167,7 +167,7 @@ STEPS = {
     # measured at B_r = 64, every column (1 spills at B_r = 80, the default at D = 128 without a band since)
     "dv": ("dV-step times", {"with dK_j (V8B_EARLY_DV=0)": ("dv_late", False),
                              "before dPᵀ's wait (1; D=64: with dK_j)": ("dv_before_dp", False),
-                             "after dSᵀ is stored (default)": ("br64", False)},
+                             "after dSᵀ is stored (default place)": ("br64", False)},
            {"with dK_j / default": (0, 2), "before dPᵀ's wait / default": (1, 2)},
            "Ratios above 1: the default is faster."),
     "stages": ("stage-count times", {"3 slots (V8B_STAGES=3)": ("stages3", False),
