@@ -467,3 +467,13 @@ def test_timed_steps_compare_builds_one_switch_apart():
             for b in builds - {a}:
                 switches = {k for k in macros[a].keys() | macros[b].keys() if macros[a].get(k) != macros[b].get(k)}
                 assert len(switches) == 1, (step, a, b, switches)
+
+
+def test_shared_wavefronts_read_the_committed_source_counts():
+    """The taller tile's SourceCounters log: every shared-memory opcode of the step (wgmma operands, the row terms'
+    LDS.64, dS's STSM, dQ^T's STS) at its ideal wavefronts, beside the l1tex counters of that run."""
+    table = profile.shared_wavefronts().data
+    rows = [r.split(" | ") for r in table.splitlines() if r.startswith("| `")]
+    assert {r[0].strip("| `").split(".")[0] for r in rows} == {"HGMMA", "LDS", "STSM", "STS"}
+    assert all(r[2] == r[3] and r[4].rstrip(" |") == "0" for r in rows)
+    assert "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum` 926,633" in table

@@ -118,22 +118,27 @@ def kb(n: int) -> str:
 
 
 # the kernels with a tile of their own: D = 64 (masked or not), D = 128 with a band and without (V8B_BR80)
-INSTANCES = ((64, False, "64"), (128, True, "128, causal or window"), (128, False, "128, no mask"))
+INSTANCES = ((64, False, "64"), (128, True, "128, masked"), (128, False, "128, unmasked"))
 
 
 def smem_table(stages=(None,)) -> str:
-    """Shared memory per block by region, per kernel of INSTANCES, for each stage count (None: the default)."""
-    lines = ["| D | B_r × B_c | stages | K_j, V_j | Q_i, dO_i ring | dSᵀ (2 buffers) | lse2_i, D_i | dQ image | "
-             "barriers | with 1 KB to align | fits one block |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    """Shared memory per block by region in KB, per kernel of INSTANCES, for each stage count (None: the
+    default)."""
+    lines = ["| D | B_r×B_c | stages | K_j, V_j | Q_i, dO_i | dSᵀ ×2 | lse2_i, D_i | dQ image | barriers | "
+             "total, aligned | fits |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+
+    def k(n: int) -> str:   # KB, which the line under the table says
+        return f"{n / 1024:,.1f}"
+
     for s in stages:
         for D, banded, label in INSTANCES:
             L = layout(D, s, banded=banded)
-            lines.append(f"| {label} | {L['BR']} × {L['BC']} | {L['STAGES']} | {kb(2 * L['KV_BYTES'])} | "
-                         f"{kb(2 * L['STAGES'] * L['QO_BYTES'])} | {kb(2 * L['DS_BYTES'])} | "
-                         f"{kb(2 * L['STAGES'] * L['ROW_BYTES'])} | "
-                         f"{kb(L['DQ_IMAGE']) if L['DQ_BULK'] else 'no room'} | {L['BYTES'] - L['BAR_OFF']} B | "
-                         f"{kb(L['DYNAMIC'])} | {'yes' if L['DYNAMIC'] <= SMEM_OPTIN else 'no'} |")
-    return "\n".join(lines) + f"\n\nOne block may opt into {SMEM_OPTIN / 1024:.0f} KB on sm_90."
+            lines.append(f"| {label} | {L['BR']}×{L['BC']} | {L['STAGES']} | {k(2 * L['KV_BYTES'])} | "
+                         f"{k(2 * L['STAGES'] * L['QO_BYTES'])} | {k(2 * L['DS_BYTES'])} | "
+                         f"{k(2 * L['STAGES'] * L['ROW_BYTES'])} | "
+                         f"{k(L['DQ_IMAGE']) if L['DQ_BULK'] else 'no room'} | {k(L['BYTES'] - L['BAR_OFF'])} | "
+                         f"{k(L['DYNAMIC'])} | {'yes' if L['DYNAMIC'] <= SMEM_OPTIN else 'no'} |")
+    return "\n".join(lines) + f"\n\nKB. One block may opt into {SMEM_OPTIN / 1024:.0f} KB on sm_90."
 
 
 # ------------------------------------------------------------------------------------ the machine code

@@ -10,6 +10,7 @@ H200 (results/h200/logs); `log_lines` what the committed test and sanitizer logs
 """
 from __future__ import annotations
 
+import csv
 import functools
 import re
 
@@ -243,3 +244,22 @@ def log_lines(paths=LOGS) -> str:
             f"racecheck's summary: {n} hazards" for n in re.findall(r"RACECHECK SUMMARY: (\d+) hazards", body)])
         out.append(f"{head.lstrip('# ')}\n    {said}" + "".join(f"\n    {t}" for t in named))
     return "\n".join(out)
+
+
+def shared_wavefronts(name: str = "br80_shared_wavefronts_9ceb6de.csv"):
+    """The taller tile's shared-memory instructions under SourceCounters (results/h200/logs/NAME, written from
+    `ncu --page source --print-source sass`): per opcode, warp instructions, wavefronts, the ideal count and the
+    excess, beside the l1tex bank-conflict counters of the same run (its '#' lines)."""
+    text = (LOGS_DIR / name).read_text().splitlines()
+    sums = {k.strip("# ").strip(): v.strip() for k, _, v in (ln.partition("=") for ln in text if ln.startswith("# l1"))}
+    by_op: dict[str, list[int]] = {}
+    for row in csv.DictReader(ln for ln in text if not ln.startswith("#")):
+        op = re.sub(r"^@!?U?P\w+\s+", "", row["Source"]).split()[0]   # without a predicate
+        counts = by_op.setdefault(op, [0, 0, 0, 0])
+        for k, col in enumerate(("Instructions Executed", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal",
+                                 "L1 Wavefronts Shared Excessive")):
+            counts[k] += int(row[col].replace(",", ""))
+    lines = ["| SASS opcode | warp instructions | shared wavefronts | ideal | excessive |", "|---|--:|--:|--:|--:|"]
+    lines += [f"| `{op}` | {c[0]:,} | {c[1]:,} | {c[2]:,} | {c[3]:,} |" for op, c in by_op.items()]
+    counters = "; ".join(f"`{k}` {v}" for k, v in sums.items())
+    return md("\n".join(lines) + f"\n\nThe same run's l1tex counters: {counters}.")
