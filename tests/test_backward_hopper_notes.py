@@ -477,3 +477,14 @@ def test_shared_wavefronts_read_the_committed_source_counts():
     assert {r[0].strip("| `").split(".")[0] for r in rows} == {"HGMMA", "LDS", "STSM", "STS"}
     assert all(r[2] == r[3] and r[4].rstrip(" |") == "0" for r in rows)
     assert "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum` 926,633" in table
+
+
+def test_step_stalls_read_the_committed_samples():
+    """The stall log of the same run: the tensor-core waits first, then the FFMAs of P^T on the short scoreboard
+    (the lab notes' reading), and shares that add up to at most the whole step."""
+    table = profile.step_stalls().data
+    rows = [r.split(" | ") for r in table.splitlines() if r.startswith("| `")]
+    assert [(r[0].strip("| `"), r[1]) for r in rows[:2]] == [("WARPGROUP", "barrier"), ("FFMA", "short sb")]
+    shares = [float(r[3].rstrip(" |%")) for r in rows]
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 100
+    assert "0x1340 to 0x3450" in table

@@ -263,3 +263,27 @@ def shared_wavefronts(name: str = "br80_shared_wavefronts_9ceb6de.csv"):
     lines += [f"| `{op}` | {c[0]:,} | {c[1]:,} | {c[2]:,} | {c[3]:,} |" for op, c in by_op.items()]
     counters = "; ".join(f"`{k}` {v}" for k, v in sums.items())
     return md("\n".join(lines) + f"\n\nThe same run's l1tex counters: {counters}.")
+
+
+def step_stalls(name: str = "br80_stalls_9ceb6de.csv", top: int = 8):
+    """Where the consumers' warps wait in the default build (results/h200/logs/NAME, the warp-state samples per
+    SASS instruction of the SourceCounters run, which lists the sampled ones): summed over the step, from its
+    first sampled wgmma to the first mbarrier arrival after its last, by opcode and reason, the `top` largest
+    with their share."""
+    rows = list(csv.DictReader(ln for ln in (LOGS_DIR / name).read_text().splitlines() if not ln.startswith("#")))
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", r["Source"]).split()[0] for r in rows]
+    first = next(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
+    last = max(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
+    end = next(i for i in range(last, len(ops)) if ops[i].startswith("SYNCS.ARRIVE"))
+    reasons = [c for c in rows[0] if c.startswith("stall_")]
+    got: dict[tuple[str, str], int] = {}
+    for r, op in zip(rows[first:end + 1], ops[first:end + 1]):
+        for c in reasons:
+            key = (op.split(".")[0], c.removeprefix("stall_"))
+            got[key] = got.get(key, 0) + int(r[c].replace(",", ""))
+    total = sum(got.values())
+    lines = ["| opcode | waiting on | samples | of the step's |", "|---|---|--:|--:|"]
+    for (op, why), n in sorted(got.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| `{op}` | {why.replace('_', ' ')} | {n:,} | {n / total:.1%} |")
+    return md("\n".join(lines) + f"\n\n{total:,} samples in the step, {rows[first]['Address']} to "
+              f"{rows[end]['Address']} of the kernel.")
