@@ -98,8 +98,8 @@
 //   later dQ's 32 floats (40 at B_r = 80) and the packed P^T, dS^T (B_r/4 + B_r/4). Registers: 168 at entry (65,536 /
 //   384), producer 24, consumers 240 (24 + 2 x 240 = 504 = 3 x 168), the split of v8's forward at D=128; the consumers
 //   fit their share with no spills and no stack frame (tests/test_v8_backward.py checks the split, the waits and what
-//   runs between them in the SASS). The dS^T stores are 4-byte st.shared that hit 32 distinct banks per instruction
-//   (chunk t ^ (key % 8), byte 4q).
+//   runs between them in the SASS). The dS^T stores (B_r = 64, 128; B_r = 80 stores dS by stmatrix) are 4-byte
+//   st.shared that hit 32 distinct banks per instruction (chunk t ^ (key % 8), byte 4q).
 //
 // Steps taken since the first version, each a switch below, timed on the H200 (the lab notes of "The backward
 // on Hopper"): the order of the blocks (V8B_HEAD_GROUP, up to 5%), descriptors made once per tile
@@ -188,8 +188,8 @@
 // D=128 only: at D=64 (B_r = 128) the registers are too few. With 1 the packed P^T beside S^T and dP^T
 // (B_r / 4 + B_r / 2 + B_r / 2) do not fit the 240: ptxas spills and waits after every wgmma; with 2 the
 // banded kernel spills 8 to 32 bytes (with and without V8B_EXP_FENCE). D=64 issues dV_j with dK_j. 1 spills
-// at B_r = 80 too (V8B_BR80, the unbanded D=128 kernel: 40 packed P^T registers more), so it was measured,
-// and is tested, at B_r = 64 (-DV8B_BR80=0).
+// at B_r = 80 too (V8B_BR80, the unbanded D=128 kernel: B_r / 4 = 20 packed P^T registers beside S^T and
+// dP^T), so it was measured, and is tested, at B_r = 64 (-DV8B_BR80=0).
 // On the H200 the three took the same time within 1% at the four target shapes (2 fastest at D=128 by 1%,
 // results/h200/logs/backward_dv_9bde8ce.log, where 2 also ran at D=64); under Nsight Compute 1 cut the
 // barrier stalls (1.56 -> 0.88 cycles per issued instruction) and not the kernel's duration (4.61 -> 4.63

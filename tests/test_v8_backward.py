@@ -81,6 +81,17 @@ def tile_flags(br80: bool) -> tuple[str, ...]:
     return (BR80,) if br80 else (BR64,)
 
 
+def has_image(D: int, flags=(), banded: bool = False) -> bool:
+    """Layout::DQ_BULK of the kernel a call at head dim D runs in a build with these -D flags (banded: causal or a
+    window): dQ leaves through the image, and deterministic=True is taken, or by red.global, and it is refused."""
+    return bool(backward_hopper.layout(tile_dim(D), flags=list(flags), banded=banded)["DQ_BULK"])
+
+
+def build_flags(flag: str | None) -> tuple[str, ...]:
+    """step_build's argument as the flags it builds with."""
+    return tuple(flag.split()) if flag else ()
+
+
 def takes_br80(flags) -> bool:
     """Whether a build with these -D flags runs B_r = 80 (dQ_i^T = K_j^T dS_i^T) in its unbanded D = 128 kernel."""
     return query_tile(128, tuple(flags)) == 80
@@ -193,7 +204,7 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         # dQ leaves while dK_j (and dV_j) are on the tensor cores: as 16 red.global per thread, or (V8B_DQ_BULK,
         # which does not fit beside 3 stages at D = 64) as 16 stores into the image and one mbarrier
         # arrival, and no branch there either way
-        bulk = "-DV8B_DQ_BULK=0" not in flags and not ((D == 64 or dq_t) and "-DV8B_STAGES=3" in flags)
+        bulk = has_image(D, flags, "Lb1E" in name)
         out = wins if at == 1 else wins[1::2]
         stores = BR // 2 if dq_t else 16
         if bulk:
@@ -937,14 +948,13 @@ SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -
 def sanitize_target(flag: str | None = None) -> None:
     """What the sanitizer runs: every shape at every head dim (a step build: the first and third shapes at 64
     and 128), no mask, causal and a window, bf16, one line per call."""
-    mod, flags = step_build(flag), tuple(flag.split()) if flag else ()
+    mod, flags = step_build(flag), build_flags(flag)
     for B, H, H_kv, M, N in SANITIZE_SHAPES if flag is None else SANITIZE_SHAPES[0:3:2]:
         for D in GRAD_DIMS if flag is None else (64, 128):
             for causal, window, det in SANITIZE_MASKS:
                 q, k, v, do = make(B, H, H_kv, M, N, D, torch.bfloat16, seed=M + N + D)
-                no_image = "-DV8B_STAGES=3" in flags and (D == 64 or takes_br80(flags) and not causal
-                                                          and window == (-1, -1))
-                if det and no_image:   # refused before any launch: no dQ image
+                # refused before any launch where the kernel has no dQ image
+                if det and not has_image(D, flags, causal or window != (-1, -1)):
                     with pytest.raises(RuntimeError, match=r"needs the bulk dQ reduction"):
                         ours(mod, q, k, v, do, causal, None, window, det, flags)
                     print(f"ran v8b B={B} M={M} N={N} D={D}: deterministic=True refused", flush=True)
@@ -1005,16 +1015,15 @@ def test_builds_match_the_default_bit_for_bit(flag, D, causal):
     and dV bit for bit as the default build (each written once, from the same sums in the same order), and in
     the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in). A step
     measured at B_r = 64 is held against the default build of that tile (V8B_BR80=0)."""
-    mod, flags = step_build(flag), flag.split()
+    mod, flags = step_build(flag), build_flags(flag)
     q, k, v, do = make(3, 6, 3, 333, 1025, D, torch.bfloat16, seed=len(flag) + D)
     got = ours(mod, q, k, v, do, causal, flags=flags)
     compare_grads(got, q, k, v, do, causal)
-    base = [f for f in flags if f == BR64]
+    base = tuple(f for f in flags if f == BR64)
     default = step_build(" ".join(base) or None)
     ref = ours(default, q, k, v, do, causal, flags=base)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
-    # no room for dQ's image beside three slots at D = 64 and at B_r = 80 (unbanded D = 128): red.global, no turns
-    if flag == "-DV8B_STAGES=3" and (D == 64 or not causal):
+    if not has_image(D, flags, causal):   # three slots at D = 64 or B_r = 80: red.global, no turns
         with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
             ours(mod, q, k, v, do, causal, deterministic=True, flags=flags)
         return
@@ -1041,15 +1050,14 @@ def test_query_tile_builds_match_float64(flag, causal, D, B, H, H_kv, M, N):
     dQ leaves by red.global), against float64 within twice SDPA's error, bf16 and fp16; the kernels V8B_BR80
     does not change (banded, D = 64) give dK and dV bit for bit as the default build; the deterministic mode
     (where the build has the image) repeats bit for bit."""
-    mod, flags = step_build(flag), tuple(flag.split()) if flag else ()
+    mod, flags = step_build(flag), build_flags(flag)
     dtype = list(DTYPES.values())[(M + N + D) % len(DTYPES)]
     q, k, v, do = make(B, H, H_kv, M, N, D, dtype, seed=M * 7 + N + D)
     got = compare_grads(ours(mod, q, k, v, do, causal, flags=flags), q, k, v, do, causal)
     if flag is not None and (causal or D == 64):
         ref = ours(step_build(None), q, k, v, do, causal)
         assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2]), "an unchanged kernel changed"
-    # no room for the image beside three slots at D = 64 and at B_r = 80
-    if "-DV8B_STAGES=3" in flags and (D == 64 or takes_br80(flags) and not causal):
+    if not has_image(D, flags, causal):   # no room for the image beside three slots at D = 64 and at B_r = 80
         with pytest.raises(RuntimeError, match=r"deterministic=True needs the bulk dQ reduction"):
             ours(mod, q, k, v, do, causal, deterministic=True, flags=flags)
         return

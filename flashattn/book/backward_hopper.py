@@ -13,6 +13,7 @@ kernels/v8_backward.cu on the CPU, so that its tables follow the file (its figur
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 
@@ -113,7 +114,10 @@ def regions(L: dict) -> list[tuple[str, int, int]]:
     return out + [("barriers", L["BAR_OFF"], L["BYTES"] - L["BAR_OFF"])]
 
 
-def kb(n: int) -> str:
+def kb(n: int, unit: bool = True) -> str:
+    """n bytes in KB (unit=False: the number only, for a table whose caption gives the unit)."""
+    if not unit:
+        return f"{n / 1024:,.1f}"
     return f"{n / 1024:,.1f} KB" if n >= 1024 else f"{n} B"
 
 
@@ -126,10 +130,7 @@ def smem_table(stages=(None,)) -> str:
     default)."""
     lines = ["| D | B_r×B_c | stages | K_j, V_j | Q_i, dO_i | dSᵀ ×2 | lse2_i, D_i | dQ image | barriers | "
              "total, aligned | fits |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
-
-    def k(n: int) -> str:   # KB, which the line under the table says
-        return f"{n / 1024:,.1f}"
-
+    k = functools.partial(kb, unit=False)   # the line under the table gives the unit
     for s in stages:
         for D, banded, label in INSTANCES:
             L = layout(D, s, banded=banded)
@@ -212,7 +213,8 @@ def step_spans(lines: list[str], L: dict) -> list[list[str]]:
     return spans
 
 
-def _op(t: str) -> str:
+def opcode(t: str) -> str:
+    """The opcode with its modifiers of one SASS instruction text, without a predicate: "LDS.64"."""
     return re.sub(r"^@!?U?P\w+\s+", "", t).split()[0]
 
 
@@ -220,7 +222,7 @@ def span_counts(span: list[str]) -> dict:
     """One step's instructions by kind, and two stretches between its waits (flashattn.measure.sass.wgmma_gaps):
     from S^T's wait to dP^T's (the exponentials), from dQ's to the last (dQ's way out); dv_early: dV_j's
     wgmma (A in registers) issued before dP^T's wait."""
-    ops, full = Counter(_op(t).split(".")[0] for t in span), Counter(_op(t) for t in span)
+    ops, full = Counter(opcode(t).split(".")[0] for t in span), Counter(opcode(t) for t in span)
     gaps = sass.wgmma_gaps(span)
     return dict(instructions=len(span), hgmma=ops["HGMMA"],
                 register_a=sum(bool(re.match(r"HGMMA\.\S+ \S+ R\d+, R\d+, gdesc", t)) for t in span),
@@ -279,7 +281,7 @@ def mix_rows(D: int, flags=()) -> dict[str, int]:
     plain = min(step_spans(texts(D, False, flags), layout(D, flags=flags)), key=lambda span: span_counts(span)["fsel"])
     got = Counter()
     for t in plain:
-        op = _op(t)
+        op = opcode(t)
         got[next((name for name, prefixes in MIX if op.startswith(prefixes)), "other")] += 1
     return {name: got[name] for name, _ in MIX + (("other", ()),)}
 
@@ -310,7 +312,7 @@ def dq_rows(base=BR64) -> list[dict]:
             plain = min((span_counts(s) for s in step_spans(lines, L)), key=lambda c: c["fsel"])
             rows.append({"D": D, "build": name, "while dV_j, dK_j run": out_of_window(plain["windows"][1]),
                          "step instructions": plain["instructions"],
-                         "UBLKRED in the kernel": sum(_op(t).startswith("UBLKRED") for t in lines),
+                         "UBLKRED in the kernel": sum(opcode(t).startswith("UBLKRED") for t in lines),
                          "shared memory": kb(L["DYNAMIC"])})
     return rows
 
@@ -360,7 +362,7 @@ def tensor_flops(t: str) -> int:
 
 
 def _tensor_row(label: str, lines: list[str]) -> dict:
-    ops = Counter(_op(t).split(".")[0] for t in lines)
+    ops = Counter(opcode(t).split(".")[0] for t in lines)
     return {"kernel": label, "tensor-core instructions": ops["HMMA"] + ops["HGMMA"],
             "their FLOPs": sum(tensor_flops(t) for t in lines), "ldmatrix": ops["LDSM"],
             "shared stores": ops["STS"] + ops["STSM"], "bar.sync": ops["BAR"]}

@@ -13,8 +13,10 @@ from __future__ import annotations
 import csv
 import functools
 import re
+from collections import Counter
 
 from flashattn.book import records
+from flashattn.book.backward_hopper import opcode
 from flashattn.book.notebook import md
 from flashattn.loader import REPO_ROOT
 from flashattn.measure import ncu, ncu_tables
@@ -246,19 +248,30 @@ def log_lines(paths=LOGS) -> str:
     return "\n".join(out)
 
 
+def _log_rows(name: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """A CSV log of results/h200/logs whose '# name = value' lines hold a run's totals: (those totals, the rows)."""
+    text = (LOGS_DIR / name).read_text().splitlines()
+    totals = {k.strip("# ").strip(): v.strip() for k, eq, v in (ln.partition("=") for ln in text if ln.startswith("#"))
+              if eq and " " not in k.strip("# ").strip()}
+    return totals, list(csv.DictReader(ln for ln in text if not ln.startswith("#")))
+
+
+def _count(cell: str) -> int:
+    return int(cell.replace(",", ""))
+
+
 def shared_wavefronts(name: str = "br80_shared_wavefronts_9ceb6de.csv"):
     """The taller tile's shared-memory instructions under SourceCounters (results/h200/logs/NAME, written from
     `ncu --page source --print-source sass`): per opcode, warp instructions, wavefronts, the ideal count and the
     excess, beside the l1tex bank-conflict counters of the same run (its '#' lines)."""
-    text = (LOGS_DIR / name).read_text().splitlines()
-    sums = {k.strip("# ").strip(): v.strip() for k, _, v in (ln.partition("=") for ln in text if ln.startswith("# l1"))}
+    sums, rows = _log_rows(name)
+    columns = ("Instructions Executed", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal",
+               "L1 Wavefronts Shared Excessive")
     by_op: dict[str, list[int]] = {}
-    for row in csv.DictReader(ln for ln in text if not ln.startswith("#")):
-        op = re.sub(r"^@!?U?P\w+\s+", "", row["Source"]).split()[0]   # without a predicate
-        counts = by_op.setdefault(op, [0, 0, 0, 0])
-        for k, col in enumerate(("Instructions Executed", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal",
-                                 "L1 Wavefronts Shared Excessive")):
-            counts[k] += int(row[col].replace(",", ""))
+    for row in rows:
+        counts = by_op.setdefault(opcode(row["Source"]), [0] * len(columns))
+        for k, col in enumerate(columns):
+            counts[k] += _count(row[col])
     lines = ["| SASS opcode | warp instructions | shared wavefronts | ideal | excessive |", "|---|--:|--:|--:|--:|"]
     lines += [f"| `{op}` | {c[0]:,} | {c[1]:,} | {c[2]:,} | {c[3]:,} |" for op, c in by_op.items()]
     counters = "; ".join(f"`{k}` {v}" for k, v in sums.items())
@@ -270,20 +283,19 @@ def step_stalls(name: str = "br80_stalls_9ceb6de.csv", top: int = 8):
     SASS instruction of the SourceCounters run, which lists the sampled ones): summed over the step, from its
     first sampled wgmma to the first mbarrier arrival after its last, by opcode and reason, the `top` largest
     with their share."""
-    rows = list(csv.DictReader(ln for ln in (LOGS_DIR / name).read_text().splitlines() if not ln.startswith("#")))
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", r["Source"]).split()[0] for r in rows]
+    _, rows = _log_rows(name)
+    ops = [opcode(r["Source"]) for r in rows]
     first = next(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
     last = max(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
     end = next(i for i in range(last, len(ops)) if ops[i].startswith("SYNCS.ARRIVE"))
     reasons = [c for c in rows[0] if c.startswith("stall_")]
-    got: dict[tuple[str, str], int] = {}
+    got: Counter = Counter()
     for r, op in zip(rows[first:end + 1], ops[first:end + 1]):
         for c in reasons:
-            key = (op.split(".")[0], c.removeprefix("stall_"))
-            got[key] = got.get(key, 0) + int(r[c].replace(",", ""))
+            got[op.split(".")[0], c.removeprefix("stall_")] += _count(r[c])
     total = sum(got.values())
     lines = ["| opcode | waiting on | samples | of the step's |", "|---|---|--:|--:|"]
-    for (op, why), n in sorted(got.items(), key=lambda kv: -kv[1])[:top]:
+    for (op, why), n in got.most_common(top):
         lines.append(f"| `{op}` | {why.replace('_', ' ')} | {n:,} | {n / total:.1%} |")
     return md("\n".join(lines) + f"\n\n{total:,} samples in the step, {rows[first]['Address']} to "
               f"{rows[end]['Address']} of the kernel.")
