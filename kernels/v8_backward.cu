@@ -213,6 +213,17 @@
 #define V8B_BR80 1
 #endif
 
+// Where a step reads its row terms from the slot. 0 (default): lse2_i right after the wait for S^T, D_i right
+// after the wait for dP^T, each LDS just before its first use: the waits' "memory" clobber keeps the compiler
+// from issuing them earlier, so the FFMAs of P^T and dS^T wait for them. Under Nsight Compute's stall sampling
+// (results/h200/logs/br80_stalls_9ceb6de.csv) the FFMAs of P^T waiting on the short scoreboard for lse2_i are
+// the consumers' largest stall outside the waits for the tensor cores. 1: lse2_i's B_r / 4 floats are loaded
+// into registers once S^T and dP^T are issued, so that they arrive while S^T runs; 2: D_i's too, loaded after
+// P^T's exponentials into the registers lse2_i's left free, while dP^T runs. Not yet timed on a GPU.
+#ifndef V8B_ROW_PREFETCH
+#define V8B_ROW_PREFETCH 0
+#endif
+
 namespace v8b {
 
 constexpr int kThreads = 128;   // bwd_prep, bwd_convert: 4 warps
@@ -865,6 +876,11 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     mbar_wait(full(st), (u / STAGES) & 1);
     wgmma_fence();
     issue_sdp(st);
+    [[maybe_unused]] float2 row_pairs[V8B_ROW_PREFETCH != 0 ? NT : 1];   // V8B_ROW_PREFETCH: lse2_i, then D_i
+    if constexpr (V8B_ROW_PREFETCH != 0) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
+    }
 
     // Per key row (g, g + 8): measured from this thread's first query column (i0 + 2q), element (t, e)
     // sits 8t + e further on and is masked iff 8t + e < first[h] or 8t + e > last[h] -- compares with a
@@ -888,7 +904,9 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     pin(s_acc);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
+      float2 l2;
+      if constexpr (V8B_ROW_PREFETCH != 0) l2 = row_pairs[t];
+      else l2 = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = i & 1;
@@ -908,6 +926,10 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       issue_dv(st);
       wgmma_commit();
     }
+    if constexpr (V8B_ROW_PREFETCH == 2) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
+    }
     if constexpr (V8B_EXP_FENCE != 0) schedule_fence(dq_acc, M < 0);
     wgmma_wait<DV_AT == 1 ? 1 : 0>();   // dP^T (dV_j may still run)
     pin(dp);
@@ -919,7 +941,9 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float2 d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
+      float2 d2;
+      if constexpr (V8B_ROW_PREFETCH == 2) d2 = row_pairs[t];
+      else d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float p0 = s_acc[4 * t + 2 * h], p1 = s_acc[4 * t + 2 * h + 1];

@@ -144,9 +144,10 @@ def dv_at(flags: list[str], D: int) -> int:
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
-                                   [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"]],
+                                   [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
+                                   ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait", "br64", "br64_stages3"])
+                              "dv_before_dp_wait", "br64", "br64_stages3", "rows1", "rows2"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -227,6 +228,25 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
             assert [sum("MUFU.EX2" in line for line in gaps[i]) for i in (0, 4)] == [BR // 2] * 2, \
                 f"{name}: P^T left dP^T's window"
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_row_terms_load_before_the_waits(prefetch):
+    """V8B_ROW_PREFETCH: in every copy of the step, at both head dims and both query tiles of D = 128, the
+    B_r / 8 LDS.64 of lse2_i issue before the wait for S^T (1, 2) or after it (0), and D_i's before the wait for
+    dP^T (2) or after it."""
+    for flags in ((), (BR64,)):
+        flags += (f"-DV8B_ROW_PREFETCH={prefetch}",)
+        for D in (64, 128):
+            L = backward_hopper.layout(D, flags=list(flags))
+            for span in backward_hopper.step_spans(backward_hopper.texts(D, flags=flags), L):
+                waits = [i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t]
+                loads = [i for i, t in enumerate(span) if t.startswith("LDS.64")]
+                assert len(loads) == 2 * L["BR"] // 8, (D, flags, loads)
+                before_s = sum(i < waits[0] for i in loads)
+                before_dp = sum(waits[0] < i < waits[1] for i in loads)
+                assert (before_s, before_dp) == {0: (0, L["BR"] // 8), 1: (L["BR"] // 8, 0),
+                                                 2: (L["BR"] // 8, L["BR"] // 8)}[prefetch], (D, flags, waits, loads)
 
 
 def test_binding_takes_v6_backward_parameters():
