@@ -962,7 +962,7 @@ def step_build(flag: str | None):
 
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
 # (V8B_EARLY_DV=1 spills at B_r = 80: it was measured at 64)
-SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3"]
+SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3", "-DV8B_ROW_PREFETCH=2"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -1026,12 +1026,14 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
-                                  "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3"])
+                                  "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
+                                  "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):
     """Other orders of the blocks (V8B_HEAD_GROUP), descriptors made for every wgmma (V8B_DESC_ADD=0), dV_j
-    issued elsewhere in the step (V8B_EARLY_DV) and a third slot (V8B_STAGES=3) compute the same gradients: dK
+    issued elsewhere in the step (V8B_EARLY_DV), a third slot (V8B_STAGES=3) and the row terms loaded early
+    (V8B_ROW_PREFETCH) compute the same gradients: dK
     and dV bit for bit as the default build (each written once, from the same sums in the same order), and in
     the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in). A step
     measured at B_r = 64 is held against the default build of that tile (V8B_BR80=0)."""

@@ -245,6 +245,10 @@ V8_BACKWARD = (
     Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1, "V8B_BR80": 0},
             "dV_j issued before the wait for dP^T (D=128 at B_r = 64: it spills at 80; D=64 issues it with dK_j)"),
     Variant("stages3", "v8_backward", None, {"V8B_STAGES": 3}, "Q_i, dO_i and the row terms in three slots"),
+    Variant("rows1", "v8_backward", None, {"V8B_ROW_PREFETCH": 1},
+            "lse2_i's pairs loaded into registers while S^T runs, not after its wait"),
+    Variant("rows2", "v8_backward", None, {"V8B_ROW_PREFETCH": 2},
+            "lse2_i's pairs while S^T runs and D_i's while dP^T runs"),
     Variant("br64", "v8_backward", None, {"V8B_BR80": 0},
             "B_r = 64 at D=128 without a band, dQ_i = dS K_j (the first versions; the default takes 80, "
             "FlashAttention-3's and -4's tile there, with dQ_i^T = K_j^T dS_i^T)"),
