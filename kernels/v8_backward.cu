@@ -219,7 +219,12 @@
 // (results/h200/logs/br80_stalls_9ceb6de.csv) the FFMAs of P^T waiting on the short scoreboard for lse2_i are
 // the consumers' largest stall outside the waits for the tensor cores. 1: lse2_i's B_r / 4 floats are loaded
 // into registers once S^T and dP^T are issued, so that they arrive while S^T runs; 2: D_i's too, loaded after
-// P^T's exponentials into the registers lse2_i's left free, while dP^T runs. Not yet timed on a GPU.
+// P^T's exponentials into the registers lse2_i's left free, while dP^T runs; 3: lse2_i's before S^T and dP^T
+// are issued (D_i's as by default). Timed on the H200 (python -m flashattn.book.backward_hopper_live rows,
+// results/h200/logs/rows_step_*.md): 1 and 2 no faster. In the stall samples of the same call
+// (results/h200/logs/rows_stalls_*.csv) the first FFMA of P^T still waits as long on the short scoreboard
+// when its LDS issues among the wgmmas: in flight behind them, the load takes as long as they do. 3 issues
+// the loads before any wgmma of the step; it spills at B_r = 80, where it falls back to 1.
 #ifndef V8B_ROW_PREFETCH
 #define V8B_ROW_PREFETCH 0
 #endif
@@ -873,14 +878,18 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
     const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
 
+    // V8B_ROW_PREFETCH: lse2_i's pairs, then D_i's (3 spills at B_r = 80, which takes 1's place then)
+    constexpr int ROWS = V8B_ROW_PREFETCH == 3 && L::DQ_T ? 1 : V8B_ROW_PREFETCH;
+    [[maybe_unused]] float2 row_pairs[ROWS != 0 ? NT : 1];
+    auto load_pairs = [&](const float* terms) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(terms + 8 * t + 2 * q);
+    };
     mbar_wait(full(st), (u / STAGES) & 1);
+    if constexpr (ROWS == 3) load_pairs(lse_s);
     wgmma_fence();
     issue_sdp(st);
-    [[maybe_unused]] float2 row_pairs[V8B_ROW_PREFETCH != 0 ? NT : 1];   // V8B_ROW_PREFETCH: lse2_i, then D_i
-    if constexpr (V8B_ROW_PREFETCH != 0) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
-    }
+    if constexpr (ROWS == 1 || ROWS == 2) load_pairs(lse_s);
 
     // Per key row (g, g + 8): measured from this thread's first query column (i0 + 2q), element (t, e)
     // sits 8t + e further on and is masked iff 8t + e < first[h] or 8t + e > last[h] -- compares with a
@@ -905,7 +914,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float2 l2;
-      if constexpr (V8B_ROW_PREFETCH != 0) l2 = row_pairs[t];
+      if constexpr (ROWS != 0) l2 = row_pairs[t];
       else l2 = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -926,10 +935,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       issue_dv(st);
       wgmma_commit();
     }
-    if constexpr (V8B_ROW_PREFETCH == 2) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
-    }
+    if constexpr (ROWS == 2) load_pairs(dvec_s);
     if constexpr (V8B_EXP_FENCE != 0) schedule_fence(dq_acc, M < 0);
     wgmma_wait<DV_AT == 1 ? 1 : 0>();   // dP^T (dV_j may still run)
     pin(dp);
@@ -942,7 +948,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float2 d2;
-      if constexpr (V8B_ROW_PREFETCH == 2) d2 = row_pairs[t];
+      if constexpr (ROWS == 2) d2 = row_pairs[t];
       else d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
