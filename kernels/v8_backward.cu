@@ -213,20 +213,21 @@
 #define V8B_BR80 1
 #endif
 
-// Where a step reads its row terms from the slot. 0 (default): lse2_i right after the wait for S^T, D_i right
-// after the wait for dP^T, each LDS just before its first use: the waits' "memory" clobber keeps the compiler
-// from issuing them earlier, so the FFMAs of P^T and dS^T wait for them. Under Nsight Compute's stall sampling
-// (results/h200/logs/br80_stalls_9ceb6de.csv) the FFMAs of P^T waiting on the short scoreboard for lse2_i are
-// the consumers' largest stall outside the waits for the tensor cores. 1: lse2_i's B_r / 4 floats are loaded
-// into registers once S^T and dP^T are issued, so that they arrive while S^T runs; 2: D_i's too, loaded after
-// P^T's exponentials into the registers lse2_i's left free, while dP^T runs; 3: lse2_i's before S^T and dP^T
-// are issued (D_i's as by default). Timed on the H200 (python -m flashattn.book.backward_hopper_live rows,
-// results/h200/logs/rows_step_*.md): 1 and 2 no faster. In the stall samples of the same call
-// (results/h200/logs/rows_stalls_*.csv) the first FFMA of P^T still waits as long on the short scoreboard
-// when its LDS issues among the wgmmas: in flight behind them, the load takes as long as they do. 3 issues
-// the loads before any wgmma of the step; it spills at B_r = 80, where it falls back to 1.
+// Where a step reads its row terms from the slot. 0: lse2_i right after the wait for S^T, D_i right after the
+// wait for dP^T, each LDS just before its first use (the waits' "memory" clobber keeps the compiler from
+// issuing them earlier), so the FFMAs of P^T wait for them: in Nsight Compute's stall sampling
+// (results/h200/logs/br80_stalls_9ceb6de.csv) the consumers' largest stall outside the waits for the tensor
+// cores. 1: lse2_i's B_r / 4 floats loaded into registers once S^T and dP^T are issued; 2: D_i's too, after
+// P^T's exponentials, into the registers lse2_i's left free. Neither was faster, and in the stall samples
+// (results/h200/logs/rows{0,2}_stalls_a755b71.csv) the first FFMA of P^T waits as long as before: a load
+// issued among the step's wgmmas, which read their operands from shared memory too, does not come back
+// before them. 3 (default): lse2_i's loaded before any wgmma of the step is issued; at D = 64 the FFMAs'
+// short-scoreboard stall is then gone (results/h200/logs/d64_rows{0,3}_stalls_357157b.csv), though the time
+// is not shorter there; the banded B_r = 64 tile at D = 128 is faster (results/h200/logs/rows_step_*.md,
+// python -m flashattn.book.backward_hopper_live rows). The B_r = 80 tile has no room for the 20 registers
+// across the issue (it spills), so it keeps 0.
 #ifndef V8B_ROW_PREFETCH
-#define V8B_ROW_PREFETCH 0
+#define V8B_ROW_PREFETCH 3
 #endif
 
 namespace v8b {
@@ -878,8 +879,8 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
     const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
 
-    // V8B_ROW_PREFETCH: lse2_i's pairs, then D_i's (3 spills at B_r = 80, which takes 1's place then)
-    constexpr int ROWS = V8B_ROW_PREFETCH == 3 && L::DQ_T ? 1 : V8B_ROW_PREFETCH;
+    // V8B_ROW_PREFETCH: lse2_i's pairs, then D_i's (3 spills at B_r = 80, which keeps 0)
+    constexpr int ROWS = V8B_ROW_PREFETCH == 3 && L::DQ_T ? 0 : V8B_ROW_PREFETCH;
     [[maybe_unused]] float2 row_pairs[ROWS != 0 ? NT : 1];
     auto load_pairs = [&](const float* terms) {
 #pragma unroll

@@ -145,9 +145,9 @@ def dv_at(flags: list[str], D: int) -> int:
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
                                    [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
-                                   ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"], ["-DV8B_ROW_PREFETCH=3"]],
+                                   ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait", "br64", "br64_stages3", "rows1", "rows2", "rows3"])
+                              "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -230,16 +230,17 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
 
 
-@pytest.mark.parametrize("prefetch", [0, 1, 2, 3])
+@pytest.mark.parametrize("prefetch", [None, 0, 1, 2, 3])
 def test_row_terms_load_before_the_waits(prefetch):
-    """V8B_ROW_PREFETCH: in every copy of the step, at both head dims and both query tiles of D = 128, the
-    B_r / 8 LDS.64 of lse2_i issue before the step's first wgmma (3), before the wait for S^T (1, 2) or after
-    it (0), and D_i's before the wait for dP^T (2) or after it. 3 spills at B_r = 80, which takes 1's place."""
+    """V8B_ROW_PREFETCH (None: the default build): in every copy of the step, at both head dims and both query
+    tiles of D = 128, the B_r / 8 LDS.64 of lse2_i issue before the step's first wgmma (3), before the wait for
+    S^T (1, 2) or after it (0), and D_i's before the wait for dP^T (2) or after it. 3 spills at B_r = 80, which
+    keeps 0."""
     for flags in ((), (BR64,)):
-        flags += (f"-DV8B_ROW_PREFETCH={prefetch}",)
+        flags += () if prefetch is None else (f"-DV8B_ROW_PREFETCH={prefetch}",)
         for D in (64, 128):
             L = backward_hopper.layout(D, flags=list(flags))
-            rows = 1 if prefetch == 3 and L["DQ_T"] else prefetch
+            rows = 0 if L["V8B_ROW_PREFETCH"] == 3 and L["DQ_T"] else L["V8B_ROW_PREFETCH"]
             for span in backward_hopper.step_spans(backward_hopper.texts(D, flags=flags), L):
                 waits = [i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t]
                 loads = [i for i, t in enumerate(span) if t.startswith("LDS.64")]
@@ -966,7 +967,7 @@ def step_build(flag: str | None):
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
 # (V8B_EARLY_DV=1 spills at B_r = 80: it was measured at 64)
 SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3", "-DV8B_ROW_PREFETCH=2",
-                  "-DV8B_ROW_PREFETCH=3"]
+                  "-DV8B_ROW_PREFETCH=0"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -1031,7 +1032,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
                                   "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
-                                  "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2", "-DV8B_ROW_PREFETCH=3"])
+                                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):

@@ -109,6 +109,24 @@ def read_source_rows(path) -> dict[str, list[dict[str, str]]]:
     return pages
 
 
+def write_stall_log(page_text: str, path, header: str) -> None:
+    """One kernel's source page cut to the instructions with warp-state samples: Address (from the kernel's
+    start), Source, the samples in all and per reason (the issued-or-not reasons only, those with any sample),
+    under `header` as '#' lines -- a few hundred rows of the megabytes of the page."""
+    (rows,) = split_source_page(page_text).values()
+    start = int(rows[0]["Address"], 16)
+    total = "Warp Stall Sampling (All Samples)"
+    sampled = [r for r in rows if float(r[total] or 0) > 0]
+    reasons = [c for c in rows[0] if c.startswith("stall_") and "(" not in c
+               and any(float(r[c] or 0) > 0 for r in sampled)]
+    with open(path, "w", newline="") as fh:
+        fh.writelines(f"# {line}\n" for line in header.splitlines())
+        out = csv.writer(fh)
+        out.writerow(("Address", "Source", total, *reasons))
+        out.writerows((f"0x{int(r['Address'], 16) - start:04x}", r["Source"].strip(), *(r[c] for c in (total, *reasons)))
+                      for r in sampled)
+
+
 _REG = re.compile(r"\bR(\d+)(\.64)?\b")
 _MEMORY_OPS = ("LDG", "STG", "RED", "ATOM")   # opcode prefixes: LDGSTS, REDG, ATOMG, ... too
 
