@@ -141,7 +141,8 @@
 // v8's V8_CLOCK_FENCE): without it ptxas hoists that wait above most of the exponentials, and only a
 // few of the B_r / 2 per thread run while dP^T is on the tensor cores (the chapter counts them); with it
 // all do. Not measured yet (v8's forward found the same fence no faster there, where part of the softmax
-// already overlapped); 0 builds the kernel without it.
+// already overlapped); 0 builds the kernel without it (at D = 64 it spills 4 to 8 bytes beside the default
+// V8B_ROW_PREFETCH=3, so its tests build it with the row terms loaded after the waits, V8B_ROW_PREFETCH=0).
 #ifndef V8B_EXP_FENCE
 #define V8B_EXP_FENCE 1
 #endif

@@ -142,7 +142,7 @@ def dv_at(flags: list[str], D: int) -> int:
     return mode if D == 128 else 0
 
 
-@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0"], ["-DV8B_DQ_BULK=0"],
+@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0", "-DV8B_ROW_PREFETCH=0"], ["-DV8B_DQ_BULK=0"],
                                    ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
                                    [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
                                    ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"]],
