@@ -107,8 +107,11 @@
 // faster) and B_r = 80 at D=128 without a mask (V8B_BR80, the default since the chapter's records were
 // re-recorded with it: 7-13% less time where it applies, 2-3% in its first, inline version; 12% fewer
 // instructions and the tensor pipe 65.6% -> 74.5% busy under Nsight Compute; its tests and the three
-// sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log). Next: fewer integer and
-// uniform instructions per step, and causal scheduling.
+// sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log) and lse2_i's loads issued
+// before a step's wgmmas where the registers allow (V8B_ROW_PREFETCH=3: 4% less time with the mask at D=128,
+// the same elsewhere, results/h200/logs/rows_step_*.md; the default since cf241d2, whose gradients match the
+// loads-after-the-waits build's bit for bit; the chapter's records are from before it). Next: D_i's loads
+// early too at D=64, fewer integer and uniform instructions per step, and causal scheduling.
 //
 // Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
@@ -880,12 +883,16 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
     const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
 
-    // V8B_ROW_PREFETCH: lse2_i's pairs, then D_i's (3 spills at B_r = 80, which keeps 0)
+    // A row term's pair for thread columns 8t + 2q, +1: from the slot, or (V8B_ROW_PREFETCH) from row_pairs,
+    // loaded earlier: lse2_i's, then D_i's. 3 spills at B_r = 80, which keeps 0.
     constexpr int ROWS = V8B_ROW_PREFETCH == 3 && L::DQ_T ? 0 : V8B_ROW_PREFETCH;
-    [[maybe_unused]] float2 row_pairs[ROWS != 0 ? NT : 1];
+    auto slot_pair = [&](const float* terms, const int t) {
+      return *reinterpret_cast<const float2*>(terms + 8 * t + 2 * q);
+    };
+    float2 row_pairs[NT];   // no registers unless ROWS != 0
     auto load_pairs = [&](const float* terms) {
 #pragma unroll
-      for (int t = 0; t < NT; ++t) row_pairs[t] = *reinterpret_cast<const float2*>(terms + 8 * t + 2 * q);
+      for (int t = 0; t < NT; ++t) row_pairs[t] = slot_pair(terms, t);
     };
     mbar_wait(full(st), (u / STAGES) & 1);
     if constexpr (ROWS == 3) load_pairs(lse_s);
@@ -915,9 +922,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     pin(s_acc);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      float2 l2;
-      if constexpr (ROWS != 0) l2 = row_pairs[t];
-      else l2 = *reinterpret_cast<const float2*>(lse_s + 8 * t + 2 * q);
+      const float2 l2 = ROWS != 0 ? row_pairs[t] : slot_pair(lse_s, t);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = i & 1;
@@ -949,9 +954,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      float2 d2;
-      if constexpr (ROWS == 2) d2 = row_pairs[t];
-      else d2 = *reinterpret_cast<const float2*>(dvec_s + 8 * t + 2 * q);
+      const float2 d2 = ROWS == 2 ? row_pairs[t] : slot_pair(dvec_s, t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float p0 = s_acc[4 * t + 2 * h], p1 = s_acc[4 * t + 2 * h + 1];

@@ -488,3 +488,21 @@ def test_step_stalls_read_the_committed_samples():
     shares = [float(r[3].rstrip(" |%")) for r in rows]
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 100
     assert "0x1340 to 0x3450" in table
+
+
+def test_row_stalls_hold_what_the_lab_notes_say():
+    """V8B_ROW_PREFETCH's stall logs, as "Loading the row terms early" reads them: with the loads among the
+    wgmmas (2) the FFMAs of P^T still wait on the short scoreboard, all at the first FFMA, and the loads wait
+    for the MIO queue; with them before the wgmmas (3, at D = 64) the FFMAs' wait is gone, the FADDs' for D_i
+    stays."""
+    got = {build[0]: profile._step_samples(name)[0] for (_, build), name in profile.ROW_STALLS.items()
+           if "4096" in _}
+    d64 = [profile._step_samples(name)[0] for (shape, _), name in profile.ROW_STALLS.items() if "2048" in shape]
+    ffma, fadd, lds = ("FFMA", "short_sb"), ("FADD", "short_sb"), ("LDS", "mio")
+    assert abs(got["2"][ffma] - got["0"][ffma]) < 0.05 * got["0"][ffma] and got["2"][lds] > 0 == got["0"][lds]
+    _, rows = profile._log_rows(profile.ROW_STALLS[("(1, 8, 4096, 128)", "2 (among the wgmmas)")])
+    first = next(r for r in rows if r["Source"].startswith("FFMA"))
+    assert first["Address"] == "0x1b30" and profile._count(first["stall_short_sb"]) == got["2"][ffma]
+    assert (d64[0][ffma], d64[1][ffma]) == (1436, 3) and d64[1][fadd] > 0.9 * d64[0][fadd]
+    table = profile.row_stalls().data
+    assert table.count("\n| (") == 4 and "| 1,436 |" in table

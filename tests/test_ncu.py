@@ -7,6 +7,7 @@ report is committed.
 """
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,21 @@ def test_source_page_round_trip(tmp_path):
     assert back["red"][0]["stall_mio"] == ""   # a column the page did not have stays empty
     with pytest.raises(ValueError):
         ncu_pages.write_source_rows(pages, path, labels=["only one"])
+
+
+def test_stall_log_keeps_the_sampled_instructions_of_one_kernel(tmp_path):
+    one = SOURCE_PAGE.split('"Kernel Name","void k2')[0].replace('"1","0","0"', '"0","0","0"')
+    path = tmp_path / "stalls.csv"
+    ncu_pages.write_stall_log(one, path, "the command\n(the commit)")
+    text = path.read_text().splitlines()
+    assert text[:3] == ["# the command", "# (the commit)",
+                        "Address,Source,Warp Stall Sampling (All Samples),stall_long_sb,stall_wait"]
+    # the two instructions without a sample left out; addresses from the kernel's first instruction
+    assert [ln.split(",")[0] for ln in text[3:]] == ["0x0000", "0x0010", "0x0030", "0x0040"]
+    assert next(csv.reader(text[4:5])) == ["0x0010", "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR10][R76.64], R188",
+                                           "5", "0", "0"]
+    with pytest.raises(ValueError):   # a page of two kernels
+        ncu_pages.write_stall_log(SOURCE_PAGE, path, "x")
 
 
 def test_register_waits_finds_the_memory_instruction_that_holds_the_register():

@@ -142,9 +142,9 @@ def dv_at(flags: list[str], D: int) -> int:
     return mode if D == 128 else 0
 
 
-@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0", "-DV8B_ROW_PREFETCH=0"], ["-DV8B_DQ_BULK=0"],
-                                   ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"], ["-DV8B_EARLY_DV=0"],
-                                   [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
+@pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0", "-DV8B_ROW_PREFETCH=0"],
+                                   ["-DV8B_DQ_BULK=0"], ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"],
+                                   ["-DV8B_EARLY_DV=0"], [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
                                    ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
                               "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2"])
@@ -244,13 +244,13 @@ def test_row_terms_load_before_the_waits(prefetch):
             for span in backward_hopper.step_spans(backward_hopper.texts(D, flags=flags), L):
                 waits = [i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t]
                 loads = [i for i, t in enumerate(span) if t.startswith("LDS.64")]
-                assert len(loads) == 2 * L["BR"] // 8, (D, flags, loads)
+                n = L["BR"] // 8   # LDS.64 per row term
+                assert len(loads) == 2 * n, (D, flags, loads)
                 first_wgmma = next(i for i, t in enumerate(span) if t.startswith("HGMMA"))
-                assert sum(i < first_wgmma for i in loads) == (L["BR"] // 8 if rows == 3 else 0), (D, flags)
+                assert sum(i < first_wgmma for i in loads) == (n if rows == 3 else 0), (D, flags)
                 before_s = sum(i < waits[0] for i in loads)
                 before_dp = sum(waits[0] < i < waits[1] for i in loads)
-                assert (before_s, before_dp) == {0: (0, L["BR"] // 8), 1: (L["BR"] // 8, 0),
-                                                 2: (L["BR"] // 8, L["BR"] // 8), 3: (L["BR"] // 8, 0)}[rows], (D, flags, waits, loads)
+                assert (before_s, before_dp) == {0: (0, n), 1: (n, 0), 2: (n, n), 3: (n, 0)}[rows], (D, flags, loads)
 
 
 def test_binding_takes_v6_backward_parameters():

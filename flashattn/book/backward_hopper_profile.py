@@ -278,11 +278,8 @@ def shared_wavefronts(name: str = "br80_shared_wavefronts_9ceb6de.csv"):
     return md("\n".join(lines) + f"\n\nThe same run's l1tex counters: {counters}.")
 
 
-def step_stalls(name: str = "br80_stalls_9ceb6de.csv", top: int = 8):
-    """Where the consumers' warps wait in the default build (results/h200/logs/NAME, the warp-state samples per
-    SASS instruction of the SourceCounters run, which lists the sampled ones): summed over the step, from its
-    first sampled wgmma to the first mbarrier arrival after its last, by opcode and reason, the `top` largest
-    with their share."""
+def _step_samples(name: str) -> tuple[Counter, str]:
+    """The step's warp-state samples of a stall log (step_stalls' span) by (opcode, reason), and the span."""
     _, rows = _log_rows(name)
     ops = [opcode(r["Source"]) for r in rows]
     first = next(i for i, op in enumerate(ops) if op.startswith("HGMMA"))
@@ -293,9 +290,40 @@ def step_stalls(name: str = "br80_stalls_9ceb6de.csv", top: int = 8):
     for r, op in zip(rows[first:end + 1], ops[first:end + 1]):
         for c in reasons:
             got[op.split(".")[0], c.removeprefix("stall_")] += _count(r[c])
+    return got, f"{rows[first]['Address']} to {rows[end]['Address']}"
+
+
+def step_stalls(name: str = "br80_stalls_9ceb6de.csv", top: int = 8):
+    """Where the consumers' warps wait in the default build (results/h200/logs/NAME, the warp-state samples per
+    SASS instruction of the SourceCounters run, which lists the sampled ones): summed over the step, from its
+    first sampled wgmma to the first mbarrier arrival after its last, by opcode and reason, the `top` largest
+    with their share."""
+    got, span = _step_samples(name)
     total = sum(got.values())
     lines = ["| opcode | waiting on | samples | of the step's |", "|---|---|--:|--:|"]
     for (op, why), n in got.most_common(top):
         lines.append(f"| `{op}` | {why.replace('_', ' ')} | {n:,} | {n / total:.1%} |")
-    return md("\n".join(lines) + f"\n\n{total:,} samples in the step, {rows[first]['Address']} to "
-              f"{rows[end]['Address']} of the kernel.")
+    return md("\n".join(lines) + f"\n\n{total:,} samples in the step, {span} of the kernel.")
+
+
+# V8B_ROW_PREFETCH under Nsight Compute: (shape, build) -> stall log, each pair profiled in one call
+ROW_STALLS = {("(1, 8, 4096, 128)", "0 (loads after the waits)"): "rows0_stalls_a755b71.csv",
+              ("(1, 8, 4096, 128)", "2 (among the wgmmas)"): "rows2_stalls_a755b71.csv",
+              ("(4, 12, 2048, 64)", "0 (loads after the waits)"): "d64_rows0_stalls_357157b.csv",
+              ("(4, 12, 2048, 64)", "3 (before the wgmmas)"): "d64_rows3_stalls_357157b.csv"}
+# the (opcode, reason) pairs the row terms' loads move: their users, the loads, the tensor-core waits
+ROW_REASONS = (("FFMA", "short_sb"), ("FADD", "short_sb"), ("LDS", "mio"), ("WARPGROUP", "barrier"),
+               ("MUFU", "wait"))
+
+
+def row_stalls(logs=ROW_STALLS, reasons=ROW_REASONS):
+    """The step's samples per build of V8B_ROW_PREFETCH (step_stalls' span): all of them, and those of the
+    opcodes and reasons the loads move."""
+    lines = ["| shape, non-causal | V8B_ROW_PREFETCH | samples in the step | " +
+             " | ".join(f"`{op}` {why.replace('_', ' ')}" for op, why in reasons) + " |",
+             "|---|---|--:|" + "--:|" * len(reasons)]
+    for (shape, build), name in logs.items():
+        got, _ = _step_samples(name)
+        lines.append(f"| {shape} | {build} | {sum(got.values()):,} | " +
+                     " | ".join(f"{got[r]:,}" for r in reasons) + " |")
+    return md("\n".join(lines))

@@ -123,8 +123,8 @@ def write_stall_log(page_text: str, path, header: str) -> None:
         fh.writelines(f"# {line}\n" for line in header.splitlines())
         out = csv.writer(fh)
         out.writerow(("Address", "Source", total, *reasons))
-        out.writerows((f"0x{int(r['Address'], 16) - start:04x}", r["Source"].strip(), *(r[c] for c in (total, *reasons)))
-                      for r in sampled)
+        out.writerows((f"0x{int(r['Address'], 16) - start:04x}", r["Source"].strip(),
+                       *(r[c] for c in (total, *reasons))) for r in sampled)
 
 
 _REG = re.compile(r"\bR(\d+)(\.64)?\b")
