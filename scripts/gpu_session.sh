@@ -7,6 +7,12 @@
 #                    of the sweeps in $SWEEPS (default: "v7 v8"; ptxas reports too), all compilers in parallel
 #     tests          the whole suite but the sanitizer tests, -n $XDIST (default 8) workers, JUnit XML
 #                    -> results/h200/pytest_junit.xml
+#     part:NAME      one part of the whole suite (sanitizer tests included), -n $XDIST workers (default 16),
+#                    stopped by SIGINT at its limit so that pytest still writes its summary and JUnit XML
+#                    -> results/h200/junit/NAME.xml. The parts: hopper-backward (tests/test_v8_backward.py,
+#                    test_backward_choice.py, test_backward_hopper_notes.py: 500 s with 16 workers), rest1 and
+#                    rest2 (every other file, alternately); one call each
+#     junit          results/h200/junit/*.xml -> results/h200/pytest_junit.xml, one file for the README
 #     sanitizer      every sanitizer test (tests -k sanitizer), -n $XDIST workers
 #     nbval          the book's checked outputs, live, one notebook per worker (-n 6 --dist loadfile)
 #     suite          tests (sanitizer tests included, one JUnit XML for the whole suite) and nbval at the
@@ -38,12 +44,30 @@ set -uo pipefail
 OUT=${1:?usage: scripts/gpu_session.sh OUTDIR STEP...}; shift
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT/work"; W=$OUT/work
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+# the carried wheels: .whl (the notebook stack, 30 MB), or WHEELS=DIR, e.g. the tests' share of it
+# (scripts/slim_wheels.sh .whl .whl-tests: nbformat and IPython, 3 MB)
+WHEELS=${WHEELS:-.whl}
+if [ -d "$WHEELS" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl >/dev/null 2>&1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} JUPYTER_PATH=/tmp/site/share/jupyter PATH=/tmp/site/bin:$PATH
   python3 -m ipykernel install --prefix /tmp/site --name python3 >/dev/null 2>&1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# the report readers' ncu_report: from the wheels if carried, else the one Nsight Compute ships beside itself
+if ! python3 -c "import ncu_report" 2>/dev/null; then
+  nr=$(find "$(dirname "$(readlink -f "$(command -v ncu)")")/.." /usr/local/cuda/ /opt/nvidia -name ncu_report.py \
+         -path '*extras/python*' 2>/dev/null | head -1)
+  if [ -n "$nr" ]; then export PYTHONPATH=$PYTHONPATH:$(dirname "$nr"); else echo "ncu_report: not found"; fi
+fi
+suite_files() {   # suite_files PART: the test files of one part of the suite (part:NAME)
+  local trio='tests/test_(v8_backward|backward_choice|backward_hopper_notes)\.py'
+  case $1 in
+    hopper-backward) ls tests/test_*.py | grep -E "$trio" ;;
+    rest1) ls tests/test_*.py | grep -v -E "$trio" | awk 'NR % 2 == 1' ;;
+    rest2) ls tests/test_*.py | grep -v -E "$trio" | awk 'NR % 2 == 0' ;;
+    *) echo "unknown part $1 (hopper-backward, rest1, rest2)" >&2; return 1 ;;
+  esac
+}
 fa4_path() {   # PYTHONPATH gains the staged FlashAttention-4 once, however often this runs
   [ -d /tmp/fa4site/flash_attn ] || return 1
   case ":$PYTHONPATH:" in *:/tmp/fa4site:*) ;; *) export PYTHONPATH=$PYTHONPATH:/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages ;; esac
@@ -105,6 +129,15 @@ for arg in "$@"; do
     echo "pytest rc=$?"; wait $nbval; echo "nbval rc=$?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest.log" | tail -40
     grep -E "^(FAILED|ERROR)|passed|failed" "$W/nbval.log" | tail -20 ;;
+  part:*)  # part:NAME: one part of the whole suite; SIGINT at the limit, so pytest writes its JUnit file
+    part=${step#part:}; files=$(suite_files "$part") || continue
+    commit=${FLASHATTN_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}; mkdir -p results/h200/junit
+    timeout -s INT -k 30 "$limit" python3 -m pytest -v -rfE -p no:cacheprovider -n ${XDIST:-16} $files \
+      --junitxml="results/h200/junit/$part.xml" -o junit_suite_name="flashattn at ${commit:-unknown}" \
+      > "$W/pytest_$part.log" 2>&1
+    echo "pytest $part rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|KeyboardInterrupt" "$W/pytest_$part.log" | tail -30 ;;
+  junit)
+    python3 -m flashattn.measure.table --merge-junit results/h200/junit/*.xml --out results/h200/pytest_junit.xml ;;
   sanitizer)  # tests/test_sanitizer.py (every kernel), and the v7, v8 and backward sanitizer tests
     $T python3 -m pytest -q -p no:cacheprovider -n ${XDIST:-8} tests -k sanitizer > "$W/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/sanitizer.log" | tail -20 ;;

@@ -111,6 +111,21 @@ def test_gpu_tests_sentence_counts_the_junit_record(tmp_path):
     assert "`fedcba9876`" in table.gpu_tests_sentence(xml, tmp_path / "git_commit.txt")
 
 
+def test_junit_parts_merge_into_one_run(tmp_path, capsys):
+    def part(name, tests, failures, commit="0123456789abc"):
+        path = tmp_path / f"{name}.xml"
+        path.write_text(f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="flashattn at {commit}" '
+                        f'errors="0" failures="{failures}" skipped="1" tests="{tests}" time="1.0" '
+                        f'timestamp="2026-12-03T10:00:00"></testsuite></testsuites>')
+        return path
+    parts = [part("hopper-backward", 30, 1), part("rest1", 20, 0), part("rest2", 10, 0)]
+    assert table.main(["--merge-junit", *map(str, parts), "--out", str(tmp_path / "all.xml")]) == 0
+    assert "56 passed, 3 skipped, 1 failed" in capsys.readouterr().out
+    assert "56 passed, 3 skipped, 1 failed" in table.gpu_tests_sentence(tmp_path / "all.xml")
+    with pytest.raises(ValueError, match="different runs"):   # a part from another commit
+        table.merge_junit([*parts, part("old", 5, 0, commit="fedcba")], tmp_path / "all.xml")
+
+
 def test_readme_block_is_replaced_between_its_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("a\n<!-- gpu-tests:start -->\nold\n<!-- gpu-tests:end -->\nb\n")

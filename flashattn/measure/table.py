@@ -156,6 +156,23 @@ def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
             f"(`{xml.as_posix()}`).")
 
 
+def merge_junit(parts: list[Path], out: Path) -> Path:
+    """The JUnit XML files of one suite's parts (scripts/gpu_session.sh part:NAME, one call each) as one file
+    for gpu_tests_sentence: their <testsuite> elements under one <testsuites>. The parts must name the same
+    commit ("flashattn at <commit>"): a README sentence counts one commit's run."""
+    suites = []
+    for path in parts:
+        root = ET.parse(path).getroot()
+        suites += [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    names = {s.get("name", "") for s in suites}
+    if len(names) != 1:
+        raise ValueError(f"the parts name different runs: {sorted(names)}")
+    merged = ET.Element("testsuites")
+    merged.extend(suites)
+    ET.ElementTree(merged).write(out, encoding="utf-8", xml_declaration=True)
+    return out
+
+
 def not_recorded(path) -> str:
     """What a table says in place of its figures while its benchmark file does not exist."""
     return (f"*Not recorded yet: `{Path(path).as_posix()}` does not exist; `scripts/record_h200.sh` writes it "
@@ -213,11 +230,19 @@ def main(argv=None) -> int:
     p.add_argument("--gpu-tests", type=Path, metavar="XML",
                    help="the sentence about a recorded GPU test run (pytest's JUnit XML); with --update-readme: "
                         "into the gpu-tests block")
+    p.add_argument("--merge-junit", type=Path, nargs="+", metavar="XML",
+                   help="the JUnit files of one suite's parts, merged into --out")
+    p.add_argument("--out", type=Path, help="with --merge-junit: the merged file")
     p.add_argument("--tflops", action="store_true", help="with --compare: VERSION's TFLOP/s too (default: off)")
     p.add_argument("--group-shapes", action="store_true",
                    help="with --compare: repeated runs, one line each, grouped by shape")
     args = p.parse_args(argv)
     select = dict(seq_len=args.seq_len, dtype=args.dtype, causal=args.causal, head_dim=args.head_dim)
+    if args.merge_junit:
+        if args.out is None:
+            p.error("--merge-junit needs --out")
+        print(gpu_tests_sentence(merge_junit(args.merge_junit, args.out)))
+        return 0
     if args.gpu_tests:
         sentence = gpu_tests_sentence(args.gpu_tests, args.gpu_tests.parent / "git_commit.txt")
         if args.update_readme:
