@@ -223,9 +223,9 @@
 // (results/h200/logs/br80_stalls_9ceb6de.csv) the consumers' largest stall outside the waits for the tensor
 // cores. 1: lse2_i's B_r / 4 floats loaded into registers once S^T and dP^T are issued; 2: D_i's too, after
 // P^T's exponentials, into the registers lse2_i's left free. Neither was faster, and in the stall samples
-// (results/h200/logs/rows{0,2}_stalls_a755b71.csv) the first FFMA of P^T waits as long as before: a load
-// issued among the step's wgmmas, which read their operands from shared memory too, does not come back
-// before them. 3 (default): lse2_i's loaded before any wgmma of the step is issued; at D = 64 the FFMAs'
+// (results/h200/logs/rows{0,2}_stalls_a755b71.csv) the FFMAs wait as long as before, now all at the first: a
+// load issued among the step's wgmmas, which read their operands from shared memory too, comes back no sooner
+// (the samples show the wait, not its cause). 3 (default): lse2_i's loaded before any wgmma of the step is issued; at D = 64 the FFMAs'
 // short-scoreboard stall is then gone (results/h200/logs/d64_rows{0,3}_stalls_357157b.csv), though the time
 // is not shorter there; the banded B_r = 64 tile at D = 128 is faster (results/h200/logs/rows_step_*.md,
 // python -m flashattn.book.backward_hopper_live rows). The B_r = 80 tile has no room for the 20 registers
