@@ -495,9 +495,9 @@ def test_row_stalls_hold_what_the_lab_notes_say():
     wgmmas (2) the FFMAs of P^T still wait on the short scoreboard, all at the first FFMA, and the loads wait
     for the MIO queue; with them before the wgmmas (3, at D = 64) the FFMAs' wait is gone, the FADDs' for D_i
     stays."""
-    got = {build[0]: profile._step_samples(name)[0] for (_, build), name in profile.ROW_STALLS.items()
-           if "4096" in _}
-    d64 = [profile._step_samples(name)[0] for (shape, _), name in profile.ROW_STALLS.items() if "2048" in shape]
+    samples = {(shape, build[0]): profile._step_samples(name)[0] for (shape, build), name in profile.ROW_STALLS.items()}
+    got = {build: s for (shape, build), s in samples.items() if "4096" in shape}
+    d64 = [s for (shape, _), s in samples.items() if "2048" in shape]
     ffma, fadd, lds = ("FFMA", "short_sb"), ("FADD", "short_sb"), ("LDS", "mio")
     assert abs(got["2"][ffma] - got["0"][ffma]) < 0.05 * got["0"][ffma] and got["2"][lds] > 0 == got["0"][lds]
     _, rows = profile._log_rows(profile.ROW_STALLS[("(1, 8, 4096, 128)", "2 (among the wgmmas)")])

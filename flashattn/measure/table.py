@@ -133,6 +133,12 @@ def update_readme(readme, table: str, block: str = "results-table") -> None:
     path.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
+def _suites(xml: Path) -> list[ET.Element]:
+    """The <testsuite> elements of a JUnit XML file (its root, or those under a <testsuites> root)."""
+    root = ET.parse(xml).getroot()
+    return [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+
+
 def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
     """The README's sentence about the last GPU test run, from the JUnit XML pytest wrote there
     (scripts/gpu_session.sh, step tests). The commit comes from the suite name ("flashattn at <commit>")
@@ -141,8 +147,7 @@ def gpu_tests_sentence(xml: Path, commit_file: Path | None = None) -> str:
     if not xml.exists():
         return (f"No GPU test run is recorded yet: `{xml.as_posix()}` is written by the `tests` step of "
                 f"`scripts/gpu_session.sh` on the H200.")
-    root = ET.parse(xml).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    suites = _suites(xml)
     count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
     name = suites[0].get("name", "") if suites else ""
@@ -160,10 +165,7 @@ def merge_junit(parts: list[Path], out: Path) -> Path:
     """The JUnit XML files of one suite's parts (scripts/gpu_session.sh part:NAME, one call each) as one file
     for gpu_tests_sentence: their <testsuite> elements under one <testsuites>. The parts must name the same
     commit ("flashattn at <commit>"): a README sentence counts one commit's run."""
-    suites = []
-    for path in parts:
-        root = ET.parse(path).getroot()
-        suites += [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    suites = [s for path in parts for s in _suites(path)]
     names = {s.get("name", "") for s in suites}
     if len(names) != 1:
         raise ValueError(f"the parts name different runs: {sorted(names)}")
