@@ -14,8 +14,8 @@ Grouped-query heads (H_kv dividing H), `scale` and `window` are the training ker
 
 version="v8" runs the whole batch in one launch (flashattn.varlen_kernel): kernels/v8.cu's varlen kernel
 reads cu_seqlens on the GPU, each work item a (sequence, query head, row block) with its own lengths and
-band, so the forward makes no copy to the host and no Python step per sequence. Its backward still runs
-v8's backward kernel once per sequence (on that sequence's slices, with the lengths copied to the host).
+band, so the forward makes no copy to the host and no Python step per sequence; so does its backward
+(kernels/v8_backward.cu's varlen kernels, each block a key tile of one sequence and kv head).
 Its index arithmetic is checked on the CPU (tests/test_varlen_bounds.py) and the launch against float64 on
 an H200 (tests/test_varlen.py; results/h200/logs/pytest_pending_gpu_rest_f50ce76.log); not yet timed.
 The other versions (v6, v7) run one kernel call per non-empty sequence, each through flashattn.attention
@@ -126,9 +126,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                      deterministic: bool = False, validate: bool = True):
     """softmax(scale * q_i k_i^T) v_i for every packed sequence i; see the module docstring. Differentiable.
 
-    version="v8": one launch for the forward (the lengths read on the GPU; validate=False: no copy to the
-    host at all), the backward one call of v8's backward kernel per sequence. v6, v7: a kernel call per
-    sequence, forward and backward."""
+    version="v8": one launch for the forward and one of each backward kernel (the lengths read on the GPU;
+    validate=False: no copy to the host at all). v6, v7: a kernel call per sequence, forward and backward."""
     bounds_q, bounds_k, window = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                               causal, scale, window, version, validate)
     if version == "v8":

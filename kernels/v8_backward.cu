@@ -229,9 +229,17 @@
 // short-scoreboard stall is then gone (results/h200/logs/d64_rows{0,3}_stalls_357157b.csv), though the time
 // is not shorter there; the banded B_r = 64 tile at D = 128 is faster (results/h200/logs/rows_step_*.md,
 // python -m flashattn.book.backward_hopper_live rows). The B_r = 80 tile has no room for the 20 registers
-// across the issue (it spills), so it keeps 0.
+// across the issue (it spills), so it keeps 0. 4: 3's lse2_i and 2's D_i, which at D = 64 the FADDs of dS^T
+// wait for on the short scoreboard as the FFMAs of P^T waited for lse2_i (11% of the step's samples,
+// results/h200/logs/d64_rows3_stalls_357157b.csv); B_r = 80 keeps 0 here too.
 #ifndef V8B_ROW_PREFETCH
 #define V8B_ROW_PREFETCH 3
+#endif
+
+// FLASHATTN_VARLEN=1 (the packed batches of flashattn.attention_varlen, flashattn.varlen_kernel): also compile
+// backward_varlen's instances (flash_bwd_varlen, bwd_prep_varlen, bwd_convert_varlen).
+#ifndef FLASHATTN_VARLEN
+#define FLASHATTN_VARLEN 0
 #endif
 
 namespace v8b {
@@ -557,34 +565,64 @@ struct Registers {
   static_assert(PRODUCER + 2 * CONSUMER <= 3 * ENTRY, "the split must fit the launch allotment");
 };
 
+// A packed batch (VARLEN: backward_varlen, the gradients of forward_varlen_lse): sequence b's queries are tokens
+// cu_q[b] .. cu_q[b + 1] - 1 of q, o and dout ([total_q][H][D]), its keys tokens cu_k[b] .. cu_k[b + 1] - 1 of
+// k and v ([total_k][H_kv][D]); lse is [H][total_q]. The row terms and the dQ accumulator keep, per query head,
+// `rows` padded rows, sequence b's from padded_start(cu_q[b], b, B_r) on: a whole number of query tiles per
+// sequence, so that a tile's bulk copies and its dQ image never reach into the next sequence's rows. The
+// window's sides as the caller gave them (-1: no bound; causal has set the right one to 0), clamped by each
+// block to its own sequence.
+struct Varlen {
+  const int* cu_q;
+  const int* cu_k;
+  int batch, H_kv, total_q, total_k;
+  long long rows;
+  int window_left, window_right;
+};
+
+// Sequence b's first padded row: its first token plus b tiles, rounded down to a tile. The next sequence's
+// start is at least ceil(M_b / B_r) tiles further on (strictly more than 0 for an empty one), and
+// padded_start(total_q, B, B_r) bounds them all: the rows per head.
+__host__ __device__ constexpr long long padded_start(long long token, long long b, int BR) {
+  return (token + b * BR) / BR * BR;
+}
+
+// The last b in [0, B) with start(b) <= x, for start nondecreasing and start(0) <= x: the sequence that holds
+// token (or padded row) x. log2(B) reads of the lengths.
+template <typename Start>
+__device__ __forceinline__ int last_at_most(int B, long long x, Start start) {
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (start(mid) <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 // ---------------------------------------------------------------- 1. pre-pass -------------------------
-// Rows r = bh * M_pad + i of the padded row terms: D_i = rowsum(dO_i o O_i) in fp32 and lse2_i = lse_i *
-// log2(e) (-inf, a row with no visible key, becomes +inf: P = exp2(-inf) = 0); rows i >= M get D_i = 0,
-// lse2_i = +inf. Also zeroes the fp32 dQ accumulator [B*H*M_pad][D]. CPR threads per row (16-byte chunks).
+// Padded row `row` of the row terms: D_i = rowsum(dO_i o O_i) in fp32 and lse2_i = lse_i * log2(e) (-inf, a
+// row with no visible key, becomes +inf: P = exp2(-inf) = 0); a padding row (valid false) gets D_i = 0, lse2_i
+// = +inf. Also zeroes the row of the fp32 dQ accumulator. CPR threads per row (16-byte chunks), c this
+// thread's; o, d_o, lse_i point at the row's source (read only when valid).
 // DG: the head dim of O and dO; the accumulator has the tiles' D = tile_dim(DG) columns.
 template <typename T, int DG>
-__global__ void __launch_bounds__(kThreads)
-    bwd_prep(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
-             float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, long long rows, int M,
-             int M_pad) {
+__device__ __forceinline__ void prep_row(const T* __restrict__ o, const T* __restrict__ d_o,
+                                         const float* __restrict__ lse_i, bool valid, bool in_range, long long row,
+                                         int c, float* __restrict__ Dvec, float* __restrict__ lse2,
+                                         float* __restrict__ dq_acc) {
   constexpr int D = tile_dim(DG);
   constexpr int CPR = D / 8;
-  const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR;
-  const int c = threadIdx.x % CPR;
-  const long long bh = row / M_pad;
-  const int i = (int)(row % M_pad);
-  const bool valid = row < rows && i < M;
-  const long long src = bh * M + i;   // the row in the unpadded [B*H*M] tensors
   float sum = 0.f;
   if (valid && c * 8 < DG) {
-    const uint4 o4 = *reinterpret_cast<const uint4*>(O + src * DG + c * 8);
-    const uint4 d4 = *reinterpret_cast<const uint4*>(dO + src * DG + c * 8);
+    const uint4 o4 = *reinterpret_cast<const uint4*>(o + c * 8);
+    const uint4 d4 = *reinterpret_cast<const uint4*>(d_o + c * 8);
     const T* o8 = reinterpret_cast<const T*>(&o4);
     const T* d8 = reinterpret_cast<const T*>(&d4);
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum = fmaf(to_float<T>(o8[e]), to_float<T>(d8[e]), sum);
   }
-  if (row < rows) {
+  if (in_range) {
     float4* acc = reinterpret_cast<float4*>(dq_acc + row * D + c * 8);
     acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -592,11 +630,45 @@ __global__ void __launch_bounds__(kThreads)
   // the CPR lanes of a row are consecutive lanes of one warp (CPR divides 32)
 #pragma unroll
   for (int off = CPR / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (row < rows && c == 0) {
+  if (in_range && c == 0) {
     Dvec[row] = sum;   // 0 for padded rows
-    const float l = valid ? lse[src] : -INFINITY;
+    const float l = valid ? *lse_i : -INFINITY;
     lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
   }
+}
+
+// Rows r = bh * M_pad + i of the padded row terms (rows i >= M are padding) from O, dO [B*H*M][DG] and lse
+// [B*H*M].
+template <typename T, int DG>
+__global__ void __launch_bounds__(kThreads)
+    bwd_prep(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
+             float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, long long rows, int M,
+             int M_pad) {
+  constexpr int CPR = tile_dim(DG) / 8;
+  const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR;
+  const long long bh = row / M_pad;
+  const int i = (int)(row % M_pad);
+  const long long src = bh * M + i;   // the row in the unpadded [B*H*M] tensors
+  prep_row<T, DG>(O + src * DG, dO + src * DG, lse + src, row < rows && i < M, row < rows, row,
+                  threadIdx.x % CPR, Dvec, lse2, dq_acc);
+}
+
+// VARLEN: rows r = h * va.rows + p, padded row p of query head h, from O, dO [total_q][H][DG] and lse
+// [H][total_q]; p belongs to the sequence whose padded rows start at or before it.
+template <typename T, int DG, int BR>
+__global__ void __launch_bounds__(kThreads)
+    bwd_prep_varlen(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ lse,
+                    float* __restrict__ Dvec, float* __restrict__ lse2, float* __restrict__ dq_acc, const Varlen va,
+                    int B, int H) {
+  constexpr int CPR = tile_dim(DG) / 8;
+  const long long row = (long long)blockIdx.x * (kThreads / CPR) + threadIdx.x / CPR, rows = H * va.rows;
+  const long long h = row / va.rows, p = row % va.rows;
+  const int b = last_at_most(B, p, [&](int s) { return padded_start(va.cu_q[s], s, BR); });
+  const long long i = p - padded_start(va.cu_q[b], b, BR), token = va.cu_q[b] + i;
+  const long long src = token * H + h;   // [total_q][H] row of O and dO
+  prep_row<T, DG>(O + src * DG, dO + src * DG, lse + h * va.total_q + token,
+                  row < rows && i < va.cu_q[b + 1] - va.cu_q[b], row < rows, row, threadIdx.x % CPR, Dvec, lse2,
+                  dq_acc);
 }
 
 // ---------------------------------------------------------------- 2. dK, dV and dQ's additions ------
@@ -613,13 +685,19 @@ __global__ void __launch_bounds__(kThreads)
 // DG: the head dim of q, k, v and their gradients; the tiles have D = tile_dim(DG) columns (DG = 96 runs D =
 // 128: the maps fill columns 96 .. 127 of every tile with zeros, which add nothing to S^T and dP^T and give
 // dK_j and dV_j zero columns that are not stored).
-template <typename T, int DG, bool BANDED, int STAGES>
-__global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
-    flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
-                 const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
-                 const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
-                 int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
-                 int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
+// VARLEN (flash_bwd_varlen): a packed batch. BH_kv is B * H_kv and N the longest sequence's keys, which set the
+// grid; each block reads its sequence's M, N, band and token offsets from va (M_pad, lo, hi are then its own),
+// and a block past its sequence's keys has nothing to do. The maps are the packed [total][H][D] tensors, whose
+// rows past a sequence's end are the next sequence's: its keys there are masked like keys >= N, its query rows
+// there have lse2 = +inf in the padded row terms (P = 0, so they add nothing) and their dQ rows are padding.
+// The fixed-length kernel (flash_bwd_ws) compiles to the machine code it had before the packed batches.
+template <typename T, int DG, bool BANDED, int STAGES, bool VARLEN>
+__device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
+                                               const CUtensorMap& tmdO, const float* __restrict__ lse2,
+                                               const float* __restrict__ Dvec, float* __restrict__ dq_acc,
+                                               int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV,
+                                               int BH_kv, int group, int M, int N, int M_pad, float scale_log2,
+                                               float scale, int lo, int hi, int head_group, const Varlen& va) {
   static_assert(STAGES >= 2, "the producer fills one slot while the consumers compute on another");
   constexpr int D = tile_dim(DG);
   using L = Layout<D, STAGES, BANDED>;
@@ -648,8 +726,57 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   const int n_kt = (N + BC - 1) / BC, block = (int)blockIdx.x;
   const int HG = head_group <= 0 || head_group > BH_kv ? BH_kv : head_group;
   const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);
-  const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;
+  const int bh_kv = grp * HG + rem % width;
+  int n0 = (rem / width) * BC;
+  // VARLEN: bh_kv is the kv head, and n0 / B_c a key tile of the whole batch, sequence b's tiles numbered from
+  // padded_start(cu_k[b], b, B_c) / B_c on (a gap of at most one tile after each sequence's, as for the query
+  // rows): sequence b, its key tile, its first query and key tokens, and its first padded row in each query
+  // head's row terms and accumulator.
+  int q_tok = 0, k_tok = 0;
+  long long seq_rows = 0;
+  if constexpr (VARLEN) {
+    const int tile = n0 / BC;
+    auto first_tile = [&](int s) { return padded_start(va.cu_k[s], s, BC) / BC; };
+    const int b = last_at_most(va.batch, tile, first_tile);
+    n0 = (int)(tile - first_tile(b)) * BC;
+    q_tok = va.cu_q[b];
+    M = va.cu_q[b + 1] - q_tok;
+    k_tok = va.cu_k[b];
+    N = va.cu_k[b + 1] - k_tok;
+    if (n0 >= N) return;   // block-uniform, before any barrier: the gap after the sequence's tiles
+    const int left = va.window_left < 0 || va.window_left > N ? N : va.window_left;
+    const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;
+    lo = N - M - left;
+    hi = N - M + right;
+    M_pad = (M + BR - 1) / BR * BR;
+    seq_rows = padded_start(q_tok, b, BR);
+  }
   const int m_tiles = M_pad / BR;
+  // The first row of query head gi's (of the kv head's group) row terms and dQ accumulator; query tile `it`
+  // is it * B_r rows further on. Grouped-query attention: head b * H + h, h = h_kv * group + gi, is bh_kv *
+  // group + gi in the flat index.
+  auto head_rows = [&](int gi) -> size_t {
+    if constexpr (VARLEN) return (size_t)(bh_kv * group + gi) * va.rows + seq_rows;
+    else return (size_t)(bh_kv * group + gi) * M_pad;
+  };
+  // Where key `key` of the tile's sequence starts in dK and dV
+  auto kv_offset = [&](int key) -> size_t {
+    if constexpr (VARLEN) return ((size_t)(k_tok + key) * va.H_kv + bh_kv) * DG;
+    else return ((size_t)bh_kv * N + key) * DG;
+  };
+  // Query tile `it` of query head gi (of the kv head's group), 64 columns from column c, into dst
+  auto load_rows = [&](uint32_t dst, const CUtensorMap* map, int c, int it, int gi, uint32_t bar) {
+    if constexpr (VARLEN)   // (column, head, token)
+      tma_load_3d(dst, map, c, bh_kv * group + gi, q_tok + it * BR, bar);
+    else
+      tma_load_3d(dst, map, c, it * BR, bh_kv * group + gi, bar);
+  };
+  auto load_keys = [&](uint32_t dst, const CUtensorMap* map, int c, uint32_t bar) {
+    if constexpr (VARLEN)
+      tma_load_3d(dst, map, c, bh_kv, k_tok + n0, bar);
+    else
+      tma_load_3d(dst, map, c, n0, bh_kv, bar);
+  };
   // The query tiles [it_begin, it_end) that see any key of the tile: key j is seen by rows j - hi ..= j - lo,
   // so the tile's first key bounds them from below (causal: that is all) and its last key from above.
   int it_begin = 0, it_end = m_tiles;
@@ -680,7 +807,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     for (int idx = first; idx < BC * DG / 8; idx += count) {
       const int key = n0 + idx / (DG / 8);
       if (key < N) {
-        const size_t off = ((size_t)bh_kv * N + key) * DG + (idx % (DG / 8)) * 8;
+        const size_t off = kv_offset(key) + (idx % (DG / 8)) * 8;
         *reinterpret_cast<uint4*>(dK + off) = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(dV + off) = make_uint4(0, 0, 0, 0);
       }
@@ -713,24 +840,23 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       mbar_arrive_expect_tx(bar_kv, 2 * L::KV_BYTES);
 #pragma unroll
       for (int p = 0; p < PANELS; ++p) {
-        tma_load_3d(sK + p * BC * 128, &tmK, p * 64, n0, bh_kv, bar_kv);
-        tma_load_3d(sV + p * BC * 128, &tmV, p * 64, n0, bh_kv, bar_kv);
+        load_keys(sK + p * BC * 128, &tmK, p * 64, bar_kv);
+        load_keys(sV + p * BC * 128, &tmV, p * 64, bar_kv);
       }
-      // step u: query tile `it` of query head bh = bh_kv * group + gi (grouped-query attention: b * H + h
-      // with h = h_kv * group + gi) into slot u % STAGES, once the consumers let go of step u - STAGES
+      // step u: query tile `it` of query head gi of the kv head's group into slot u % STAGES, once the
+      // consumers let go of step u - STAGES
       int u = 0;
       for (int gi = 0; gi < group; ++gi) {
-        const int bh = bh_kv * group + gi;
         for (int it = it_begin; it < it_end; ++it, ++u) {
           const int s = u % STAGES;
           if (u >= STAGES) mbar_wait(empty(s), ((u / STAGES) - 1) & 1);
           mbar_arrive_expect_tx(full(s), L::STAGE_TX);
 #pragma unroll
           for (int p = 0; p < PANELS; ++p) {
-            tma_load_3d(sQ(s) + p * BR * 128, &tmQ, p * 64, it * BR, bh, full(s));
-            tma_load_3d(sdO(s) + p * BR * 128, &tmdO, p * 64, it * BR, bh, full(s));
+            load_rows(sQ(s) + p * BR * 128, &tmQ, p * 64, it, gi, full(s));
+            load_rows(sdO(s) + p * BR * 128, &tmdO, p * 64, it, gi, full(s));
           }
-          const size_t row = (size_t)bh * M_pad + (size_t)it * BR;
+          const size_t row = head_rows(gi) + (size_t)it * BR;
           bulk_load(base + L::LSE_OFF + s * L::ROW_BYTES, lse2 + row, L::ROW_BYTES, full(s));
           bulk_load(base + L::DVEC_OFF + s * L::ROW_BYTES, Dvec + row, L::ROW_BYTES, full(s));
         }
@@ -744,11 +870,12 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       const int j = n0 / BC;
       int u = 0;
       for (int gi = 0; gi < group; ++gi) {
-        const int bh = bh_kv * group + gi;
         for (int it = it_begin; it < it_end; ++it, ++u) {
           mbar_wait(dq_full, u & 1);
-          float* const tile = dq_acc + ((size_t)bh * M_pad + (size_t)it * BR) * D;
-          int* const turn = dq_turn == nullptr ? nullptr : dq_turn + (size_t)bh * m_tiles + it;
+          float* const tile = dq_acc + (head_rows(gi) + (size_t)it * BR) * D;
+          // one turn per query tile, in the rows' order (VARLEN: head_rows is a multiple of B_r)
+          int* const turn = dq_turn == nullptr ? nullptr
+                            : dq_turn + (VARLEN ? head_rows(gi) / BR : (size_t)(bh_kv * group + gi) * m_tiles) + it;
           if (turn != nullptr) {
             // the first key tile that reaches the tile's first row: keys lo <= j - i from row it * B_r on
             const long long first_key = BANDED ? (long long)it * BR + lo : 0;
@@ -857,7 +984,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   };
   // V8B_BR80: dq[4t + i] is dQ_i^T's row (head-dim column) c, column (query) x: into the image (dq_image_float),
   // or one red.global per float without it.
-  auto dq_transposed_out = [&](const int bh, const int it) {
+  auto dq_transposed_out = [&](const size_t rows0, const int it) {
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -866,7 +993,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
         if constexpr (L::DQ_BULK)
           reinterpret_cast<float*>(gbase + L::DQ_OFF)[dq_image_float<D, BR>(x, c)] = dq[4 * t + i];
         else
-          red_add1(dq_acc + ((size_t)bh * M_pad + (size_t)it * BR + x) * D + c, dq[4 * t + i]);
+          red_add1(dq_acc + (rows0 + (size_t)it * BR + x) * D + c, dq[4 * t + i]);
       }
     if constexpr (L::DQ_BULK) {
       fence_proxy_async_smem();
@@ -874,18 +1001,22 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     }
   };
 
-  // One step: query tile `it` of head bh, the u-th of the block. MASKED (a template choice, so that no
+  // One step: query tile `it` of the query head whose rows start at rows0 (head_rows), the u-th of the block. MASKED (a template choice, so that no
   // branch sits between a wgmma and its wait: ptxas keeps no wgmma in flight across a branch that may
   // diverge): keys >= N and (banded) keys outside a row's band get P = 0.
-  auto step = [&](const int bh, const int it, const int u, auto masked) {
+  auto step = [&](const size_t rows0, const int it, const int u, auto masked) {
     constexpr bool MASKED = decltype(masked)::value;
     const int st = u % STAGES, buf = u & 1;
     const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
     const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
 
     // A row term's pair for thread columns 8t + 2q, +1: from the slot, or (V8B_ROW_PREFETCH) from row_pairs,
-    // loaded earlier: lse2_i's, then D_i's. 3 spills at B_r = 80, which keeps 0.
-    constexpr int ROWS = V8B_ROW_PREFETCH == 3 && L::DQ_T ? 0 : V8B_ROW_PREFETCH;
+    // loaded earlier: lse2_i's, then D_i's. 3 and 4 spill at B_r = 80, which keeps 0. LSE_AT: where lse2_i's
+    // pairs are loaded (0 at their use, 1 once S^T and dP^T are issued, 3 before them); D_EARLY: D_i's
+    // follow into the same registers after P^T's exponentials (2, and 4 beside 3's lse2_i).
+    constexpr int ROWS = V8B_ROW_PREFETCH >= 3 && L::DQ_T ? 0 : V8B_ROW_PREFETCH;
+    constexpr int LSE_AT = ROWS == 2 ? 1 : ROWS == 4 ? 3 : ROWS;
+    constexpr bool D_EARLY = ROWS == 2 || ROWS == 4;
     auto slot_pair = [&](const float* terms, const int t) {
       return *reinterpret_cast<const float2*>(terms + 8 * t + 2 * q);
     };
@@ -895,10 +1026,10 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       for (int t = 0; t < NT; ++t) row_pairs[t] = slot_pair(terms, t);
     };
     mbar_wait(full(st), (u / STAGES) & 1);
-    if constexpr (ROWS == 3) load_pairs(lse_s);
+    if constexpr (LSE_AT == 3) load_pairs(lse_s);
     wgmma_fence();
     issue_sdp(st);
-    if constexpr (ROWS == 1 || ROWS == 2) load_pairs(lse_s);
+    if constexpr (LSE_AT == 1) load_pairs(lse_s);
 
     // Per key row (g, g + 8): measured from this thread's first query column (i0 + 2q), element (t, e)
     // sits 8t + e further on and is masked iff 8t + e < first[h] or 8t + e > last[h] -- compares with a
@@ -922,7 +1053,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     pin(s_acc);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float2 l2 = ROWS != 0 ? row_pairs[t] : slot_pair(lse_s, t);
+      const float2 l2 = LSE_AT != 0 ? row_pairs[t] : slot_pair(lse_s, t);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int e = i & 1;
@@ -942,7 +1073,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       issue_dv(st);
       wgmma_commit();
     }
-    if constexpr (ROWS == 2) load_pairs(dvec_s);
+    if constexpr (D_EARLY) load_pairs(dvec_s);
     if constexpr (V8B_EXP_FENCE != 0) schedule_fence(dq_acc, M < 0);
     wgmma_wait<DV_AT == 1 ? 1 : 0>();   // dP^T (dV_j may still run)
     pin(dp);
@@ -954,7 +1085,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     unsigned char* const ds_tile = gbase + L::DS_OFF + buf * L::DS_BYTES;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float2 d2 = ROWS == 2 ? row_pairs[t] : slot_pair(dvec_s, t);
+      const float2 d2 = D_EARLY ? row_pairs[t] : slot_pair(dvec_s, t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float p0 = s_acc[4 * t + 2 * h], p1 = s_acc[4 * t + 2 * h + 1];
@@ -997,13 +1128,13 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
       mbar_arrive(dq_full);
     } else if constexpr (!L::DQ_T) {
       const int r0 = it * BR + (L::SPLIT_ROWS ? 64 * cwg : 0) + 16 * wq + g;
-      float* dst = dq_acc + ((size_t)bh * M_pad + r0) * D + (L::SPLIT_ROWS ? 0 : 64 * cwg) + 2 * q;
+      float* dst = dq_acc + (rows0 + r0) * D + (L::SPLIT_ROWS ? 0 : 64 * cwg) + 2 * q;
 #pragma unroll
       for (int t = 0; t < 8; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) red_add2(dst + (size_t)h * 8 * D + 8 * t, dq[4 * t + 2 * h], dq[4 * t + 2 * h + 1]);
     } else {
-      dq_transposed_out(bh, it);   // V8B_BR80
+      dq_transposed_out(rows0, it);   // V8B_BR80
     }
     wgmma_wait<0>();
     pin(dk);
@@ -1020,14 +1151,14 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   mbar_wait(bar_kv, 0);
   int u = 0;
   for (int gi = 0; gi < group; ++gi) {
-    const int bh = bh_kv * group + gi;
+    const size_t rows0 = head_rows(gi);
     // the branch sits between steps, where no wgmma is in flight: two copies of the step, not three loops
 #pragma unroll 1
     for (int it = it_begin; it < it_end; ++it, ++u) {
       if (it >= plain_begin && it < plain_end)
-        step(bh, it, u, Plain{});
+        step(rows0, it, u, Plain{});
       else
-        step(bh, it, u, Masked{});
+        step(rows0, it, u, Masked{});
     }
   }
 
@@ -1036,7 +1167,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + key_row0 + g + 8 * h;
     if (key < N) {
-      const size_t off = ((size_t)bh_kv * N + key) * DG + 2 * q;
+      const size_t off = kv_offset(key) + 2 * q;
 #pragma unroll
       for (int t = 0; t < DT; ++t) {
         if (8 * t >= DG) continue;   // the zero padding
@@ -1049,25 +1180,70 @@ __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
   }
 }
 
+// The fixed-length batch: q, o, dout [B*H][M][DG], k, v [B*H_kv][N][DG] (the maps), one block per key tile of
+// each (batch, kv head).
+template <typename T, int DG, bool BANDED, int STAGES>
+__global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
+    flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                 const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                 const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
+                 int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
+                 int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
+  flash_bwd_body<T, DG, BANDED, STAGES, false>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
+                                               M, N, M_pad, scale_log2, scale, lo, hi, head_group, Varlen{});
+}
+
+// VARLEN: a packed batch, q, o, dout [total_q][H][DG] and k, v [total_k][H_kv][DG] (the maps): blocks for
+// `tiles` key tiles of each of the BH_kv = H_kv kv heads, the batch's tiles with a gap after each sequence's.
+template <typename T, int DG, bool BANDED, int STAGES>
+__global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
+    flash_bwd_varlen(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                     const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
+                     const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
+                     int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group,
+                     int tiles, float scale_log2, float scale, int head_group, const Varlen va) {
+  flash_bwd_body<T, DG, BANDED, STAGES, true>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
+                                              0, tiles * Layout<tile_dim(DG), STAGES, BANDED>::BC, 0, scale_log2,
+                                              scale, 0, 0, head_group, va);
+}
+
 // ---------------------------------------------------------------- 3. dQ = scale * accumulator --------
 // IMAGE (V8B_DQ_BULK): the accumulator's tiles hold dQ in fragment order (dq_image_float); a float4 of
 // four consecutive columns (4c .. 4c + 3) is still four consecutive floats there (lanes q, q + 1).
-// DG: dQ's head dim; the accumulator has D = tile_dim(DG) columns.
+// DG: dQ's head dim; the accumulator has D = tile_dim(DG) columns. Float4 i of dQ, columns 4c .. 4c + 3 of
+// accumulator row src (a multiple of B_r starts every tile).
 template <typename T, int DG, bool IMAGE, int BR>
-__global__ void __launch_bounds__(kThreads)
-    bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, int M, int M_pad, float scale) {
+__device__ __forceinline__ void convert_chunk(const float* __restrict__ acc, T* __restrict__ dQ, long long i,
+                                              long long src, int c, float scale) {
   constexpr int D = tile_dim(DG);
-  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
-  if (i >= n4) return;
-  const long long row = i / (DG / 4);   // bh * M + r of dQ; the accumulator row is bh * M_pad + r
-  const int c = (int)(i % (DG / 4));
-  const long long src = (row / M) * M_pad + row % M;
   const long long at = IMAGE ? (src - src % BR) * D + dq_image_float<D, BR>((int)(src % BR), 4 * c) : src * D + 4 * c;
   const float4 a = *reinterpret_cast<const float4*>(acc + at);
   uint2 out;
   out.x = pack2<T>(a.x * scale, a.y * scale);
   out.y = pack2<T>(a.z * scale, a.w * scale);
   reinterpret_cast<uint2*>(dQ)[i] = out;
+}
+// dQ [B*H][M][DG]: row bh * M + r comes from accumulator row bh * M_pad + r.
+template <typename T, int DG, bool IMAGE, int BR>
+__global__ void __launch_bounds__(kThreads)
+    bwd_convert(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, int M, int M_pad, float scale) {
+  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;   // one float4 of dQ each
+  if (i >= n4) return;
+  const long long row = i / (DG / 4);
+  convert_chunk<T, DG, IMAGE, BR>(acc, dQ, i, (row / M) * M_pad + row % M, (int)(i % (DG / 4)), scale);
+}
+// VARLEN: dQ [total_q][H][DG]: token t of query head h, in sequence b, comes from accumulator row h * va.rows
+// + padded_start(cu_q[b], b) + t - cu_q[b].
+template <typename T, int DG, bool IMAGE, int BR>
+__global__ void __launch_bounds__(kThreads)
+    bwd_convert_varlen(const float* __restrict__ acc, T* __restrict__ dQ, long long n4, const Varlen va, int B,
+                       int H, float scale) {
+  const long long i = (long long)blockIdx.x * kThreads + threadIdx.x;
+  if (i >= n4) return;
+  const long long row = i / (DG / 4), token = row / H, h = row % H;
+  const int b = last_at_most(B, token, [&](int s) { return (long long)va.cu_q[s]; });
+  const long long src = h * va.rows + padded_start(va.cu_q[b], b, BR) + (token - va.cu_q[b]);
+  convert_chunk<T, DG, IMAGE, BR>(acc, dQ, i, src, (int)(i % (DG / 4)), scale);
 }
 
 // ---------------------------------------------------------------- launcher ----------------------------
@@ -1092,11 +1268,14 @@ inline EncodeTiled encoder() {
 
 // [BH][L][D] as a 3-D map (innermost first), boxes of 64 columns x `box_rows` rows x 1 head, 128-byte
 // swizzle, zero fill out of bounds (rows past L of a head read as zeros, never the next head's).
-template <typename T>
+// PACKED (VARLEN): [L][BH][D], a packed batch's [total][H][D], as the map (D, H, total), boxes of 64 columns x
+// 1 head x `box_rows` tokens: in shared memory the same rows x 128 bytes; tokens past the total read as zeros,
+// a box that crosses into the next sequence reads its tokens (flash_bwd_body says why that is harmless).
+template <typename T, bool PACKED = false>
 bool make_map(CUtensorMap* map, const void* ptr, int BH, int L, int D, int box_rows) {
-  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH};
-  const cuuint64_t strides[2] = {(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)};
-  const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1};
+  const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)(PACKED ? BH : L), (cuuint64_t)(PACKED ? L : BH)};
+  const cuuint64_t strides[2] = {(cuuint64_t)D * sizeof(T), (cuuint64_t)(PACKED ? BH : L) * D * sizeof(T)};
+  const cuuint32_t box[3] = {64, PACKED ? 1u : (cuuint32_t)box_rows, PACKED ? (cuuint32_t)box_rows : 1u};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -1134,21 +1313,31 @@ inline long long l2_bytes() {
 struct Args {
   const void *q, *k, *v, *o, *lse, *dout;
   void *dq, *dk, *dv;
-  float* workspace;   // dq_acc [B*H*M_pad*D], lse2 and D_i [B*H*M_pad] each, turns int [B*H*M_pad / B_r]
-  int B, H, H_kv, M, N;
+  float* workspace;   // dq_acc [rows * D], lse2 and D_i [rows] each, turns int [rows / B_r] (rows: below)
+  int B, H, H_kv, M, N;   // VARLEN: M and N the longest sequence's queries and keys (max_seqlen_q, _k)
   float scale;
-  int lo, hi;   // the band as the kernel takes it (see flash_bwd_ws)
+  int lo, hi;   // the band as the kernel takes it (see flash_bwd_ws); VARLEN: each block its own
   bool deterministic;
   cudaStream_t stream;
+  Varlen va;    // VARLEN: the lengths, window and totals (va.rows set by run)
 };
 
-// DG: the tensors' head dim, D the tiles' (flash_bwd_ws).
-template <typename T, int DG, bool BANDED>
+// The padded rows of the row terms and the accumulator: B * H * M_pad, or (VARLEN) H * padded_start(total_q, B).
+inline long long padded_rows_all(const Args& a, int D, bool banded, bool varlen) {
+  return varlen ? (long long)a.H * padded_start(a.va.total_q, a.B, query_tile(D, banded))
+                : (long long)a.B * a.H * padded_rows(a.M, D, banded);
+}
+
+// DG: the tensors' head dim, D the tiles' (flash_bwd_ws). VARLEN: a packed batch (flash_bwd_varlen).
+template <typename T, int DG, bool BANDED, bool VARLEN>
 const char* run(const Args& a) {
   constexpr int STAGES = V8B_STAGES, D = tile_dim(DG);
   using L = Layout<D, STAGES, BANDED>;
-  const long long BH = (long long)a.B * a.H, BH_kv = (long long)a.B * a.H_kv;
-  const long long M_pad = padded_rows(a.M, D, BANDED), rows = BH * M_pad;
+  // VARLEN: the grid's kv heads are H_kv, each with the batch's key tiles (flash_bwd_body)
+  const long long BH = (long long)a.B * a.H, BH_kv = VARLEN ? a.H_kv : (long long)a.B * a.H_kv;
+  const long long M_pad = padded_rows(a.M, D, BANDED), rows = padded_rows_all(a, D, BANDED, VARLEN);
+  Varlen va = a.va;
+  va.rows = rows / a.H;
   float* dq_acc = a.workspace;
   float* lse2 = dq_acc + rows * D;
   float* dvec = lse2 + rows;
@@ -1158,15 +1347,22 @@ const char* run(const Args& a) {
   // Everything that can refuse the call, before anything is queued on the stream
   constexpr int rows_per_block = kThreads / (D / 8);
   const long long prep_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  const long long n4 = BH * a.M * DG / 4, convert_blocks = (n4 + kThreads - 1) / kThreads;
+  const long long n4 = (VARLEN ? (long long)a.H * va.total_q : BH * a.M) * DG / 4;
+  const long long convert_blocks = (n4 + kThreads - 1) / kThreads;
   if (prep_blocks > 0x7fffffffLL || M_pad > 0x7fffffffLL || convert_blocks > 0x7fffffffLL)
-    return "v8 backward: B * H * M is too large";
-  const int n_blocks = (a.N + L::BC - 1) / L::BC;
-  if ((long long)n_blocks * BH_kv > 0x7fffffffLL) return "v8 backward: B * H_kv * ceil(N / 128) must be below 2^31";
+    return VARLEN ? "v8 backward: H * total_q is too large" : "v8 backward: B * H * M is too large";
+  const long long n_blocks = VARLEN ? padded_start(va.total_k, a.B, L::BC) / L::BC : (a.N + L::BC - 1) / L::BC;
+  if (n_blocks * BH_kv > 0x7fffffffLL)
+    return VARLEN ? "v8 backward: H_kv * (total_k / 128 + B) must be below 2^31"
+                  : "v8 backward: B * H_kv * ceil(N / 128) must be below 2^31";
   if (a.deterministic && !L::DQ_BULK)
     return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
            "does not have at this head dim";
-  auto kernel = flash_bwd_ws<T, DG, BANDED, STAGES>;
+  const void* kernel;
+  if constexpr (VARLEN)
+    kernel = reinterpret_cast<const void*>(flash_bwd_varlen<T, DG, BANDED, STAGES>);
+  else
+    kernel = reinterpret_cast<const void*>(flash_bwd_ws<T, DG, BANDED, STAGES>);
   constexpr size_t smem = L::DYNAMIC;
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
@@ -1176,8 +1372,13 @@ const char* run(const Args& a) {
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (encoder() == nullptr) return "v8 backward: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV, tmdO;
-  if (!make_map<T>(&tmQ, a.q, (int)BH, a.M, DG, L::BR) || !make_map<T>(&tmdO, a.dout, (int)BH, a.M, DG, L::BR) ||
-      !make_map<T>(&tmK, a.k, (int)BH_kv, a.N, DG, L::BC) || !make_map<T>(&tmV, a.v, (int)BH_kv, a.N, DG, L::BC))
+  // VARLEN: (D, H, total_q) and (D, H_kv, total_k)
+  const int heads_q = VARLEN ? a.H : (int)BH, heads_k = VARLEN ? a.H_kv : (int)BH_kv;
+  const int len_q = VARLEN ? va.total_q : a.M, len_k = VARLEN ? va.total_k : a.N;
+  if (!make_map<T, VARLEN>(&tmQ, a.q, heads_q, len_q, DG, L::BR) ||
+      !make_map<T, VARLEN>(&tmdO, a.dout, heads_q, len_q, DG, L::BR) ||
+      !make_map<T, VARLEN>(&tmK, a.k, heads_k, len_k, DG, L::BC) ||
+      !make_map<T, VARLEN>(&tmV, a.v, heads_k, len_k, DG, L::BC))
     return "v8 backward: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
 
   // 1. row terms, zeroed accumulator (and the deterministic mode's turns)
@@ -1185,32 +1386,50 @@ const char* run(const Args& a) {
     err = cudaMemsetAsync(turns, 0, (size_t)(rows / L::BR) * sizeof(int), a.stream);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  bwd_prep<T, DG><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(
-      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), static_cast<const float*>(a.lse), dvec, lse2,
-      dq_acc, rows, a.M, (int)M_pad);
+  const T* o = static_cast<const T*>(a.o);
+  const T* dout = static_cast<const T*>(a.dout);
+  const float* lse = static_cast<const float*>(a.lse);
+  if constexpr (VARLEN)
+    bwd_prep_varlen<T, DG, L::BR><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(o, dout, lse, dvec, lse2, dq_acc,
+                                                                                   va, a.B, a.H);
+  else
+    bwd_prep<T, DG><<<(unsigned)prep_blocks, kThreads, 0, a.stream>>>(o, dout, lse, dvec, lse2, dq_acc, rows, a.M,
+                                                                      (int)M_pad);
 
-  // 2. dK, dV and dQ's additions
-  kernel<<<(unsigned)(n_blocks * BH_kv), L::THREADS, smem, a.stream>>>(
-      tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, a.deterministic ? turns : nullptr, static_cast<T*>(a.dk),
-      static_cast<T*>(a.dv), (int)BH_kv, a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi,
-      BANDED && a.deterministic ? 0   // all heads in one group (the header says why)
-      : V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP : l2_head_group(l2_bytes(), a.H / a.H_kv, M_pad, D, sizeof(T)));
+  // 2. dK, dV and dQ's additions (VARLEN: a kv head's rows are the whole batch's)
+  const int head_group = BANDED && a.deterministic ? 0   // all heads in one group (the header says why)
+                         : V8B_HEAD_GROUP >= 0 ? V8B_HEAD_GROUP
+                         : l2_head_group(l2_bytes(), a.H / a.H_kv, VARLEN ? va.rows : M_pad, D, sizeof(T));
+  int* const dq_turn = a.deterministic ? turns : nullptr;
+  const unsigned blocks = (unsigned)(n_blocks * BH_kv);
+  if constexpr (VARLEN)
+    flash_bwd_varlen<T, DG, BANDED, STAGES><<<blocks, L::THREADS, smem, a.stream>>>(
+        tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, dq_turn, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
+        a.H / a.H_kv, (int)n_blocks, scale_log2, a.scale, head_group, va);
+  else
+    flash_bwd_ws<T, DG, BANDED, STAGES><<<blocks, L::THREADS, smem, a.stream>>>(
+        tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, dq_turn, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
+        a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi, head_group);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cudaGetErrorString(err);
 
   // 3. dQ = scale * accumulator, in the input dtype
-  bwd_convert<T, DG, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
-      dq_acc, static_cast<T*>(a.dq), n4, a.M, (int)M_pad, a.scale);
+  if constexpr (VARLEN)
+    bwd_convert_varlen<T, DG, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
+        dq_acc, static_cast<T*>(a.dq), n4, va, a.B, a.H, a.scale);
+  else
+    bwd_convert<T, DG, L::DQ_BULK, L::BR><<<(unsigned)convert_blocks, kThreads, 0, a.stream>>>(
+        dq_acc, static_cast<T*>(a.dq), n4, a.M, (int)M_pad, a.scale);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// banded: causal or a window that bounds some row (the BANDED instances).
-template <typename T>
+// banded: causal or a window that bounds some row (the BANDED instances). VARLEN: a packed batch.
+template <typename T, bool VARLEN = false>
 const char* dispatch(const Args& a, int D, bool banded) {
-  if (D == 64) return banded ? run<T, 64, true>(a) : run<T, 64, false>(a);
-  if (D == 96) return banded ? run<T, 96, true>(a) : run<T, 96, false>(a);   // on D = 128's tiles
-  if (D == 128) return banded ? run<T, 128, true>(a) : run<T, 128, false>(a);
+  if (D == 64) return banded ? run<T, 64, true, VARLEN>(a) : run<T, 64, false, VARLEN>(a);
+  if (D == 96) return banded ? run<T, 96, true, VARLEN>(a) : run<T, 96, false, VARLEN>(a);   // on D = 128's tiles
+  if (D == 128) return banded ? run<T, 128, true, VARLEN>(a) : run<T, 128, false, VARLEN>(a);
   return "v8 backward supports head_dim 64, 96 and 128 only";
 }
 
@@ -1263,11 +1482,61 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
   }
 }
 
+// A packed batch of B sequences (backward_varlen): q, o, dout [total_q][H][D], k, v [total_k][H_kv][D], lse
+// float32 [H][total_q], cu_q and cu_k int32 [B + 1] on the GPU (read by the kernels only: the grid depends on
+// the totals alone, so no longest length is needed). workspace: v8_backward_varlen_workspace_bytes. Returns
+// nullptr or a message.
+size_t v8_backward_varlen_workspace_bytes(int B, int H, int total_q, int D) {
+  if (D != 64 && D != 96 && D != 128) return 0;
+  D = v8b::tile_dim(D);
+  long long rows = 0;
+  for (bool banded : {false, true})
+    rows = std::max(rows, (long long)H * v8b::padded_start(total_q, B, v8b::query_tile(D, banded)));
+  const int tile = std::min(v8b::query_tile(D, false), v8b::query_tile(D, true));
+  return (size_t)rows * (D + 2) * sizeof(float) + (size_t)rows / tile * sizeof(int);
+}
+
+const char* v8_backward_varlen(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                               const void* dout, void* dq, void* dk, void* dv, float* workspace, const int* cu_q,
+                               const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
+                               int D, bool causal, float scale, int64_t window_left, int64_t window_right,
+                               bool deterministic, cudaStream_t stream) {
+#if FLASHATTN_VARLEN
+  if (B < 1 || H < 1 || total_q < 1 || total_k < 1) return "v8 backward: B, H, total_q and total_k must all be >= 1";
+  if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
+  if (D != 64 && D != 96 && D != 128) return "v8 backward supports head_dim 64, 96 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return "v8 backward needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  // Each block clamps the window to its own sequence; here only the instance, as v8_forward_varlen picks it:
+  // the banded one for causal and any window (a side past 2^31 bounds no sequence of int32 lengths).
+  if (causal) window_right = 0;
+  const int left = window_left < 0 || window_left > INT32_MAX ? -1 : (int)window_left;
+  const int right = window_right < 0 || window_right > INT32_MAX ? -1 : (int)window_right;
+  const bool banded = left >= 0 || right >= 0;
+  v8b::Args a{q, k, v, o, lse, dout, dq, dk, dv, workspace, B, H, H_kv, 1, 1, scale, 0, 0, deterministic, stream};
+  a.va = v8b::Varlen{cu_q, cu_k, B, H_kv, total_q, total_k, 0, left, right};
+  switch (dtype) {
+    case 0: return v8b::dispatch<__nv_bfloat16, true>(a, D, banded);
+    case 1: return v8b::dispatch<__half, true>(a, D, banded);
+    default: return "v8 backward: dtype must be bfloat16 or float16";
+  }
+#else
+  return "v8 backward: backward_varlen needs a build with -DFLASHATTN_VARLEN=1";
+#endif
+}
+
 #else  // ---- PyTorch binding: compiled by the host C++ compiler, which does not define __CUDACC__ ----
 // Only the headers the binding uses: <torch/extension.h> would double this half's build time.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>     // torch::wrap_pybind_function, used by load_inline's module code
@@ -1280,6 +1549,12 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
                         const void* dout, void* dq, void* dk, void* dv, float* workspace, int dtype, int B, int H,
                         int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
                         int64_t window_right, bool deterministic, cudaStream_t stream);
+size_t v8_backward_varlen_workspace_bytes(int B, int H, int total_q, int D);
+const char* v8_backward_varlen(const void* q, const void* k, const void* v, const void* o, const void* lse,
+                               const void* dout, void* dq, void* dk, void* dv, float* workspace, const int* cu_q,
+                               const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
+                               int D, bool causal, float scale, int64_t window_left, int64_t window_right,
+                               bool deterministic, cudaStream_t stream);
 
 // q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
 // contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 96, 128}; lse: float32
@@ -1333,6 +1608,76 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
                                 workspace.data_ptr<float>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv, M, N, D,
                                 causal, s, window_left, window_right, deterministic,
                                 c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return {dq, dk, dv};
+}
+
+// The gradients of a packed batch (a build with -DFLASHATTN_VARLEN=1; flashattn.varlen_kernel), in one launch
+// of each kernel: q, o, dout [total_q, H, D], k, v [total_k, H_kv, D], lse float32 [H, total_q] from
+// forward_varlen_lse with the same lengths, causal, scale and window; cu_seqlens_q and cu_seqlens_k int32
+// [B + 1] on q's device. The lengths stay on the GPU: nothing here reads them (flashattn.attention_varlen
+// checks their values unless validate=False), and the grid depends on the totals alone, so the longest
+// lengths are not asked for. Returns (dq, dk, dv).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_varlen(at::Tensor q, at::Tensor k, at::Tensor v,
+                                                               at::Tensor o, at::Tensor lse, at::Tensor dout,
+                                                               at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                                               bool causal, bool deterministic,
+                                                               std::optional<double> scale, int64_t window_left,
+                                                               int64_t window_right) {
+  TORCH_CHECK(!deterministic || V8B_DQ_BULK != 0,
+              "deterministic: this build of the v8 backward (V8B_DQ_BULK=0) sums dQ with float32 atomics in no "
+              "fixed order; build it with V8B_DQ_BULK=1");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
+                         {"dout", &dout}, {"lse", &lse}}) {
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == (t == &lse ? at::kFloat : dtype), name,
+                t == &lse ? " must be float32" : " must have the same dtype as q");
+    TORCH_CHECK(t->dim() == (t == &lse ? 2 : 3), name, t == &lse ? " must have rank 2 [H, total_q]"
+                                                                 : " must have rank 3 [total_tokens, heads, head_dim]");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(t->numel() == 0 || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
+    for (int d = 0; d < t->dim(); ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+  TORCH_CHECK(q.size(1) > 0 && k.size(1) > 0, "q and k must have heads");
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 96 || q.size(2) == 128,
+              "q: v8 backward supports head_dim 64, 96 and 128 only");
+  TORCH_CHECK(k.size(2) == q.size(2), "k must match q in head_dim");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "k's heads must divide q's heads (grouped-query attention)");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have the shape of k [total_k, H_kv, D]");
+  TORCH_CHECK(o.sizes() == q.sizes(), "o must have the shape of q [total_q, H, D]");
+  TORCH_CHECK(dout.sizes() == q.sizes(), "dout must have the shape of q [total_q, H, D]");
+  TORCH_CHECK(lse.size(0) == q.size(1) && lse.size(1) == q.size(0), "lse must have shape [H, total_q]");
+  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"cu_seqlens_q", &cu_seqlens_q},
+                         {"cu_seqlens_k", &cu_seqlens_k}}) {
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), name, " must be a CUDA tensor on the device of q");
+    TORCH_CHECK(t->scalar_type() == at::kInt, name, " must be int32");
+    TORCH_CHECK(t->dim() == 1 && t->size(0) >= 2, name, " must be 1-D with batch + 1 >= 2 entries");
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  }
+  TORCH_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), "cu_seqlens_k must have as many entries as cu_seqlens_q");
+  TORCH_CHECK(cu_seqlens_q.size(0) - 1 < (int64_t{1} << 31), "cu_seqlens_q: the batch must be below 2^31");
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, "window_left and window_right must be -1 (no bound) or >= 0");
+  const float s = (float)(scale.has_value() ? *scale : 1.0 / std::sqrt((double)q.size(2)));
+  TORCH_CHECK(std::isfinite(s) && s > 0.f, "scale must be a finite number > 0");
+  const int B = cu_seqlens_q.size(0) - 1, H = q.size(1), H_kv = k.size(1), total_q = q.size(0), total_k = k.size(0),
+            D = q.size(2);
+  const c10::cuda::CUDAGuard guard(q.device());
+  // no query or no key in the whole batch: every gradient is 0, nothing to launch
+  if (total_q == 0 || total_k == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  const int64_t floats = (int64_t)(v8_backward_varlen_workspace_bytes(B, H, total_q, D) / sizeof(float));
+  auto workspace = at::empty({floats}, q.options().dtype(at::kFloat));
+  const char* err = v8_backward_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                       dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                       workspace.data_ptr<float>(), cu_seqlens_q.data_ptr<int>(),
+                                       cu_seqlens_k.data_ptr<int>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv,
+                                       total_q, total_k, D, causal, s, window_left, window_right, deterministic,
+                                       c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {dq, dk, dv};
 }

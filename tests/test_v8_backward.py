@@ -145,9 +145,10 @@ def dv_at(flags: list[str], D: int) -> int:
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0", "-DV8B_ROW_PREFETCH=0"],
                                    ["-DV8B_DQ_BULK=0"], ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"],
                                    ["-DV8B_EARLY_DV=0"], [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
-                                   ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"]],
+                                   ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"],
+                                   ["-DV8B_ROW_PREFETCH=4"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2"])
+                              "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2", "rows4"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -230,27 +231,60 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         assert ("SR_CLOCKLO" in text) == fence, f"{name}: clock read"
 
 
-@pytest.mark.parametrize("prefetch", [None, 0, 1, 2, 3])
+def test_varlen_build_adds_its_kernels_and_keeps_the_others(tmp_path):
+    """FLASHATTN_VARLEN=1 (flashattn.varlen_kernel's backward build) adds flash_bwd_varlen beside every
+    flash_bwd_ws instance and leaves those as they were, instruction for instruction (their code is shared,
+    flash_bwd_body, with VARLEN a template constant). Each varlen kernel is its fixed-length twin's step: the
+    same wgmma, the same waits, the same work between them, the setmaxnreg split, no spill and no local memory;
+    its pre-pass and conversion (bwd_prep_varlen, bwd_convert_varlen) spill nothing either."""
+    (tmp_path / "fixed").mkdir()
+    (tmp_path / "varlen").mkdir()
+    _, fixed = compile_v8b(tmp_path / "fixed")
+    report, both = compile_v8b(tmp_path / "varlen", ["-DFLASHATTN_VARLEN=1"])
+    normalised = lambda text: [" ".join(line.split()) for line in text.splitlines()]   # noqa: E731
+    before, after = sass_functions(fixed), sass_functions(both)
+    for name, text in before.items():
+        assert normalised(after[name]) == normalised(text), f"{name} changed with FLASHATTN_VARLEN"
+    varlen = {name: text for name, text in after.items() if "flash_bwd_varlen" in name}
+    twins = {name: text for name, text in before.items() if "flash_bwd_ws" in name}
+    assert len(varlen) == len(twins) == 4 * len(GRAD_DIMS)
+    tiles = {(D, query_tile(D, (), banded)) for D in GRAD_DIMS for banded in (False, True)}   # one per B_r
+    assert sum("bwd_prep_varlen" in n for n in after) == sum("bwd_convert_varlen" in n for n in after) == 2 * len(tiles)
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert frames and all(f == ("0", "0", "0") for f in frames), frames
+    for name, text in varlen.items():
+        twin = twins[name.replace("16flash_bwd_varlen", "12flash_bwd_ws").split("iiiffiNS_6VarlenE")[0]
+                     + "iiiiiffiii"]
+        assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
+        assert sass_tools.register_moves(text.splitlines()) == {"release": [24], "claim": [240]}, name
+        assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < 240, name
+        for feature in ("HGMMA", "UTMALDG", "UBLKCP", "UBLKRED", "MUFU.EX2", "STSM"):
+            assert text.count(feature) == twin.count(feature), f"{name}: {feature}"
+        assert waits(text) == waits(twin) and windows(text) == windows(twin), name
+
+
+@pytest.mark.parametrize("prefetch", [None, 0, 1, 2, 3, 4])
 def test_row_terms_load_before_the_waits(prefetch):
     """V8B_ROW_PREFETCH (None: the default build): in every copy of the step, at both head dims and both query
-    tiles of D = 128, the B_r / 8 LDS.64 of lse2_i issue before the step's first wgmma (3), before the wait for
-    S^T (1, 2) or after it (0), and D_i's before the wait for dP^T (2) or after it. 3 spills at B_r = 80, which
-    keeps 0."""
+    tiles of D = 128, the B_r / 8 LDS.64 of lse2_i issue before the step's first wgmma (3, 4), before the wait
+    for S^T (1, 2) or after it (0), and D_i's before the wait for dP^T (2, 4) or after it. 3 and 4 spill at
+    B_r = 80, which keeps 0."""
     for flags in ((), (BR64,)):
         flags += () if prefetch is None else (f"-DV8B_ROW_PREFETCH={prefetch}",)
         for D in (64, 128):
             L = backward_hopper.layout(D, flags=list(flags))
-            rows = 0 if L["V8B_ROW_PREFETCH"] == 3 and L["DQ_T"] else L["V8B_ROW_PREFETCH"]
+            rows = 0 if L["V8B_ROW_PREFETCH"] >= 3 and L["DQ_T"] else L["V8B_ROW_PREFETCH"]
             for span in backward_hopper.step_spans(backward_hopper.texts(D, flags=flags), L):
                 waits = [i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t]
                 loads = [i for i, t in enumerate(span) if t.startswith("LDS.64")]
                 n = L["BR"] // 8   # LDS.64 per row term
                 assert len(loads) == 2 * n, (D, flags, loads)
                 first_wgmma = next(i for i, t in enumerate(span) if t.startswith("HGMMA"))
-                assert sum(i < first_wgmma for i in loads) == (n if rows == 3 else 0), (D, flags)
+                assert sum(i < first_wgmma for i in loads) == (n if rows >= 3 else 0), (D, flags)
                 before_s = sum(i < waits[0] for i in loads)
                 before_dp = sum(waits[0] < i < waits[1] for i in loads)
-                assert (before_s, before_dp) == {0: (0, n), 1: (n, 0), 2: (n, n), 3: (n, 0)}[rows], (D, flags, loads)
+                want = {0: (0, n), 1: (n, 0), 2: (n, n), 3: (n, 0), 4: (n, n)}[rows]
+                assert (before_s, before_dp) == want, (D, flags, loads)
 
 
 def test_binding_takes_v6_backward_parameters():
@@ -967,7 +1001,7 @@ def step_build(flag: str | None):
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
 # (V8B_EARLY_DV=1 spills at B_r = 80: it was measured at 64)
 SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3", "-DV8B_ROW_PREFETCH=2",
-                  "-DV8B_ROW_PREFETCH=0"]
+                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=4"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -1032,7 +1066,8 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
                                   "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
-                                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2"])
+                                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2",
+                                  "-DV8B_ROW_PREFETCH=4"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):

@@ -9,25 +9,32 @@ output and of dq, dk, dv against float64 on that sequence alone, within twice SD
 in one batch, M != N both ways, causal and not, grouped heads, a scale; sequences without keys give 0 and
 gradient 0. Windows per sequence: tests/test_window.py.
 
-v8's single launch (flashattn.varlen_kernel; its index arithmetic on the CPU: tests/test_varlen_bounds.py),
-GPU only, none of which has run yet: both dtypes, both head dims, causal, windows, grouped heads against
-float64 per sequence, forward and gradients; o and lse bit-identical to v8's fixed-length kernel on each
-sequence alone; validate=False making no synchronising call (torch.cuda's sync debug mode) and capturing in
-a CUDA graph; bad lengths on the GPU still refused by name with validate=True.
+v8's single launch (flashattn.varlen_kernel; its index arithmetic on the CPU: tests/test_varlen_bounds.py and,
+for the backward, tests/test_varlen_backward_bounds.py), GPU only: both dtypes, every head dim, causal, windows,
+grouped heads against float64 per sequence, forward and gradients; o and lse bit-identical to v8's
+fixed-length kernel on each sequence alone, and the gradients to the per-sequence backward (dK and dV bit for
+bit; dQ too in the deterministic mode); validate=False making no synchronising call (torch.cuda's sync debug
+mode), forward or backward, and capturing in a CUDA graph; bad lengths on the GPU still refused by name with
+validate=True; compute-sanitizer's memcheck, racecheck and synccheck clean on a packed batch, forward and
+backward, both modes. CPU: the backward's build exports backward_varlen and checks before the GPU.
 """
 from __future__ import annotations
 
+import itertools
+import sys
 import zlib
+from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from test_backward import compare_grads
 from test_v7 import check_output, is_hopper
 
 import flashattn
+from flashattn import varlen_kernel as vk
 from flashattn.autograd import attention_forward
 from flashattn.varlen import check_varlen
-from flashattn.varlen_kernel import varlen_attention_forward, varlen_module
 
 
 def packed(lengths_q, lengths_k, H=4, H_kv=2, D=64, dtype=torch.bfloat16, device="cpu", seed=0):
@@ -113,7 +120,7 @@ def test_validate_false_still_checks_the_lengths_tensors():
 def test_varlen_build_exports_its_two_functions_and_checks_before_the_gpu():
     """kernels/v8.cu builds with FLASHATTN_VARLEN (nvcc and the host compiler, no GPU needed) and exports
     forward_varlen and forward_varlen_lse with named arguments; the binding's first checks need no GPU."""
-    mod = varlen_module()
+    mod = vk.varlen_module()
     for name in ("forward_varlen", "forward_varlen_lse"):
         assert "(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: " \
                "torch.Tensor, max_seqlen_q:" in getattr(mod, name).__doc__
@@ -122,6 +129,21 @@ def test_varlen_build_exports_its_two_functions_and_checks_before_the_gpu():
             getattr(mod, name)(q, k, v, cu_q, cu_k, 7)
         with pytest.raises(RuntimeError, match="q must be bfloat16 or float16"):
             getattr(mod, name)(q.float(), k, v, cu_q, cu_k, 7)
+
+
+def test_varlen_backward_build_exports_backward_varlen_and_checks_before_the_gpu():
+    """kernels/v8_backward.cu builds with FLASHATTN_VARLEN and exports backward_varlen, whose arguments have
+    no longest lengths (its grid depends on the totals alone); the binding's first checks need no GPU."""
+    mod = vk.varlen_backward_module()
+    assert "backward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, " \
+           "dout: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool = False, " \
+           "deterministic: bool = False," in mod.backward_varlen.__doc__
+    q, k, v, cu_q, cu_k = packed((3, 7), (5, 7))
+    lse = torch.zeros(q.shape[1], q.shape[0])
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+        mod.backward_varlen(q, k, v, q, lse, q, cu_q, cu_k)
+    with pytest.raises(RuntimeError, match="q must be bfloat16 or float16"):
+        mod.backward_varlen(q.float(), k, v, q, lse, q, cu_q, cu_k)
 
 
 @pytest.mark.gpu
@@ -228,7 +250,7 @@ def test_single_launch_is_the_fixed_length_kernel_per_sequence(D, H, H_kv, causa
     lengths = LENGTHS[0]
     q, k, v, cu_q, cu_k = packed(*lengths, H=H, H_kv=H_kv, D=D, device="cuda", seed=D + H)
     scale = 0.3
-    o, lse = varlen_attention_forward(q, k, v, cu_q, cu_k, max(lengths[0]), causal, False, scale)
+    o, lse = vk.varlen_attention_forward(q, k, v, cu_q, cu_k, max(lengths[0]), causal, False, scale)
     assert lse.shape == (H, q.shape[0]) and lse.dtype == torch.float32
     for i, q0, q1, k0, k1 in sequences(cu_q.tolist(), cu_k.tolist()):
         if q1 == q0:
@@ -241,6 +263,53 @@ def test_single_launch_is_the_fixed_length_kernel_per_sequence(D, H, H_kv, causa
         oi, lse_i = attention_forward(qi, ki, vi, causal, "v8", False, scale)
         assert torch.equal(o[q0:q1], oi[0].transpose(0, 1)), i
         assert torch.equal(lse[:, q0:q1], lse_i[0]), i
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("window", [(-1, -1), (37, 5)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("H,H_kv,D", [(8, 2, 64), (4, 4, 128), (6, 3, 96)])
+def test_single_launch_backward_is_the_per_sequence_backward(H, H_kv, D, causal, window):
+    """One launch for the whole batch computes what v8's fixed-length backward computes on each sequence alone
+    (the first version, backward_per_sequence): the same tiles from the sequence's first token, the next
+    sequence's rows in a tile's tail giving P = 0 where the fixed-length boxes read zeros. dK and dV bit for bit
+    (each written once from the same sums); in the deterministic mode dQ too (its key tiles add in index
+    order), otherwise within float32 rounding of the order the additions land in."""
+    lengths = LENGTHS[0]
+    q, k, v, cu_q, cu_k = packed(*lengths, H=H, H_kv=H_kv, D=D, device="cuda", seed=H + D)
+    scale = 0.2
+    o, lse = vk.varlen_attention_forward(q, k, v, cu_q, cu_k, max(lengths[0]), causal, False, scale, *window)
+    do = torch.randn_like(q)
+    for deterministic in (True, False):
+        args = (q, k, v, o, lse, do, cu_q, cu_k, causal, deterministic, scale, *window)
+        got, want = vk.varlen_attention_backward(*args), vk.backward_per_sequence(*args)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), "dK, dV"
+        if deterministic:
+            assert torch.equal(got[0], want[0]), "dQ in the deterministic mode"
+        else:
+            torch.testing.assert_close(got[0], want[0], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_validate_false_backward_never_waits_for_the_gpu():
+    """The single-launch backward reads the lengths on the GPU too: forward and autograd.grad with
+    validate=False make no synchronising call."""
+    lengths = LENGTHS[0]
+    q, k, v, cu_q, cu_k = packed(*lengths, H=8, H_kv=2, D=128, device="cuda", seed=6)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    args = (q, k, v, cu_q, cu_k, max(lengths[0]), max(lengths[1]))
+    first = torch.autograd.grad(flashattn.attention_varlen(*args, causal=True, validate=False), (q, k, v),
+                                torch.ones_like(q))                          # builds the modules
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = flashattn.attention_varlen(*args, causal=True, validate=False)
+        again = torch.autograd.grad(out, (q, k, v), torch.ones_like(q))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2) for a, b in zip(again, first))
 
 
 @pytest.mark.gpu
@@ -287,7 +356,7 @@ def test_bad_lengths_on_the_gpu_are_refused_naming_them(bad, says):
 @needs_hopper
 def test_binding_refuses_bad_lengths_naming_them():
     q, k, v, cu_q, cu_k = packed((3, 7), (5, 7), device="cuda")
-    mod = varlen_module()
+    mod = vk.varlen_module()
     for args, says in [((q, k, v, cu_q.long(), cu_k, 7), "cu_seqlens_q must be int32"),
                        ((q, k, v, cu_q, cu_k.cpu(), 7), "cu_seqlens_k must be a CUDA tensor"),
                        ((q, k, v, cu_q[None], cu_k, 7), "cu_seqlens_q must be 1-D"),
@@ -299,3 +368,34 @@ def test_binding_refuses_bad_lengths_naming_them():
         with pytest.raises(RuntimeError, match=says):
             mod.forward_varlen(*args)
 
+
+# ================================================================ GPU: compute-sanitizer
+# a packed batch with empty sequences, M != N both ways and tails of every tile size, and its (causal, window)
+SANITIZE_LENGTHS = ((17, 1, 0, 203, 130), (17, 1, 4, 113, 300))
+SANITIZE_MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 8))]
+
+
+def sanitize_target() -> None:
+    """What the sanitizer runs: v8's single-launch forward and backward (both modes) at every head dim and
+    mask, grouped heads, bf16; one line per call."""
+    for D, (causal, window) in itertools.product((64, 96, 128), SANITIZE_MASKS):
+        q, k, v, cu_q, cu_k = packed(*SANITIZE_LENGTHS, H=4, H_kv=2, D=D, device="cuda", seed=D)
+        o, lse = vk.varlen_attention_forward(q, k, v, cu_q, cu_k, max(SANITIZE_LENGTHS[0]), causal, False, 0.3, *window)
+        do = torch.randn_like(q)
+        for det in (False, True):
+            grads = vk.varlen_attention_backward(q, k, v, o, lse, do, cu_q, cu_k, causal, det, 0.3, *window)
+            assert all(torch.isfinite(g).all() for g in grads)
+            print(f"ran varlen D={D} causal={causal} window={window} deterministic={det}", flush=True)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_single_launch_sanitizer_clean(tool):
+    vk.varlen_module(), vk.varlen_backward_module()          # built outside the sanitizer
+    out, ran = conftest.run_sanitized(tool, Path(__file__).resolve(), "--sanitize", tag="ran varlen ")
+    assert len(ran) == 3 * len(SANITIZE_MASKS) * 2, out[-4000:]
+
+
+if __name__ == "__main__" and "--sanitize" in sys.argv:
+    sanitize_target()

@@ -249,6 +249,9 @@ V8_BACKWARD = (
             "lse2_i's pairs loaded into registers while S^T runs, not after its wait"),
     Variant("rows2", "v8_backward", None, {"V8B_ROW_PREFETCH": 2},
             "lse2_i's pairs while S^T runs and D_i's while dP^T runs"),
+    Variant("rows4", "v8_backward", None, {"V8B_ROW_PREFETCH": 4},
+            "lse2_i's pairs before the step's wgmmas (the default) and D_i's after P^T's exponentials, while dP^T "
+            "runs"),
     Variant("rows0", "v8_backward", None, {"V8B_ROW_PREFETCH": 0},
             "lse2_i's and D_i's pairs loaded after the waits for S^T and dP^T (the default loads lse2_i's before "
             "the step's wgmmas are issued, where the tile leaves room)"),

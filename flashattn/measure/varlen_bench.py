@@ -7,8 +7,11 @@ flushed before every call, a GPU spin so that no column's Python time is timed, 
 
 * `ours`: flashattn.attention_varlen (FlashAttention-2's packed conventions, int32 cumulative lengths), with
   validate=False: the lengths are this script's own, and checking them copies them to the host, which would
-  wait for the spin that keeps the host's time out of every column (v8's forward then makes no such copy;
-  its backward still copies the lengths once, to run per sequence);
+  wait for the spin that keeps the host's time out of every column (v8's forward and backward then make no
+  such copy);
+* `ours_per_sequence` (backward only): the same call with the first version of its backward, v8's
+  fixed-length kernel once per sequence (flashattn.varlen_kernel.per_sequence_backward: the lengths copied to
+  the host, slices copied in and out), the step the single launch replaced;
 * `fa4`: FlashAttention-4's `flash_attn.cute.flash_attn_varlen_func` on the same packed tensors;
 * `sdpa_cudnn_padded`, `sdpa_flash_padded`: SDPA with that backend forced, on the batch padded to its
   longest sequence ([8, H, 8192, D]): what a model without a varlen path pays.
@@ -33,10 +36,12 @@ from flashattn.measure.prefill_bench import write_record
 from flashattn.measure.sdpa_backends import sdpa_backend_context
 from flashattn.measure.timing import bench_parser, guarded, interleaved_args
 from flashattn.varlen import attention_varlen
+from flashattn.varlen_kernel import per_sequence_backward
 
 LENGTHS = (8192, 4096, 1000, 513, 17, 1, 2048, 300)
 H_Q, H_KV, D = 32, 8, 128
-COLUMNS = ("ours", "fa4", "sdpa_cudnn_padded", "sdpa_flash_padded")
+COLUMNS = ("ours", "ours_per_sequence", "fa4", "sdpa_cudnn_padded", "sdpa_flash_padded")
+FORWARD_ONLY_SKIPS = ("ours_per_sequence",)   # a backward step: the forward is `ours`
 BACKENDS = {"sdpa_cudnn_padded": "sdpa_cudnn", "sdpa_flash_padded": "sdpa_flash"}
 
 
@@ -62,7 +67,7 @@ def padded(t: torch.Tensor, lengths) -> torch.Tensor:
 def forward_fn(name: str, q, k, v, cu, lengths, causal: bool):
     """(fn, context factory): `fn()` runs column `name`'s forward on the packed batch and returns its output."""
     longest = max(lengths)
-    if name == "ours":
+    if name in ("ours", "ours_per_sequence"):
         ours = lambda: attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,  # noqa: E731
                                         validate=False)
         return ours, contextlib.nullcontext
@@ -92,7 +97,13 @@ def backward_fn(name: str, q, k, v, cu, lengths, causal: bool):
         o = fwd()
     inputs = getattr(fwd, "inputs", (q, k, v))
     do = torch.randn_like(o)
-    return (lambda: torch.autograd.grad(o, inputs, do, retain_graph=True)), context
+    grad = lambda: torch.autograd.grad(o, inputs, do, retain_graph=True)  # noqa: E731
+    if name == "ours_per_sequence":
+        def per_sequence():
+            with per_sequence_backward():
+                return grad()
+        return per_sequence, context
+    return grad, context
 
 
 def flops(lengths, H_q: int, D: int, causal: bool, backward: bool) -> float:
@@ -105,6 +116,8 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
     make = backward_fn if part == "varlen_backward" else forward_fn
     calls = {}
     for name in COLUMNS:
+        if part == "varlen_forward" and name in FORWARD_ONLY_SKIPS:
+            continue
         made = guarded(make, name, q, k, v, cu, lengths, causal)
         calls[name] = made if isinstance(made, tuple) else (made, contextlib.nullcontext)
     timings = interleaved_args(calls, args)
@@ -125,7 +138,7 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
 def main(argv=None) -> int:
     args = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
                         repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
-                        slack_help="; ours' backward (and v6's, v7's forward) loops over the sequences in Python, "
+                        slack_help="; ours_per_sequence's backward loops over the sequences in Python, "
                                    "so the default is longer than the other benches'").parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
