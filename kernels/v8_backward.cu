@@ -109,9 +109,10 @@
 // instructions and the tensor pipe 65.6% -> 74.5% busy under Nsight Compute; its tests and the three
 // sanitizer tools passed on the H200, results/h200/logs/pytest_br80_fadf861.log) and lse2_i's loads issued
 // before a step's wgmmas where the registers allow (V8B_ROW_PREFETCH=3: 4% less time with the mask at D=128,
-// the same elsewhere, results/h200/logs/rows_step_*.md; the default since cf241d2, whose gradients match the
-// loads-after-the-waits build's bit for bit; the chapter's records are from before it). Next: D_i's loads
-// early too at D=64, fewer integer and uniform instructions per step, and causal scheduling.
+// the same elsewhere, results/h200/logs/rows_step_*.md; the default from cf241d2), then D_i's loaded after
+// P^T's exponentials beside them (V8B_ROW_PREFETCH=4, the default since 2bac294: 3-5% less time than 3 at
+// D=64 and with the mask at D=128, results/h200/logs/rows_step_2bac294.md; gradients bit for bit 3's and
+// 0's). Next: fewer integer and uniform instructions per step, and causal scheduling.
 //
 // Results: results/h200/bench_backward.json and the chapter "The backward on Hopper" (see the top).
 // How dQ_i's contribution leaves the block. 1 (default): the consumers store it to a shared-memory image of
@@ -233,7 +234,7 @@
 // wait for on the short scoreboard as the FFMAs of P^T waited for lse2_i (11% of the step's samples,
 // results/h200/logs/d64_rows3_stalls_357157b.csv); B_r = 80 keeps 0 here too.
 #ifndef V8B_ROW_PREFETCH
-#define V8B_ROW_PREFETCH 3
+#define V8B_ROW_PREFETCH 4
 #endif
 
 // FLASHATTN_VARLEN=1 (the packed batches of flashattn.attention_varlen, flashattn.varlen_kernel): also compile

@@ -146,9 +146,9 @@ def dv_at(flags: list[str], D: int) -> int:
                                    ["-DV8B_DQ_BULK=0"], ["-DV8B_HEAD_GROUP=1"], ["-DV8B_DESC_ADD=0"],
                                    ["-DV8B_EARLY_DV=0"], [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
                                    ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"],
-                                   ["-DV8B_ROW_PREFETCH=4"]],
+                                   ["-DV8B_ROW_PREFETCH=3"]],
                          ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "dv_late",
-                              "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2", "rows4"])
+                              "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2", "rows3"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
@@ -1001,7 +1001,7 @@ def step_build(flag: str | None):
 # the step builds the sanitizer runs besides the default, on a small and an odd shape
 # (V8B_EARLY_DV=1 spills at B_r = 80: it was measured at 64)
 SANITIZE_STEPS = [f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3", BR64, f"{BR64} -DV8B_STAGES=3", "-DV8B_ROW_PREFETCH=2",
-                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=4"]
+                  "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=3"]
 
 
 def sanitize_target(flag: str | None = None) -> None:
@@ -1067,7 +1067,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
                                   "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
                                   "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2",
-                                  "-DV8B_ROW_PREFETCH=4"])
+                                  "-DV8B_ROW_PREFETCH=3"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):

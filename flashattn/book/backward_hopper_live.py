@@ -175,9 +175,9 @@ STEPS = {
                {"3 / 2 slots": (0, 1)}, "Ratios above 1: two slots are faster."),
     "rows": ("row-term times", {"lse2_i among the wgmmas (V8B_ROW_PREFETCH=1)": ("rows1", False),
                                 "and D_i (2)": ("rows2", False),
-                                "lse2_i before them (3, default)": ("default", False),
+                                "lse2_i before them (3)": ("rows3", False),
                                 "after the waits (0)": ("rows0", False),
-                                "3, and D_i among them (4)": ("rows4", False)},
+                                "3, and D_i among them (4, default)": ("default", False)},
              {"1 / 0": (0, 3), "2 / 0": (1, 3), "3 / 0": (2, 3), "4 / 3": (4, 2)},
              "Ratios below 1: loading the row terms early is faster (at B_r = 80, non-causal D = 128, 3 and 4 are "
              "0)."),

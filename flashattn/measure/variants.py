@@ -249,12 +249,12 @@ V8_BACKWARD = (
             "lse2_i's pairs loaded into registers while S^T runs, not after its wait"),
     Variant("rows2", "v8_backward", None, {"V8B_ROW_PREFETCH": 2},
             "lse2_i's pairs while S^T runs and D_i's while dP^T runs"),
-    Variant("rows4", "v8_backward", None, {"V8B_ROW_PREFETCH": 4},
-            "lse2_i's pairs before the step's wgmmas (the default) and D_i's after P^T's exponentials, while dP^T "
-            "runs"),
+    Variant("rows3", "v8_backward", None, {"V8B_ROW_PREFETCH": 3},
+            "lse2_i's pairs before the step's wgmmas, D_i's after the wait for dP^T (the default loads D_i's "
+            "after P^T's exponentials too)"),
     Variant("rows0", "v8_backward", None, {"V8B_ROW_PREFETCH": 0},
             "lse2_i's and D_i's pairs loaded after the waits for S^T and dP^T (the default loads lse2_i's before "
-            "the step's wgmmas are issued, where the tile leaves room)"),
+            "the step's wgmmas are issued and D_i's after P^T's exponentials, where the tile leaves room)"),
     Variant("br64", "v8_backward", None, {"V8B_BR80": 0},
             "B_r = 64 at D=128 without a band, dQ_i = dS K_j (the first versions; the default takes 80, "
             "FlashAttention-3's and -4's tile there, with dQ_i^T = K_j^T dS_i^T)"),
