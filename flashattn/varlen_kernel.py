@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 
 import torch
 
@@ -124,23 +123,24 @@ def _varlen_attention_backward_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
 
 # Which backward autograd runs: the single launch, or (inside `per_sequence_backward()`, for the benchmark's
 # step column) the first version's loop over the sequences.
-_PER_SEQUENCE = threading.local()
+# A module flag, not a thread-local one: autograd runs a CUDA backward on its own device thread.
+_PER_SEQUENCE = {"on": False}
 
 
 @contextlib.contextmanager
 def per_sequence_backward():
-    """Within this block, backward passes of varlen_attention_forward run backward_per_sequence (this thread)."""
-    before = getattr(_PER_SEQUENCE, "on", False)
-    _PER_SEQUENCE.on = True
+    """Within this block, backward passes of varlen_attention_forward run backward_per_sequence (every thread)."""
+    before = _PER_SEQUENCE["on"]
+    _PER_SEQUENCE["on"] = True
     try:
         yield
     finally:
-        _PER_SEQUENCE.on = before
+        _PER_SEQUENCE["on"] = before
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    run = backward_per_sequence if getattr(_PER_SEQUENCE, "on", False) else varlen_attention_backward
+    run = backward_per_sequence if _PER_SEQUENCE["on"] else varlen_attention_backward
     dq, dk, dv = run(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, ctx.causal, ctx.deterministic, ctx.scale,
                      *ctx.window)
     return dq, dk, dv, None, None, None, None, None, None, None, None
