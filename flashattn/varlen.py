@@ -16,8 +16,9 @@ version="v8" runs the whole batch in one launch (flashattn.varlen_kernel): kerne
 reads cu_seqlens on the GPU, each work item a (sequence, query head, row block) with its own lengths and
 band, so the forward makes no copy to the host and no Python step per sequence; so does its backward
 (kernels/v8_backward.cu's varlen kernels, each block a key tile of one sequence and kv head).
-Its index arithmetic is checked on the CPU (tests/test_varlen_bounds.py) and the launch against float64 on
-an H200 (tests/test_varlen.py; results/h200/logs/pytest_pending_gpu_rest_f50ce76.log); not yet timed.
+Its index arithmetic is checked on the CPU (tests/test_varlen_bounds.py, test_varlen_backward_bounds.py) and the
+launches against float64 on an H200 (tests/test_varlen.py; results/h200/logs/pytest_varlen_2bac294.xml); timed by
+flashattn.measure.varlen_bench (results/h200/varlen.json).
 The other versions (v6, v7) run one kernel call per non-empty sequence, each through flashattn.attention
 (differentiable, and exactly as accurate as the kernels): a launch and a Python step per sequence.
 

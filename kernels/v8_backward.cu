@@ -5,7 +5,9 @@
 // compute capability 9.0 (H100, H200). On an H200 every GPU test of tests/test_v8_backward.py and
 // tests/test_backward_choice.py passes (1,216), and compute-sanitizer's memcheck, racecheck and synccheck are clean in
 // both modes, for this default and the step builds V8B_STAGES=3, V8B_BR80=0 with and without it, and V8B_BR80=0
-// V8B_EARLY_DV=1 (results/h200/logs/pytest_br80_default_0e647c9.log, sanitizer_br80_default_0e647c9.log); before, for
+// V8B_EARLY_DV=1 (results/h200/logs/pytest_br80_default_0e647c9.log, sanitizer_br80_default_0e647c9.log; the default
+// V8B_ROW_PREFETCH=4 and its step builds at 2bac294 and f2d19b2: pytest_varlen_2bac294.xml,
+// pytest_default_f2d19b2.log, pytest_default_more_f2d19b2.log); before, for
 // the builds V8B_EARLY_DV=1, 2 and V8B_STAGES=3 at B_r = 64 (pytest_v8b_early_dv_9bde8ce.log), V8B_BR80=1
 // (pytest_br80_fadf861.log, the SASS of this default), and before them (*_l2order_*_wip.log, *_77b169c.log,
 // pytest_backward_fixes_506e705.log; the first version's runs: *_f50ce76.log; the deterministic mode's block order of
@@ -13,7 +15,7 @@
 // tests and the three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
 // runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
 // results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through autograd beside
-// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at 0e647c9, this file's code (README:
+// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at f2d19b2, this file's code (README:
 // "The backward pass against SDPA's backends and FlashAttention-4"), and profiled beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_ reports
 // (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward on Hopper" and its
@@ -68,6 +70,16 @@
 //   to land and bumps the counter: the key tiles add in the order of their index, so every element sums in
 //   one order. Turns only wait for lower blockIdx, which the GPU starts first (not a CUDA promise, and
 //   FlashAttention-3's deterministic mode relies on it too), so they do not deadlock.
+//
+// Packed batches (flashattn.attention_varlen's backward, flashattn.varlen_kernel): backward_varlen(q, k, v, o,
+//   lse, dout, cu_seqlens_q, cu_seqlens_k, causal, deterministic, scale, window_left, window_right) takes
+//   FlashAttention-2's varlen layout, q, o, dout [total_q, H, D], k, v [total_k, H_kv, D], lse float32 [H,
+//   total_q], int32 lengths on the GPU, which the kernels read themselves: one launch each of bwd_prep_varlen,
+//   flash_bwd_varlen and bwd_convert_varlen for the whole batch (built only with -DFLASHATTN_VARLEN=1; the
+//   fixed-length kernels keep their machine code, flash_bwd_body being shared). On the H200 its tests, the
+//   three sanitizer tools among them, passed (results/h200/logs/pytest_varlen_2bac294.xml), and at the batch
+//   of flashattn.measure.varlen_bench it took 3,565 µs against 5,334 µs for this kernel run once per sequence
+//   and 3,190 µs for FlashAttention-4's varlen backward (results/h200/varlen.json).
 //
 // Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with
@@ -686,9 +698,9 @@ __global__ void __launch_bounds__(kThreads)
 // DG: the head dim of q, k, v and their gradients; the tiles have D = tile_dim(DG) columns (DG = 96 runs D =
 // 128: the maps fill columns 96 .. 127 of every tile with zeros, which add nothing to S^T and dP^T and give
 // dK_j and dV_j zero columns that are not stored).
-// VARLEN (flash_bwd_varlen): a packed batch. BH_kv is B * H_kv and N the longest sequence's keys, which set the
-// grid; each block reads its sequence's M, N, band and token offsets from va (M_pad, lo, hi are then its own),
-// and a block past its sequence's keys has nothing to do. The maps are the packed [total][H][D] tensors, whose
+// VARLEN (flash_bwd_varlen): a packed batch. BH_kv is H_kv and N / B_c the batch's key tiles, which set the
+// grid; each block finds its sequence and reads its M, N, band and token offsets from va (M_pad, lo, hi are
+// then its own), and a block in the gap after a sequence's tiles has nothing to do. The maps are the packed [total][H][D] tensors, whose
 // rows past a sequence's end are the next sequence's: its keys there are masked like keys >= N, its query rows
 // there have lse2 = +inf in the padded row terms (P = 0, so they add nothing) and their dQ rows are padding.
 // The fixed-length kernel (flash_bwd_ws) compiles to the machine code it had before the packed batches.
@@ -1434,6 +1446,21 @@ const char* dispatch(const Args& a, int D, bool banded) {
   return "v8 backward supports head_dim 64, 96 and 128 only";
 }
 
+// What both entry points refuse before anything is queued: the heads, the scale, the head dim and the GPU.
+inline const char* check_call(int H, int H_kv, int D, float scale) {
+  if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
+  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
+  if (D != 64 && D != 96 && D != 128) return "v8 backward supports head_dim 64, 96 and 128 only";
+  int dev = 0, major = 0, minor = 0;
+  const cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return "v8 backward needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  return nullptr;
+}
+
 }  // namespace v8b
 
 // Bytes of float32 scratch the launcher needs: the dQ accumulator and the two row terms, each padded to
@@ -1456,16 +1483,7 @@ const char* v8_backward(const void* q, const void* k, const void* v, const void*
                         int H_kv, int M, int N, int D, bool causal, float scale, int64_t window_left,
                         int64_t window_right, bool deterministic, cudaStream_t stream) {
   if (B < 1 || H < 1 || M < 1 || N < 1) return "v8 backward: B, H, M and N must all be >= 1";
-  if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
-  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
-  if (D != 64 && D != 96 && D != 128) return "v8 backward supports head_dim 64, 96 and 128 only";
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0)
-    return "v8 backward needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  if (const char* refused = v8b::check_call(H, H_kv, D, scale)) return refused;
   // The window as the kernel takes it, the band lo <= j - i <= hi (see flash_bwd_ws), exactly as the
   // forward has it: causal sets right = 0; -1, or a side that reaches past every key (left >= N) or every
   // row (right >= M), is clamped to N or M, where it bounds nothing. A window that bounds no row runs the
@@ -1504,16 +1522,7 @@ const char* v8_backward_varlen(const void* q, const void* k, const void* v, cons
                                bool deterministic, cudaStream_t stream) {
 #if FLASHATTN_VARLEN
   if (B < 1 || H < 1 || total_q < 1 || total_k < 1) return "v8 backward: B, H, total_q and total_k must all be >= 1";
-  if (H_kv < 1 || H % H_kv != 0) return "v8 backward: q's heads must be a multiple of k's heads";
-  if (!(scale > 0.f) || !std::isfinite(scale)) return "v8 backward: scale must be a finite number > 0";
-  if (D != 64 && D != 96 && D != 128) return "v8 backward supports head_dim 64, 96 and 128 only";
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0)
-    return "v8 backward needs a Hopper GPU of compute capability 9.0 (H100/H200): it is built for sm_90a (wgmma, TMA)";
+  if (const char* refused = v8b::check_call(H, H_kv, D, scale)) return refused;
   // Each block clamps the window to its own sequence; here only the instance, as v8_forward_varlen picks it:
   // the banded one for causal and any window (a side past 2^31 bounds no sequence of int32 lengths).
   if (causal) window_right = 0;

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -38,3 +39,28 @@ def test_without_a_gpu_it_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         vb.main(["--out", "/tmp/unused"])
+
+
+def test_the_wall_mode_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        vb.main(["--wall"])
+
+
+def test_the_per_sequence_column_is_a_backward_step():
+    assert vb.COLUMNS.index("ours_per_sequence") == vb.COLUMNS.index("ours") + 1
+    assert vb.FORWARD_ONLY_SKIPS == ("ours_per_sequence",)
+
+
+def test_per_sequence_backward_reaches_autograds_own_thread():
+    """autograd runs a CUDA backward on its device thread, not the caller's: the switch must be seen there
+    (a thread-local one was not, and the first run of the column timed the single launch twice)."""
+    from flashattn import varlen_kernel as vk
+    seen = []
+    reader = lambda: seen.append(vk._PER_SEQUENCE["on"])   # noqa: E731
+    with vk.per_sequence_backward():
+        t = threading.Thread(target=reader)
+        t.start()
+        t.join()
+    reader()
+    assert seen == [True, False]

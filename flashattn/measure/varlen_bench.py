@@ -16,6 +16,10 @@ flushed before every call, a GPU spin so that no column's Python time is timed, 
 * `sdpa_cudnn_padded`, `sdpa_flash_padded`: SDPA with that backend forced, on the batch padded to its
   longest sequence ([8, H, 8192, D]): what a model without a varlen path pays.
 
+`--wall`: what a training loop sees instead, a forward and `autograd.grad` per step timed from the host
+(no GPU spin), single launch against per sequence: the wall time of ten steps after a sync, and the Python
+call's own time (the per-sequence backward waits for the GPU when it copies the lengths to the host).
+
 Backward: every column through `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` on its forward's
 output (the forward runs once, untimed), as flashattn.measure.backward times the square shapes. TFLOP/s
 count the packed batch's own work for every column, padded ones included: per sequence 4·H_q·L²·D, half
@@ -26,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -135,7 +141,49 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
     return rows
 
 
+def wall(lengths=LENGTHS, rounds: int = 6, steps: int = 10) -> list[str]:
+    """--wall's lines: per way of running the backward, the median over `rounds` of the wall time per step of
+    `steps` steps after a sync, and the median of every step's host time (the Python call, no sync)."""
+    q, k, v, cu = packed_inputs(lengths)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    longest, do = max(lengths), torch.randn_like(q)
+
+    def step():
+        o = attention_varlen(q, k, v, cu, cu, longest, longest, causal=True, validate=False)
+        return torch.autograd.grad(o, (q, k, v), do)
+    ways = {"single launch": contextlib.nullcontext, "per sequence": per_sequence_backward}
+    got = {name: {"wall": [], "host": []} for name in ways}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            with way():
+                for _ in range(2):
+                    step()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(steps):
+                    t = time.perf_counter()
+                    step()
+                    got[name]["host"].append(time.perf_counter() - t)
+                torch.cuda.synchronize()
+                got[name]["wall"].append((time.perf_counter() - start) / steps)
+    lines = [f"# varlen batch {tuple(lengths)}, {H_Q}/{H_KV} heads, D={D}, causal, bf16, "
+             f"{torch.cuda.get_device_name()}: forward + autograd.grad per step, no GPU spin; "
+             f"wall = {steps} steps / {steps} after a sync, median of {rounds} rounds; "
+             f"host = the Python call's own time, median of {rounds * steps}"]
+    for name, r in got.items():
+        lines.append(f"{name:14} wall {statistics.median(r['wall']) * 1e6:9.1f} us   host "
+                     f"{statistics.median(r['host']) * 1e6:9.1f} us")
+    return lines
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--wall" in argv:
+        if not torch.cuda.is_available():
+            raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
+        print("\n".join(wall()))
+        return 0
     args = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
                         repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
                         slack_help="; ours_per_sequence's backward loops over the sequences in Python, "
