@@ -664,7 +664,7 @@ MIRRORED = [
     "const long long heads = l2 / 2 / per_head;",
     "return l2 <= 0 ? 0 : heads < 1 ? 1 : heads > 0x7fffffffLL ? 0x7fffffff : (int)heads;",
     "const int grp = block / (HG * n_kt), rem = block - grp * HG * n_kt, width = min(HG, BH_kv - grp * HG);",
-    "const int bh_kv = grp * HG + rem % width, n0 = (rem / width) * BC;",
+    "const int bh_kv = grp * HG + rem % width; int n0 = (rem / width) * BC;",
 ]
 
 
