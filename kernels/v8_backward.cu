@@ -238,13 +238,15 @@
 // P^T's exponentials, into the registers lse2_i's left free. Neither was faster, and in the stall samples
 // (results/h200/logs/rows{0,2}_stalls_a755b71.csv) the FFMAs wait as long as before, now all at the first: a
 // load issued among the step's wgmmas, which read their operands from shared memory too, comes back no sooner
-// (the samples show the wait, not its cause). 3 (default): lse2_i's loaded before any wgmma of the step is issued; at D = 64 the FFMAs'
-// short-scoreboard stall is then gone (results/h200/logs/d64_rows{0,3}_stalls_357157b.csv), though the time
-// is not shorter there; the banded B_r = 64 tile at D = 128 is faster (results/h200/logs/rows_step_*.md,
-// python -m flashattn.book.backward_hopper_live rows). The B_r = 80 tile has no room for the 20 registers
-// across the issue (it spills), so it keeps 0. 4: 3's lse2_i and 2's D_i, which at D = 64 the FADDs of dS^T
-// wait for on the short scoreboard as the FFMAs of P^T waited for lse2_i (11% of the step's samples,
-// results/h200/logs/d64_rows3_stalls_357157b.csv); B_r = 80 keeps 0 here too.
+// (the samples show the wait, not its cause). 3: lse2_i's loaded before any wgmma of the step is issued; at
+// D = 64 the FFMAs' short-scoreboard stall is then gone (results/h200/logs/d64_rows{0,3}_stalls_357157b.csv),
+// though the time is not shorter there; the banded B_r = 64 tile at D = 128 is faster
+// (results/h200/logs/rows_step_*.md, python -m flashattn.book.backward_hopper_live rows). The B_r = 80 tile
+// has no room for the 20 registers across the issue (it spills), so it keeps 0. 4 (default): 3's lse2_i and
+// 2's D_i, which at D = 64 the FADDs of dS^T wait for on the short scoreboard as the FFMAs of P^T waited for
+// lse2_i (11% of the step's samples, results/h200/logs/d64_rows3_stalls_357157b.csv): 3% to 5% less time than
+// 3 at D = 64 and in the banded D = 128 kernel in two runs (rows_step_2bac294.md, rows_step_f2d19b2.md; not
+// profiled, so why it pays where 3 alone did not is open); B_r = 80 keeps 0 here too.
 #ifndef V8B_ROW_PREFETCH
 #define V8B_ROW_PREFETCH 4
 #endif
@@ -700,9 +702,10 @@ __global__ void __launch_bounds__(kThreads)
 // dK_j and dV_j zero columns that are not stored).
 // VARLEN (flash_bwd_varlen): a packed batch. BH_kv is H_kv and N / B_c the batch's key tiles, which set the
 // grid; each block finds its sequence and reads its M, N, band and token offsets from va (M_pad, lo, hi are
-// then its own), and a block in the gap after a sequence's tiles has nothing to do. The maps are the packed [total][H][D] tensors, whose
-// rows past a sequence's end are the next sequence's: its keys there are masked like keys >= N, its query rows
-// there have lse2 = +inf in the padded row terms (P = 0, so they add nothing) and their dQ rows are padding.
+// then its own), and a block in the gap after a sequence's tiles has nothing to do. The maps are the packed
+// [total][H][D] tensors, whose rows past a sequence's end are the next sequence's: its keys there are masked
+// like keys >= N, its query rows there have lse2 = +inf in the padded row terms (P = 0, so they add nothing)
+// and their dQ rows are padding.
 // The fixed-length kernel (flash_bwd_ws) compiles to the machine code it had before the packed batches.
 template <typename T, int DG, bool BANDED, int STAGES, bool VARLEN>
 __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
@@ -1014,9 +1017,9 @@ __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUt
     }
   };
 
-  // One step: query tile `it` of the query head whose rows start at rows0 (head_rows), the u-th of the block. MASKED (a template choice, so that no
-  // branch sits between a wgmma and its wait: ptxas keeps no wgmma in flight across a branch that may
-  // diverge): keys >= N and (banded) keys outside a row's band get P = 0.
+  // One step: query tile `it` of the query head whose rows start at rows0 (head_rows), the u-th of the block.
+  // MASKED (a template choice, so that no branch sits between a wgmma and its wait: ptxas keeps no wgmma in
+  // flight across a branch that may diverge): keys >= N and (banded) keys outside a row's band get P = 0.
   auto step = [&](const size_t rows0, const int it, const int u, auto masked) {
     constexpr bool MASKED = decltype(masked)::value;
     const int st = u % STAGES, buf = u & 1;
@@ -1327,7 +1330,7 @@ struct Args {
   const void *q, *k, *v, *o, *lse, *dout;
   void *dq, *dk, *dv;
   float* workspace;   // dq_acc [rows * D], lse2 and D_i [rows] each, turns int [rows / B_r] (rows: below)
-  int B, H, H_kv, M, N;   // VARLEN: M and N the longest sequence's queries and keys (max_seqlen_q, _k)
+  int B, H, H_kv, M, N;   // VARLEN: M = N = 1 (unused: the grid and the padding depend on the totals alone)
   float scale;
   int lo, hi;   // the band as the kernel takes it (see flash_bwd_ws); VARLEN: each block its own
   bool deterministic;
