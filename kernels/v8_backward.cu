@@ -1569,6 +1569,33 @@ const char* v8_backward_varlen(const void* q, const void* k, const void* v, cons
                                int D, bool causal, float scale, int64_t window_left, int64_t window_right,
                                bool deterministic, cudaStream_t stream);
 
+// What both bindings ask of every tensor before anything else: q bfloat16 or float16 and the others alike (lse
+// float32), on q's CUDA device, of the layout's rank, contiguous, 16-byte aligned, every dimension below 2^31.
+// packed: the varlen layout ([total, heads, head_dim], lse [H, total_q]), where a batch may hold no token.
+static void check_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                          const at::Tensor& lse, const at::Tensor& dout, bool packed) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
+                         {"dout", &dout}, {"lse", &lse}}) {
+    const bool is_lse = t == &lse;
+    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t->scalar_type() == (is_lse ? at::kFloat : dtype), name,
+                is_lse ? " must be float32" : " must have the same dtype as q");
+    const int rank = (packed ? 3 : 4) - (is_lse ? 1 : 0);
+    TORCH_CHECK(t->dim() == rank, name, " must have rank ", rank,
+                is_lse ? (packed ? " [H, total_q]" : " [B, H, M]")
+                       : (packed ? " [total_tokens, heads, head_dim]" : " [B, H, L, D]"));
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    TORCH_CHECK(packed || t->numel() > 0, name, " has an empty dimension");
+    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
+    TORCH_CHECK(t->numel() == 0 || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
+                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
+    for (int d = 0; d < t->dim(); ++d)
+      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
+  }
+}
+
 // q, o, dout: [B, H, M, D]; k, v: [B, H_kv, N, D] with H a multiple of H_kv; all bfloat16 or all float16,
 // contiguous, 16-byte aligned, one CUDA device of compute capability 9.0; D in {64, 96, 128}; lse: float32
 // [B, H, M] from forward_lse with the same q, k, v, causal, scale (None: 1/sqrt(D)) and window (a side -1:
@@ -1584,22 +1611,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(at::Tensor q, at::Tensor
               "deterministic: this build of the v8 backward (V8B_DQ_BULK=0) sums dQ with float32 atomics in no "
               "fixed order; build it with V8B_DQ_BULK=1, or train with v6's backward (kernels/v6_backward.cu)");
   const auto dtype = q.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
-  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
-                         {"dout", &dout}, {"lse", &lse}}) {
-    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
-    TORCH_CHECK(t->scalar_type() == (t == &lse ? at::kFloat : dtype), name,
-                t == &lse ? " must be float32" : " must have the same dtype as q");
-    TORCH_CHECK(t->dim() == (t == &lse ? 3 : 4), name, t == &lse ? " must have rank 3 [B, H, M]"
-                                                                 : " must have rank 4 [B, H, L, D]");
-    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
-    TORCH_CHECK(t->numel() > 0, name, " has an empty dimension");
-    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
-                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
-    for (int d = 0; d < t->dim(); ++d)
-      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
-  }
+  check_tensors(q, k, v, o, lse, dout, false);
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 96 || q.size(3) == 128,
               "q: v8 backward supports head_dim 64, 96 and 128 only");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
@@ -1641,21 +1653,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_varlen(at::Tensor q, at:
               "deterministic: this build of the v8 backward (V8B_DQ_BULK=0) sums dQ with float32 atomics in no "
               "fixed order; build it with V8B_DQ_BULK=1");
   const auto dtype = q.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "q must be bfloat16 or float16 (v8 has no fp32 mode)");
-  for (auto [name, t] : {std::pair<const char*, at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o},
-                         {"dout", &dout}, {"lse", &lse}}) {
-    TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor");
-    TORCH_CHECK(t->scalar_type() == (t == &lse ? at::kFloat : dtype), name,
-                t == &lse ? " must be float32" : " must have the same dtype as q");
-    TORCH_CHECK(t->dim() == (t == &lse ? 2 : 3), name, t == &lse ? " must have rank 2 [H, total_q]"
-                                                                 : " must have rank 3 [total_tokens, heads, head_dim]");
-    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
-    TORCH_CHECK(t->device() == q.device(), name, " must be on the same device as q");
-    TORCH_CHECK(t->numel() == 0 || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, name,
-                " must be 16-byte aligned (TMA reads 16-byte aligned tensors)");
-    for (int d = 0; d < t->dim(); ++d)
-      TORCH_CHECK(t->size(d) < (int64_t{1} << 31), name, ": every dimension must be below 2^31");
-  }
+  check_tensors(q, k, v, o, lse, dout, true);
   TORCH_CHECK(q.size(1) > 0 && k.size(1) > 0, "q and k must have heads");
   TORCH_CHECK(q.size(2) == 64 || q.size(2) == 96 || q.size(2) == 128,
               "q: v8 backward supports head_dim 64, 96 and 128 only");
