@@ -49,7 +49,7 @@ def test_the_wall_mode_without_a_gpu_says_so(monkeypatch):
 
 def test_the_per_sequence_column_is_a_backward_step():
     assert vb.COLUMNS.index("ours_per_sequence") == vb.COLUMNS.index("ours") + 1
-    assert vb.FORWARD_ONLY_SKIPS == ("ours_per_sequence",)
+    assert vb.BACKWARD_ONLY == ("ours_per_sequence",)
 
 
 def test_per_sequence_backward_reaches_autograds_own_thread():

@@ -47,7 +47,7 @@ from flashattn.varlen_kernel import per_sequence_backward
 LENGTHS = (8192, 4096, 1000, 513, 17, 1, 2048, 300)
 H_Q, H_KV, D = 32, 8, 128
 COLUMNS = ("ours", "ours_per_sequence", "fa4", "sdpa_cudnn_padded", "sdpa_flash_padded")
-FORWARD_ONLY_SKIPS = ("ours_per_sequence",)   # a backward step: the forward is `ours`
+BACKWARD_ONLY = ("ours_per_sequence",)   # a step of the backward: its forward is `ours`
 BACKENDS = {"sdpa_cudnn_padded": "sdpa_cudnn", "sdpa_flash_padded": "sdpa_flash"}
 
 
@@ -122,7 +122,7 @@ def part_rows(part: str, lengths, causal: bool, args) -> list[dict]:
     make = backward_fn if part == "varlen_backward" else forward_fn
     calls = {}
     for name in COLUMNS:
-        if part == "varlen_forward" and name in FORWARD_ONLY_SKIPS:
+        if part == "varlen_forward" and name in BACKWARD_ONLY:
             continue
         made = guarded(make, name, q, k, v, cu, lengths, causal)
         calls[name] = made if isinstance(made, tuple) else (made, contextlib.nullcontext)
@@ -177,19 +177,18 @@ def wall(lengths=LENGTHS, rounds: int = 6, steps: int = 10) -> list[str]:
 
 
 def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--wall" in argv:
-        if not torch.cuda.is_available():
-            raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
-        print("\n".join(wall()))
-        return 0
-    args = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
+    parser = bench_parser("python -m flashattn.measure.varlen_bench", __doc__, "varlen_forward,varlen_backward",
                         repetitions=40, rounds=4, max_seconds=1.0, host_slack_us=3000.0,
                         slack_help="; ours_per_sequence's backward loops over the sequences in Python, "
-                                   "so the default is longer than the other benches'").parse_args(argv)
+                                   "so the default is longer than the other benches'")
+    parser.add_argument("--wall", action="store_true",
+                        help="instead of the columns: the host-timed training step, single launch against per sequence")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.varlen_bench needs a CUDA GPU")
+    if args.wall:
+        print("\n".join(wall()))
+        return 0
     write_record(args, argv, "varlen.json",
                  [r for part in args.parts.split(",") for r in part_rows(part, LENGTHS, True, args)])
     return 0
