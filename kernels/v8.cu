@@ -65,9 +65,11 @@
 //     [total_q, H, D], k and v [total_k, H_kv, D], sequence b owning tokens cu_seqlens_q[b] ..
 //     cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v (int32, on the
 //     GPU: the kernel reads them, so one launch serves the batch and nothing is copied to the host). A work
-//     item is (sequence, query head, row block), over the row blocks of the longest sequence, max_seqlen_q
-//     (causal: the last row blocks first, as above; persistent blocks as configured); the items past their
-//     sequence's end do nothing. Each item takes its M and N, and its band, from its sequence: causal and the
+//     item is (sequence, query head, row block). A one-block pre-pass (fwd_order_varlen, V8_VARLEN_ORDER)
+//     lists the batch's row blocks, largest work first, and the persistent blocks take their items in that
+//     order; V8_VARLEN_ORDER=0 spans the longest sequence's row blocks (max_seqlen_q) for every sequence,
+//     the items past a sequence's end doing nothing. Each item takes its M and N, and its band, from its
+//     sequence: causal and the
 //     window are aligned per sequence, as above. The tiles are the same; a Q_i box may run into the next
 //     sequence's rows (never stored) and the last key tile into its keys (masked: the mask's end of N is the
 //     sequence's). forward_varlen_lse also returns lse float32 [H, total_q], FlashAttention-2's varlen
@@ -226,6 +228,14 @@
 #endif
 #ifndef V8_SNAKE
 #define V8_SNAKE 1
+#endif
+// V8_VARLEN_ORDER   (packed batches) 1: a pre-pass lists the batch's row blocks, longest work first, and
+//                     the persistent blocks take them round-robin (fwd_order_varlen). 0: the items of a
+//                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
+//                     B_r), in its order; most are empty when lengths differ, and the real ones fall to
+//                     the blocks unevenly (results/h200/logs/varlen_order_*.md).
+#ifndef V8_VARLEN_ORDER
+#define V8_VARLEN_ORDER 1
 #endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
@@ -596,10 +606,14 @@ struct Registers {
 // ([total_q][H][D]), its keys tokens cu_k[b] .. cu_k[b + 1] - 1 of k and v ([total_k][H_kv][D]); H query heads;
 // total_q, also the row length of lse ([H][total_q]); the window's sides as the caller gave them (-1: no bound;
 // causal has set the right one to 0), which each item clamps to its own sequence.
+// order (V8_VARLEN_ORDER): the pre-pass's list, order[0] the number of row blocks P, then P pairs (sequence,
+// row block) from order + 2, in the order the blocks take them; item p * H + h is query head h of pair p.
 struct Varlen {
   const int* cu_q;
   const int* cu_k;
   int H, total_q, total_k, window_left, window_right;
+  int* order;
+  long long order_ints;   // order's size (the launcher checks it)
 };
 
 // The kernel's code, shared by flash_fwd_ws (fixed length, below: its machine code is what it was before the
@@ -653,7 +667,11 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   int q_tok = 0, k_tok = 0, q_head = 0;
   const size_t o_row = VARLEN ? (size_t)va.H * DG : DG;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
-    if (CAUSAL) {
+    if (VARLEN && V8_VARLEN_ORDER) {
+      const int2 pair = reinterpret_cast<const int2*>(va.order + 2)[item / (unsigned)va.H];
+      bh = pair.x * va.H + (int)(item % (unsigned)va.H);
+      m_block = pair.y;
+    } else if (CAUSAL) {
       bh = item % BH;
       m_block = m_blocks - 1 - (int)(item / BH);
     } else {
@@ -709,7 +727,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       }
     }
   };
-  const int items = m_blocks * BH;
+  const int items = VARLEN && V8_VARLEN_ORDER ? va.order[0] * va.H : m_blocks * BH;
   // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
   // only grow with k, so the first k past the end ends the loop.
   auto item_at = [&](int k) {
@@ -728,6 +746,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   // item is the block's tile kv_base + t of the ring (slot and phase). Always 0 without PERSISTENT.
   int kv_base = 0;
   if constexpr (!PERSISTENT) {
+    if (VARLEN && (int)blockIdx.x >= items) return;   // the grid allows for the most row blocks a batch can have
     set_item(blockIdx.x);
     if (n_tiles == 0) {   // block-uniform
       write_zeros(tid, THREADS);
@@ -1205,6 +1224,50 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
                  WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0,
                                     va V8_TRACE_FORWARD);
 }
+
+// The varlen forward's pre-pass (V8_VARLEN_ORDER): the batch's row blocks into `order` (see Varlen), in the
+// order the persistent blocks take them. Sequence b has n_b = ceil(M_b / B_r) row blocks, at most m_blocks
+// (the longest the caller named: V8_VARLEN_ORDER=0 reaches no further). Longest work first, so that the
+// round-robin ends on short items:
+//   banded (causal, windows): by row block x, the highest first (causal: its rows see the most keys, when
+//     M_b = N_b), the sequences of one x in rank order: pair (b, x) goes to level[x] + rank_b, level[x]
+//     being the pairs of the higher row blocks (sum over b of max(0, n_b - x - 1));
+//   otherwise: by sequence in rank order, each sequence's row blocks together (each does all N_b / B_c
+//     key tiles): (b, x) goes to the row blocks of the sequences ranked before b, plus x.
+// rank_b: how many sequences have more row blocks, or as many and a lower index; those are exactly the
+// sequences before b in every level b is in. One block: a thread places whole sequences, with one scan of
+// the lengths for its rank (O(B) per sequence).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restrict__ cu_q, int batch, int BR,
+                                                            int m_blocks, bool banded, int* __restrict__ order,
+                                                            int* __restrict__ level) {
+  auto blocks_of = [&](int b) {
+    const long long rows = (long long)cu_q[b + 1] - cu_q[b];
+    return rows <= 0 ? 0 : (int)min((long long)m_blocks, (rows + BR - 1) / BR);
+  };
+  if (banded)
+    for (int x = threadIdx.x; x < m_blocks; x += THREADS) {
+      int above = 0;
+      for (int b = 0; b < batch; ++b) above += max(0, blocks_of(b) - x - 1);
+      level[x] = above;
+    }
+  __syncthreads();
+  int2* pairs = reinterpret_cast<int2*>(order + 2);
+  for (int b = threadIdx.x; b < batch; b += THREADS) {
+    const int n = blocks_of(b);
+    int rank = 0, before = 0;
+    for (int s = 0; s < batch; ++s) {
+      const int n_s = blocks_of(s);
+      if (n_s > n || (n_s == n && s < b)) {
+        ++rank;
+        before += n_s;
+      }
+    }
+    for (int x = 0; x < n; ++x) pairs[banded ? level[x] + rank : before + x] = make_int2(b, x);
+    if (rank == batch - 1) order[0] = before + n;   // the last sequence in rank order: every row block counted
+  }
+}
+
 // ---------------------------------------------------------------- launcher ----------------------------
 
 // Where an instrumented build (V8_TRACE) writes its stamps; buffer null: no trace asked for.
@@ -1286,7 +1349,14 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
 
   const int m_blocks = (M + L::BR - 1) / L::BR;
   const long long BH = (long long)B * H;
-  const long long blocks = (long long)m_blocks * BH;
+  // VARLEN's pre-pass lists at most `pairs` row blocks: a sequence of M_b >= 1 rows has ceil(M_b / B_r) <= M_b,
+  // and their sum is at most (total_q + B (B_r - 1)) / B_r
+  const long long bound = ((long long)va.total_q + (long long)B * (L::BR - 1)) / L::BR,
+                  pairs = bound < va.total_q ? bound : va.total_q;
+  const bool ordered = VARLEN && V8_VARLEN_ORDER;
+  const long long blocks = ordered ? pairs * H : (long long)m_blocks * BH;
+  if (ordered && 2 + 2 * pairs + (CAUSAL ? m_blocks : 0) > va.order_ints)
+    return "v8: the varlen order workspace is too small";
   // (persistent: an item index may run one grid past the last item)
   if (blocks + (PERSISTENT ? 4096 : 0) > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
   if (trace.buffer != nullptr && trace.tiles < (N + BC - 1) / BC)
@@ -1308,6 +1378,9 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
                    make_map<T>(&tmV, v, B * H_kv, N, D, BC);
   if (!mapped) return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
+  if constexpr (VARLEN && V8_VARLEN_ORDER)
+    fwd_order_varlen<1024><<<1, 1024, 0, stream>>>(va.cu_q, B, L::BR, m_blocks, CAUSAL, va.order,
+                                                   va.order + 2 + 2 * pairs);
   if constexpr (VARLEN)
     flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE>
         <<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks,
@@ -1421,11 +1494,12 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 
 // A packed batch of B sequences (forward_varlen): q and o [total_q][H][D], k and v [total_k][H_kv][D], cu_q and
 // cu_k int32 [B + 1] on the GPU (never read here: the kernel reads them), max_seqlen_q the longest sequence's
-// queries. lse: nullptr, or float [H][total_q] (forward_varlen_lse). Returns nullptr or a message.
+// queries. lse: nullptr, or float [H][total_q] (forward_varlen_lse). order: order_ints ints of workspace for the
+// pre-pass (V8_VARLEN_ORDER; the binding sizes it). Returns nullptr or a message.
 const char* v8_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse, const int* cu_q,
                               const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
                               int max_seqlen_q, int D, bool causal, float scale, int64_t window_left,
-                              int64_t window_right, cudaStream_t stream) {
+                              int64_t window_right, int* order, int64_t order_ints, cudaStream_t stream) {
 #if FLASHATTN_VARLEN
   if (B < 1 || H < 1 || total_q < 1 || total_k < 1 || max_seqlen_q < 1)
     return "v8: B, H, total_q, total_k and max_seqlen_q must all be >= 1";
@@ -1436,7 +1510,7 @@ const char* v8_forward_varlen(const void* q, const void* k, const void* v, void*
   const int left = window_left < 0 || window_left > INT32_MAX ? -1 : (int)window_left;
   const int right = window_right < 0 || window_right > INT32_MAX ? -1 : (int)window_right;
   const bool banded = left >= 0 || right >= 0;
-  const v8::Varlen va{cu_q, cu_k, H, total_q, total_k, left, right};
+  const v8::Varlen va{cu_q, cu_k, H, total_q, total_k, left, right, order, order_ints};
   const v8::Trace none{nullptr, 0, 0};
   return dtype == 0 ? v8::dispatch_lse<__nv_bfloat16, true>(q, k, v, o, lse, B, H, H_kv, max_seqlen_q, 0, D, banded,
                                                             scale, 0, 0, va, none, stream)
@@ -1468,7 +1542,7 @@ const char* v8_forward(const void* q, const void* k, const void* v, void* o, flo
 const char* v8_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse, const int* cu_q,
                               const int* cu_k, int dtype, int B, int H, int H_kv, int total_q, int total_k,
                               int max_seqlen_q, int D, bool causal, float scale, int64_t window_left,
-                              int64_t window_right, cudaStream_t stream);
+                              int64_t window_right, int* order, int64_t order_ints, cudaStream_t stream);
 
 // q: [B, H, M, D], k and v: [B, H_kv, N, D] with H a multiple of H_kv, contiguous, all bfloat16 or all
 // float16, on one CUDA device of compute capability 9.0; D in {64, 96, 128, 192, 256}; scale None means 1/sqrt(D), a
@@ -1597,11 +1671,15 @@ static std::tuple<at::Tensor, at::Tensor> run_forward_varlen(at::Tensor q, at::T
   auto o = at::empty_like(q);
   at::Tensor lse;
   if (with_lse) lse = at::empty({H, total_q}, lse_options);
+  // The pre-pass's list of row blocks (V8_VARLEN_ORDER), sized for the smallest B_r, 64: its count and a spare
+  // int, at most min(total_q, (total_q + 63 B) / 64) pairs, and a start per row block of the longest sequence.
+  const int64_t pairs = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);
+  auto order = at::empty({2 + 2 * pairs + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));
   const char* err = v8_forward_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                       with_lse ? lse.data_ptr<float>() : nullptr, cu_seqlens_q.data_ptr<int>(),
                                       cu_seqlens_k.data_ptr<int>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv,
                                       total_q, total_k, (int)max_seqlen_q, D, causal, s, window_left, window_right,
-                                      c10::cuda::getCurrentCUDAStream());
+                                      order.data_ptr<int>(), order.numel(), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
 }

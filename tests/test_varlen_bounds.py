@@ -5,8 +5,12 @@ What can be checked without a GPU (tests/test_varlen.py runs the kernel itself o
 lengths 0, 1, 17, 113 and 1023 (M != N in most sequences, a sequence with queries and no keys, one with keys
 and no queries), causal or not, with and without sliding windows, at the tile shapes of both head dims:
 
-* the items (sequence, query head, row block over the longest sequence) write every (token, head) row of o
-  and lse exactly once, and the items past their sequence's end nothing;
+* the pre-pass (fwd_order_varlen, V8_VARLEN_ORDER = 1) lists every row block of the batch exactly once, within
+  the launcher's bound and the binding's workspace, the highest row blocks first when banded and each
+  sequence's row blocks together otherwise, the sequences with more row blocks first;
+* the items, (sequence, query head, row block) from that list, or over the longest sequence's row blocks
+  for every sequence (V8_VARLEN_ORDER = 0), write every (token, head) row of o and lse exactly once, and the
+  items past their sequence's end nothing;
 * each item's band (lo, hi) is the one the fixed-length launcher computes for its sequence alone;
 * the keys an item's rows see, after the tile range, the masked and unmasked tiles and the per-element mask,
   are exactly the sequence's visible keys (tests/test_window_bounds.py's `visible`): in particular no key
@@ -36,13 +40,30 @@ TRANSCRIBED = [
     "const int right = window_right < 0 || window_right > INT32_MAX ? -1 : (int)window_right;",
     "const bool banded = left >= 0 || right >= 0;",
     "const int m_blocks = (M + L::BR - 1) / L::BR;",
-    "const long long blocks = (long long)m_blocks * BH;",
+    "const long long bound = ((long long)va.total_q + (long long)B * (L::BR - 1)) / L::BR,"
+    " pairs = bound < va.total_q ? bound : va.total_q;",
+    "const long long blocks = ordered ? pairs * H : (long long)m_blocks * BH;",
+    "if (ordered && 2 + 2 * pairs + (CAUSAL ? m_blocks : 0) > va.order_ints)",
+    "fwd_order_varlen<1024><<<1, 1024, 0, stream>>>(va.cu_q, B, L::BR, m_blocks, CAUSAL, va.order,"
+    " va.order + 2 + 2 * pairs);",
+    # the binding's workspace for the pre-pass
+    "const int64_t pairs = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);",
+    "auto order = at::empty({2 + 2 * pairs + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));",
+    # the pre-pass
+    "return rows <= 0 ? 0 : (int)min((long long)m_blocks, (rows + BR - 1) / BR);",
+    "for (int b = 0; b < batch; ++b) above += max(0, blocks_of(b) - x - 1);",
+    "if (n_s > n || (n_s == n && s < b)) { ++rank; before += n_s; }",
+    "for (int x = 0; x < n; ++x) pairs[banded ? level[x] + rank : before + x] = make_int2(b, x);",
+    "if (rank == batch - 1) order[0] = before + n;",
+    "const int items = VARLEN && V8_VARLEN_ORDER ? va.order[0] * va.H : m_blocks * BH;",
     # the packed maps
     "{(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)total}",
     "{(cuuint64_t)D * sizeof(T), (cuuint64_t)H * D * sizeof(T)}, {64, 1, (cuuint32_t)box_rows}",
     "{(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH}",
     "{(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)}, {64, (cuuint32_t)box_rows, 1}",
     # set_item
+    "const int2 pair = reinterpret_cast<const int2*>(va.order + 2)[item / (unsigned)va.H];"
+    " bh = pair.x * va.H + (int)(item % (unsigned)va.H); m_block = pair.y;",
     "bh = item % BH; m_block = m_blocks - 1 - (int)(item / BH);",
     "m_block = item % m_blocks; bh = item / m_blocks;",
     "m0 = m_block * BR;",
@@ -102,9 +123,38 @@ def launcher(causal: bool, window: tuple[int, int]):
     return left >= 0 or right >= 0, left, right
 
 
-def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr):
-    """flash_fwd_body's set_item in a VARLEN instance: the item's sequence state and key tiles."""
-    if CAUSAL:
+def order_pass(cu_q, BR: int, m_blocks: int, banded: bool):
+    """fwd_order_varlen: (the count it writes to order[0], the (sequence, row block) pairs in their slots)."""
+    batch = len(cu_q) - 1
+
+    def blocks_of(b):
+        rows = cu_q[b + 1] - cu_q[b]
+        return 0 if rows <= 0 else min(m_blocks, (rows + BR - 1) // BR)
+
+    level = [sum(max(0, blocks_of(b) - x - 1) for b in range(batch)) for x in range(m_blocks)] if banded else []
+    slots, count = {}, None
+    for b in range(batch):                              # one thread per sequence
+        n, rank, before = blocks_of(b), 0, 0
+        for s in range(batch):
+            n_s = blocks_of(s)
+            if n_s > n or (n_s == n and s < b):
+                rank, before = rank + 1, before + n_s
+        for x in range(n):
+            slot = level[x] + rank if banded else before + x
+            assert slot not in slots, ("two pairs in one slot", slot)
+            slots[slot] = (b, x)
+        if rank == batch - 1:
+            count = before + n
+    return count, slots
+
+
+def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, pairs=None):
+    """flash_fwd_body's set_item in a VARLEN instance: the item's sequence state and key tiles. pairs: the
+    pre-pass's list (V8_VARLEN_ORDER = 1), or None (0)."""
+    if pairs is not None:
+        b, m_block = pairs[item // H]
+        bh = b * H + item % H
+    elif CAUSAL:
         bh, m_block = item % BH, m_blocks - 1 - item // BH
     else:
         m_block, bh = item % m_blocks, item // m_blocks
@@ -172,8 +222,9 @@ def keys_seen(it, CAUSAL, BR, BC):
     return seen[:, :N], leaked
 
 
-def run(lengths_q, lengths_k, causal, window, BR, BC, H=2, H_kv=1, D=64):
-    """Every item of one varlen launch against each sequence's own mask; returns the number of items."""
+def run(lengths_q, lengths_k, causal, window, BR, BC, H=2, H_kv=1, D=64, ordered=True):
+    """Every item of one varlen launch against each sequence's own mask; returns the number of items.
+    ordered: V8_VARLEN_ORDER = 1 (the pre-pass's items) or 0 (B x H x the longest sequence's row blocks)."""
     cu_q = [0, *itertools.accumulate(lengths_q)]
     cu_k = [0, *itertools.accumulate(lengths_k)]
     B, total_q, group = len(lengths_q), cu_q[-1], H // H_kv
@@ -181,9 +232,16 @@ def run(lengths_q, lengths_k, causal, window, BR, BC, H=2, H_kv=1, D=64):
     max_q = max(lengths_q)
     m_blocks = (max_q + BR - 1) // BR
     BH = B * H
+    pairs = None
+    items = m_blocks * BH
+    if ordered:
+        count, slots = order_pass(cu_q, BR, m_blocks, CAUSAL)
+        assert sorted(slots) == list(range(count)), "the pairs fill slots 0 .. count - 1"
+        pairs = [slots[p] for p in range(count)]
+        items = count * H
     written = np.zeros((total_q, H), dtype=int)                    # o's rows (and lse's), by token and head
-    for item in range(m_blocks * BH):
-        it = set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr)
+    for item in range(items):
+        it = set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, pairs)
         b, M, N, m0, q_tok, q_head = it["b"], it["M"], it["N"], it["m0"], it["q_tok"], it["q_head"]
         assert (M, N) == (lengths_q[b], lengths_k[b]) and q_head == it["bh"] % H
         assert it["bh_kv"] == q_head // (H // H_kv)                  # the kv head the sequence's head reads
@@ -209,7 +267,7 @@ def run(lengths_q, lengths_k, causal, window, BR, BC, H=2, H_kv=1, D=64):
         want = visible(M, N, causal, *window)
         assert (seen[:M - m0] == want[rows]).all(), (b, m0, it)
     assert (written == 1).all(), "every (token, head) of o and lse is written exactly once"
-    return m_blocks * BH
+    return items
 
 
 # lengths (q, k) per sequence: 0, 1, 17, 113, 1023, M != N both ways, queries without keys and keys without
@@ -224,8 +282,48 @@ TILES = [(192, 128), (128, 128), (128, 176), (128, 64)]   # (B_r, B_c): D=64, D=
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("batch", range(len(BATCHES)))
 def test_every_item_sees_exactly_its_sequences_keys(batch, window, causal):
-    for BR, BC in TILES:
-        assert run(*BATCHES[batch], causal, window, BR, BC) > 0
+    for (BR, BC), ordered in itertools.product(TILES, (True, False)):
+        assert run(*BATCHES[batch], causal, window, BR, BC, ordered=ordered) > 0
+
+
+ORDER_BATCHES = [(17, 0, 1, 113, 1023, 5, 113, 1), (8192, 4096, 1000, 513, 17, 1, 2048, 300), (0, 0, 3),
+                 (1,), (300, 2048, 1, 17, 513, 1000, 4096, 8192), (129,) * 5 + (0, 1024)]
+
+
+@pytest.mark.parametrize("banded", [True, False])
+@pytest.mark.parametrize("BR", [64, 128, 192])
+@pytest.mark.parametrize("lengths", ORDER_BATCHES, ids=str)
+def test_the_pre_pass_lists_every_row_block_once_longest_work_first(lengths, BR, banded):
+    """Every row block of every sequence once, in the count's slots; banded: row blocks from the highest down
+    (and within one, the sequences with more row blocks first); otherwise each sequence's row blocks
+    together, the sequences with more first. The count fits the launcher's grid bound and the workspace the
+    binding allocates for B_r = 64, which holds the level starts after the pairs."""
+    cu_q = [0, *itertools.accumulate(lengths)]
+    B, total_q, max_q = len(lengths), cu_q[-1], max(lengths)
+    m_blocks = (max_q + BR - 1) // BR
+    count, slots = order_pass(cu_q, BR, m_blocks, banded)
+    pairs = [slots[p] for p in range(count)]
+    blocks = [(n + BR - 1) // BR for n in lengths]
+    assert sorted(pairs) == [(b, x) for b in range(B) for x in range(blocks[b])]
+    if banded:
+        assert [x for _, x in pairs] == sorted((x for _, x in pairs), reverse=True)
+        for (b0, x0), (b1, x1) in zip(pairs, pairs[1:]):
+            assert x0 > x1 or (blocks[b0], -b0) > (blocks[b1], -b1)
+    else:
+        runs = [b for i, (b, _) in enumerate(pairs) if i == 0 or pairs[i - 1][0] != b]
+        assert len(runs) == len(set(runs)), "a sequence's row blocks are together"
+        assert [blocks[b] for b in runs] == sorted((blocks[b] for b in runs), reverse=True)
+    bound = min(total_q, (total_q + B * (BR - 1)) // BR)          # the launcher's `pairs`
+    assert count <= bound
+    ints = 2 + 2 * min(total_q, (total_q + 63 * B) // 64) + (max_q + 63) // 64   # the binding's
+    assert 2 + 2 * bound + (m_blocks if banded else 0) <= ints
+
+
+def test_the_pre_pass_keeps_to_the_longest_length_named():
+    """A sequence longer than max_seqlen_q keeps m_blocks row blocks, as V8_VARLEN_ORDER = 0's items did."""
+    cu_q = [0, 1000, 1010]
+    count, slots = order_pass(cu_q, 128, 2, True)
+    assert count == 3 and sorted(slots.values()) == [(0, 0), (0, 1), (1, 0)]
 
 
 def test_grouped_heads_map_to_their_kv_head():
