@@ -237,6 +237,12 @@
 #ifndef V8_VARLEN_ORDER
 #define V8_VARLEN_ORDER 1
 #endif
+// V8_VARLEN_PDL     (with V8_VARLEN_ORDER) 1: the forward is a programmatic dependent launch of the pre-pass:
+//                     its blocks start while the pre-pass runs and wait (griddepcontrol.wait) only where they
+//                     first read its list. 0: the forward starts once the pre-pass has ended.
+#ifndef V8_VARLEN_PDL
+#define V8_VARLEN_PDL 1
+#endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
 #endif
@@ -606,8 +612,9 @@ struct Registers {
 // ([total_q][H][D]), its keys tokens cu_k[b] .. cu_k[b + 1] - 1 of k and v ([total_k][H_kv][D]); H query heads;
 // total_q, also the row length of lse ([H][total_q]); the window's sides as the caller gave them (-1: no bound;
 // causal has set the right one to 0), which each item clamps to its own sequence.
-// order (V8_VARLEN_ORDER): the pre-pass's list, order[0] the number of row blocks P, then P pairs (sequence,
-// row block) from order + 2, in the order the blocks take them; item p * H + h is query head h of pair p.
+// order (V8_VARLEN_ORDER): the pre-pass's list, order[0] the number of row blocks P, then from order + 4 one
+// record of 8 ints per row block, in the order the blocks take them: its sequence's (q_tok, k_tok, M, N), its
+// index among the sequence's row blocks, 3 unused. Item p * H + h is query head h of row block p.
 struct Varlen {
   const int* cu_q;
   const int* cu_k;
@@ -667,10 +674,14 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   int q_tok = 0, k_tok = 0, q_head = 0;
   const size_t o_row = VARLEN ? (size_t)va.H * DG : DG;
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
+    int4 seq{};   // VARLEN: the item's sequence, (q_tok, k_tok, M, N)
     if (VARLEN && V8_VARLEN_ORDER) {
-      const int2 pair = reinterpret_cast<const int2*>(va.order + 2)[item / (unsigned)va.H];
-      bh = pair.x * va.H + (int)(item % (unsigned)va.H);
-      m_block = pair.y;
+      // the pre-pass's row block item / H: its sequence and m_block in one 32-byte sector (one round trip,
+      // where reading its sequence's index first and then the lengths would take two); bh: the query head
+      const int4* row_block = reinterpret_cast<const int4*>(va.order + 4) + 2 * (item / (unsigned)va.H);
+      seq = row_block[0];
+      m_block = row_block[1].x;
+      bh = (int)(item % (unsigned)va.H);
     } else if (CAUSAL) {
       bh = item % BH;
       m_block = m_blocks - 1 - (int)(item / BH);
@@ -684,14 +695,20 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
     // (b * H + h) / group = b * H_kv + h / group in the flat index.
     bh_kv = bh / group;
     if constexpr (VARLEN) {
-      // the item's sequence, from the lengths in global memory: M, N, where its rows and keys start, and its
-      // band (lo, hi), which the launcher computes for one fixed-length call (v8_forward) as here
-      const int b = bh / va.H;
-      q_head = bh - b * va.H;
-      q_tok = va.cu_q[b];
-      M = va.cu_q[b + 1] - q_tok;
-      k_tok = va.cu_k[b];
-      N = va.cu_k[b + 1] - k_tok;
+      // the item's sequence: where its rows and keys start, M and N (the pre-pass's record, or the lengths in
+      // global memory), and its band (lo, hi), which the launcher computes for one fixed-length call
+      // (v8_forward) as here
+      if (V8_VARLEN_ORDER) {
+        q_head = bh;
+      } else {
+        const int b = bh / va.H;
+        q_head = bh - b * va.H;
+        seq = make_int4(va.cu_q[b], va.cu_k[b], va.cu_q[b + 1] - va.cu_q[b], va.cu_k[b + 1] - va.cu_k[b]);
+      }
+      q_tok = seq.x;
+      k_tok = seq.y;
+      M = seq.z;
+      N = seq.w;
       const int left = va.window_left < 0 || va.window_left > N ? N : va.window_left;
       const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;
       lo = N - M - left;
@@ -727,6 +744,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       }
     }
   };
+  if constexpr (VARLEN && V8_VARLEN_ORDER && V8_VARLEN_PDL)
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");   // the pre-pass has ended and its list is visible
   const int items = VARLEN && V8_VARLEN_ORDER ? va.order[0] * va.H : m_blocks * BH;
   // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
   // only grow with k, so the first k past the end ends the loop.
@@ -1226,21 +1245,25 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
 }
 
 // The varlen forward's pre-pass (V8_VARLEN_ORDER): the batch's row blocks into `order` (see Varlen), in the
-// order the persistent blocks take them. Sequence b has n_b = ceil(M_b / B_r) row blocks, at most m_blocks
+// order the persistent blocks take them, each with its sequence's starts and lengths. Sequence b has n_b = ceil(M_b / B_r) row blocks, at most m_blocks
 // (the longest the caller named: V8_VARLEN_ORDER=0 reaches no further). Longest work first, so that the
 // round-robin ends on short items:
 //   banded (causal, windows): by row block x, the highest first (causal: its rows see the most keys, when
-//     M_b = N_b), the sequences of one x in rank order: pair (b, x) goes to level[x] + rank_b, level[x]
-//     being the pairs of the higher row blocks (sum over b of max(0, n_b - x - 1));
+//     M_b = N_b), the sequences of one x in rank order: (b, x) goes to slot level[x] + rank_b, level[x]
+//     being the row blocks above x (the sum over b of max(0, n_b - x - 1));
 //   otherwise: by sequence in rank order, each sequence's row blocks together (each does all N_b / B_c
-//     key tiles): (b, x) goes to the row blocks of the sequences ranked before b, plus x.
+//     key tiles): (b, x) goes to slot x after the row blocks of the sequences ranked before b.
 // rank_b: how many sequences have more row blocks, or as many and a lower index; those are exactly the
 // sequences before b in every level b is in. One block: a thread places whole sequences, with one scan of
 // the lengths for its rank (O(B) per sequence).
 template <int THREADS>
-__global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restrict__ cu_q, int batch, int BR,
+__global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restrict__ cu_q,
+                                                            const int* __restrict__ cu_k, int batch, int BR,
                                                             int m_blocks, bool banded, int* __restrict__ order,
                                                             int* __restrict__ level) {
+#if V8_VARLEN_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   // let the forward's blocks start
+#endif
   auto blocks_of = [&](int b) {
     const long long rows = (long long)cu_q[b + 1] - cu_q[b];
     return rows <= 0 ? 0 : (int)min((long long)m_blocks, (rows + BR - 1) / BR);
@@ -1252,7 +1275,7 @@ __global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restric
       level[x] = above;
     }
   __syncthreads();
-  int2* pairs = reinterpret_cast<int2*>(order + 2);
+  int4* records = reinterpret_cast<int4*>(order + 4);
   for (int b = threadIdx.x; b < batch; b += THREADS) {
     const int n = blocks_of(b);
     int rank = 0, before = 0;
@@ -1263,7 +1286,12 @@ __global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restric
         before += n_s;
       }
     }
-    for (int x = 0; x < n; ++x) pairs[banded ? level[x] + rank : before + x] = make_int2(b, x);
+    const int4 seq = make_int4(cu_q[b], cu_k[b], cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]);
+    for (int x = 0; x < n; ++x) {
+      const int slot = banded ? level[x] + rank : before + x;
+      records[2 * slot] = seq;
+      records[2 * slot + 1] = make_int4(x, 0, 0, 0);
+    }
     if (rank == batch - 1) order[0] = before + n;   // the last sequence in rank order: every row block counted
   }
 }
@@ -1349,13 +1377,13 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
 
   const int m_blocks = (M + L::BR - 1) / L::BR;
   const long long BH = (long long)B * H;
-  // VARLEN's pre-pass lists at most `pairs` row blocks: a sequence of M_b >= 1 rows has ceil(M_b / B_r) <= M_b,
-  // and their sum is at most (total_q + B (B_r - 1)) / B_r
+  // VARLEN's pre-pass lists at most `row_blocks`: a sequence of M_b >= 1 rows has ceil(M_b / B_r) <= M_b of
+  // them, and their sum is at most (total_q + B (B_r - 1)) / B_r
   const long long bound = ((long long)va.total_q + (long long)B * (L::BR - 1)) / L::BR,
-                  pairs = bound < va.total_q ? bound : va.total_q;
+                  row_blocks = bound < va.total_q ? bound : va.total_q;
   const bool ordered = VARLEN && V8_VARLEN_ORDER;
-  const long long blocks = ordered ? pairs * H : (long long)m_blocks * BH;
-  if (ordered && 2 + 2 * pairs + (CAUSAL ? m_blocks : 0) > va.order_ints)
+  const long long blocks = ordered ? row_blocks * H : (long long)m_blocks * BH;
+  if (ordered && 4 + 8 * row_blocks + (CAUSAL ? m_blocks : 0) > va.order_ints)
     return "v8: the varlen order workspace is too small";
   // (persistent: an item index may run one grid past the last item)
   if (blocks + (PERSISTENT ? 4096 : 0) > 0x7fffffffLL) return "v8: B * H * ceil(M / B_r) must be below 2^31";
@@ -1379,13 +1407,27 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   if (!mapped) return "v8: cuTensorMapEncodeTiled refused a tensor (pointers must be 16-byte aligned)";
   const float scale_log2 = scale * 1.4426950408889634f;   // log2(e) * scale
   if constexpr (VARLEN && V8_VARLEN_ORDER)
-    fwd_order_varlen<1024><<<1, 1024, 0, stream>>>(va.cu_q, B, L::BR, m_blocks, CAUSAL, va.order,
-                                                   va.order + 2 + 2 * pairs);
-  if constexpr (VARLEN)
-    flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE>
-        <<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks,
-                                             scale_log2, lse, va V8_TRACE_ARGS(trace));
-  else
+    fwd_order_varlen<512><<<1, 512, 0, stream>>>(va.cu_q, va.cu_k, B, L::BR, m_blocks, CAUSAL, va.order,
+                                                 va.order + 4 + 8 * row_blocks);
+  if constexpr (VARLEN) {
+    // (V8_VARLEN_PDL: launched as the pre-pass's programmatic dependent)
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(L::THREADS);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute dependent[1];
+    dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = dependent;
+    config.numAttrs = V8_VARLEN_ORDER && V8_VARLEN_PDL ? 1 : 0;
+    err = cudaLaunchKernelEx(&config,
+                             flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG,
+                                              OVERLAP, PERSISTENT, WITH_LSE>,
+                             tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks, scale_log2, lse,
+                             va V8_TRACE_ARGS(trace));
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  } else
     kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
                                                scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
@@ -1671,10 +1713,11 @@ static std::tuple<at::Tensor, at::Tensor> run_forward_varlen(at::Tensor q, at::T
   auto o = at::empty_like(q);
   at::Tensor lse;
   if (with_lse) lse = at::empty({H, total_q}, lse_options);
-  // The pre-pass's list of row blocks (V8_VARLEN_ORDER), sized for the smallest B_r, 64: its count and a spare
-  // int, at most min(total_q, (total_q + 63 B) / 64) pairs, and a start per row block of the longest sequence.
-  const int64_t pairs = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);
-  auto order = at::empty({2 + 2 * pairs + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));
+  // The pre-pass's list of row blocks (V8_VARLEN_ORDER), sized for the smallest B_r, 64: its count (4 ints, so
+  // that the records are 16-byte aligned), 8 ints for each of at most min(total_q, (total_q + 63 B) / 64) row
+  // blocks, and a start per row block of the longest sequence.
+  const int64_t row_blocks = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);
+  auto order = at::empty({4 + 8 * row_blocks + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));
   const char* err = v8_forward_varlen(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                       with_lse ? lse.data_ptr<float>() : nullptr, cu_seqlens_q.data_ptr<int>(),
                                       cu_seqlens_k.data_ptr<int>(), dtype == at::kBFloat16 ? 0 : 1, B, H, H_kv,

@@ -41,19 +41,21 @@ TRANSCRIBED = [
     "const bool banded = left >= 0 || right >= 0;",
     "const int m_blocks = (M + L::BR - 1) / L::BR;",
     "const long long bound = ((long long)va.total_q + (long long)B * (L::BR - 1)) / L::BR,"
-    " pairs = bound < va.total_q ? bound : va.total_q;",
-    "const long long blocks = ordered ? pairs * H : (long long)m_blocks * BH;",
-    "if (ordered && 2 + 2 * pairs + (CAUSAL ? m_blocks : 0) > va.order_ints)",
-    "fwd_order_varlen<1024><<<1, 1024, 0, stream>>>(va.cu_q, B, L::BR, m_blocks, CAUSAL, va.order,"
-    " va.order + 2 + 2 * pairs);",
+    " row_blocks = bound < va.total_q ? bound : va.total_q;",
+    "const long long blocks = ordered ? row_blocks * H : (long long)m_blocks * BH;",
+    "if (ordered && 4 + 8 * row_blocks + (CAUSAL ? m_blocks : 0) > va.order_ints)",
+    "fwd_order_varlen<512><<<1, 512, 0, stream>>>(va.cu_q, va.cu_k, B, L::BR, m_blocks, CAUSAL, va.order,"
+    " va.order + 4 + 8 * row_blocks);",
     # the binding's workspace for the pre-pass
-    "const int64_t pairs = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);",
-    "auto order = at::empty({2 + 2 * pairs + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));",
+    "const int64_t row_blocks = std::min<int64_t>(total_q, (total_q + 63 * int64_t{B}) / 64);",
+    "auto order = at::empty({4 + 8 * row_blocks + (max_seqlen_q + 63) / 64}, q.options().dtype(at::kInt));",
     # the pre-pass
     "return rows <= 0 ? 0 : (int)min((long long)m_blocks, (rows + BR - 1) / BR);",
     "for (int b = 0; b < batch; ++b) above += max(0, blocks_of(b) - x - 1);",
     "if (n_s > n || (n_s == n && s < b)) { ++rank; before += n_s; }",
-    "for (int x = 0; x < n; ++x) pairs[banded ? level[x] + rank : before + x] = make_int2(b, x);",
+    "const int4 seq = make_int4(cu_q[b], cu_k[b], cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]);",
+    "const int slot = banded ? level[x] + rank : before + x; records[2 * slot] = seq;"
+    " records[2 * slot + 1] = make_int4(x, 0, 0, 0);",
     "if (rank == batch - 1) order[0] = before + n;",
     "const int items = VARLEN && V8_VARLEN_ORDER ? va.order[0] * va.H : m_blocks * BH;",
     # the packed maps
@@ -62,13 +64,14 @@ TRANSCRIBED = [
     "{(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)BH}",
     "{(cuuint64_t)D * sizeof(T), (cuuint64_t)L * D * sizeof(T)}, {64, (cuuint32_t)box_rows, 1}",
     # set_item
-    "const int2 pair = reinterpret_cast<const int2*>(va.order + 2)[item / (unsigned)va.H];"
-    " bh = pair.x * va.H + (int)(item % (unsigned)va.H); m_block = pair.y;",
+    "const int4* row_block = reinterpret_cast<const int4*>(va.order + 4) + 2 * (item / (unsigned)va.H);"
+    " seq = row_block[0]; m_block = row_block[1].x; bh = (int)(item % (unsigned)va.H);",
     "bh = item % BH; m_block = m_blocks - 1 - (int)(item / BH);",
     "m_block = item % m_blocks; bh = item / m_blocks;",
     "m0 = m_block * BR;",
-    "const int b = bh / va.H; q_head = bh - b * va.H; q_tok = va.cu_q[b]; M = va.cu_q[b + 1] - q_tok;"
-    " k_tok = va.cu_k[b]; N = va.cu_k[b + 1] - k_tok;",
+    "if (V8_VARLEN_ORDER) { q_head = bh; } else { const int b = bh / va.H; q_head = bh - b * va.H;"
+    " seq = make_int4(va.cu_q[b], va.cu_k[b], va.cu_q[b + 1] - va.cu_q[b], va.cu_k[b + 1] - va.cu_k[b]); }"
+    " q_tok = seq.x; k_tok = seq.y; M = seq.z; N = seq.w;",
     "const int left = va.window_left < 0 || va.window_left > N ? N : va.window_left;",
     "const int right = va.window_right < 0 || va.window_right > M ? M : va.window_right;",
     "lo = N - M - left; hi = N - M + right;",
@@ -123,8 +126,9 @@ def launcher(causal: bool, window: tuple[int, int]):
     return left >= 0 or right >= 0, left, right
 
 
-def order_pass(cu_q, BR: int, m_blocks: int, banded: bool):
-    """fwd_order_varlen: (the count it writes to order[0], the (sequence, row block) pairs in their slots)."""
+def order_pass(cu_q, BR: int, m_blocks: int, banded: bool, cu_k=None):
+    """fwd_order_varlen: (the count it writes to order[0], the (sequence, row block) pairs in their slots,
+    and with cu_k the records the kernel reads, (q_tok, k_tok, M, N, row block) by slot)."""
     batch = len(cu_q) - 1
 
     def blocks_of(b):
@@ -132,7 +136,7 @@ def order_pass(cu_q, BR: int, m_blocks: int, banded: bool):
         return 0 if rows <= 0 else min(m_blocks, (rows + BR - 1) // BR)
 
     level = [sum(max(0, blocks_of(b) - x - 1) for b in range(batch)) for x in range(m_blocks)] if banded else []
-    slots, count = {}, None
+    slots, records, count = {}, {}, None
     for b in range(batch):                              # one thread per sequence
         n, rank, before = blocks_of(b), 0, 0
         for s in range(batch):
@@ -143,26 +147,33 @@ def order_pass(cu_q, BR: int, m_blocks: int, banded: bool):
             slot = level[x] + rank if banded else before + x
             assert slot not in slots, ("two pairs in one slot", slot)
             slots[slot] = (b, x)
+            if cu_k is not None:
+                records[slot] = (cu_q[b], cu_k[b], cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], x)
         if rank == batch - 1:
             count = before + n
-    return count, slots
+    return (count, slots, records) if cu_k is not None else (count, slots)
 
 
-def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, pairs=None):
-    """flash_fwd_body's set_item in a VARLEN instance: the item's sequence state and key tiles. pairs: the
-    pre-pass's list (V8_VARLEN_ORDER = 1), or None (0)."""
-    if pairs is not None:
-        b, m_block = pairs[item // H]
-        bh = b * H + item % H
-    elif CAUSAL:
-        bh, m_block = item % BH, m_blocks - 1 - item // BH
+def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, records=None):
+    """flash_fwd_body's set_item in a VARLEN instance: the item's sequence state and key tiles. records: the
+    pre-pass's (V8_VARLEN_ORDER = 1; the item's sequence b then comes from its q_tok, for the checks), or
+    None (0)."""
+    if records is not None:
+        q_tok, k_tok, M, N, m_block = records[item // H]
+        q_head = bh = item % H
+        b = next(s for s in range(len(cu_q) - 1) if cu_q[s] == q_tok and cu_q[s + 1] - cu_q[s] == M
+                 and cu_k[s] == k_tok and cu_k[s + 1] - cu_k[s] == N)
+        bh = b * H + q_head
     else:
-        m_block, bh = item % m_blocks, item // m_blocks
+        if CAUSAL:
+            bh, m_block = item % BH, m_blocks - 1 - item // BH
+        else:
+            m_block, bh = item % m_blocks, item // m_blocks
+        b = bh // H
+        q_head = bh - b * H
+        q_tok, k_tok = cu_q[b], cu_k[b]
+        M, N = cu_q[b + 1] - q_tok, cu_k[b + 1] - k_tok
     m0 = m_block * BR
-    b = bh // H
-    q_head = bh - b * H
-    q_tok, k_tok = cu_q[b], cu_k[b]
-    M, N = cu_q[b + 1] - q_tok, cu_k[b + 1] - k_tok
     left = N if wl < 0 or wl > N else wl
     right = M if wr < 0 or wr > M else wr
     lo, hi = N - M - left, N - M + right
@@ -232,16 +243,17 @@ def run(lengths_q, lengths_k, causal, window, BR, BC, H=2, H_kv=1, D=64, ordered
     max_q = max(lengths_q)
     m_blocks = (max_q + BR - 1) // BR
     BH = B * H
-    pairs = None
+    records = None
     items = m_blocks * BH
     if ordered:
-        count, slots = order_pass(cu_q, BR, m_blocks, CAUSAL)
-        assert sorted(slots) == list(range(count)), "the pairs fill slots 0 .. count - 1"
-        pairs = [slots[p] for p in range(count)]
+        count, slots, records = order_pass(cu_q, BR, m_blocks, CAUSAL, cu_k)
+        assert sorted(slots) == list(range(count)), "the row blocks fill slots 0 .. count - 1"
         items = count * H
     written = np.zeros((total_q, H), dtype=int)                    # o's rows (and lse's), by token and head
     for item in range(items):
-        it = set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, pairs)
+        it = set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, records)
+        if ordered:                                                  # the record is its row block's sequence
+            assert (it["b"], it["m0"] // BR) == slots[item // H]
         b, M, N, m0, q_tok, q_head = it["b"], it["M"], it["N"], it["m0"], it["q_tok"], it["q_head"]
         assert (M, N) == (lengths_q[b], lengths_k[b]) and q_head == it["bh"] % H
         assert it["bh_kv"] == q_head // (H // H_kv)                  # the kv head the sequence's head reads
@@ -315,8 +327,8 @@ def test_the_pre_pass_lists_every_row_block_once_longest_work_first(lengths, BR,
         assert [blocks[b] for b in runs] == sorted((blocks[b] for b in runs), reverse=True)
     bound = min(total_q, (total_q + B * (BR - 1)) // BR)          # the launcher's `pairs`
     assert count <= bound
-    ints = 2 + 2 * min(total_q, (total_q + 63 * B) // 64) + (max_q + 63) // 64   # the binding's
-    assert 2 + 2 * bound + (m_blocks if banded else 0) <= ints
+    ints = 4 + 8 * min(total_q, (total_q + 63 * B) // 64) + (max_q + 63) // 64   # the binding's
+    assert 4 + 8 * bound + (m_blocks if banded else 0) <= ints
 
 
 def test_the_pre_pass_keeps_to_the_longest_length_named():

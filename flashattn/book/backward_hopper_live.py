@@ -181,6 +181,15 @@ STEPS = {
              {"1 / 0": (0, 3), "2 / 0": (1, 3), "3 / 0": (2, 3), "4 / 3": (4, 2)},
              "Ratios below 1: loading the row terms early is faster (at B_r = 80, non-causal D = 128, 3 and 4 are "
              "0)."),
+    # the deterministic mode took 2,713 µs at 0e647c9 and 2,897 at f2d19b2 (causal, 2, 16, 8192, 128): which
+    # row-term placement it is slower with, against the default mode on the same build
+    "rows_deterministic": ("row-term times in the deterministic mode",
+                           {"0, deterministic": ("rows0", True), "3, deterministic": ("rows3", True),
+                            "4 (default), deterministic": ("default", True), "4 (default)": ("default", False)},
+                           {"0 / 4, deterministic": (0, 2), "3 / 4, deterministic": (1, 2),
+                            "deterministic / default": (2, 3)},
+                           "Ratios below 1 in the first two: that placement of the row terms is faster in the "
+                           "deterministic mode."),
     "tile": ("query-tile times", {"B_r = 80 (default)": ("default", False), "B_r = 64 (V8B_BR80=0)": ("br64", False),
                                   "B_r = 80, deterministic": ("default", True)},
              {"80 / 64": (0, 1), "deterministic / default, B_r = 80": (2, 0)},

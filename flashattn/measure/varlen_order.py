@@ -1,13 +1,16 @@
 """The varlen forward's order step (kernels/v8.cu, V8_VARLEN_ORDER): `python -m flashattn.measure.varlen_order`.
 
-Two builds of the single-launch forward timed in one interleaved run (flashattn.measure.timing, L2 flushed,
-the median), FlashAttention-4's varlen forward beside them:
+Three builds of the single-launch forward timed in one interleaved run (flashattn.measure.timing, L2
+flushed, the median), FlashAttention-4's varlen forward beside them:
 
 * `order0`: V8_VARLEN_ORDER=0, the first version. Its persistent blocks walk B x H x the longest sequence's
   row blocks in a fixed-length launch's order; in a batch of mixed lengths most of those items are empty,
   and the real ones fall to the blocks unevenly;
-* `order1`: the default. A one-block pre-pass lists the batch's row blocks, longest work first (causal: the
-  highest row blocks first; otherwise the longest sequences first), and the blocks take them round-robin.
+* `order1_serial`: V8_VARLEN_PDL=0. A one-block pre-pass lists the batch's row blocks, longest work first
+  (causal: the highest row blocks first; otherwise the longest sequences first), and the blocks take them
+  round-robin; the forward starts when the pre-pass has ended;
+* `order1`: the default, the same with the forward a programmatic dependent launch of the pre-pass: its
+  blocks start while the pre-pass runs and wait where they first read its list.
 
 Beside each time, the model that motivates the step: each block's sum of key tiles when the G persistent
 blocks take the items round-robin (the kernel's snake order for causal), the busiest block's over the mean.
@@ -39,11 +42,14 @@ B_R = B_C = 128          # v8's D = 128 tiles
 SMS = 132                # the H200's SMs: the persistent grid
 
 
+VARIANTS = {"order0": "-DV8_VARLEN_ORDER=0", "order1_serial": "-DV8_VARLEN_PDL=0"}
+
+
 @functools.cache
-def order0_module():
-    """kernels/v8.cu's varlen build with V8_VARLEN_ORDER=0."""
-    return build("v8", extra_cuda_cflags=[*VARLEN_FLAGS, "-DV8_VARLEN_ORDER=0"], functions=VARLEN_FUNCTIONS,
-                 module_name="flashattn_v8_varlen_order0")
+def variant_module(name: str):
+    """kernels/v8.cu's varlen build with VARIANTS[name]."""
+    return build("v8", extra_cuda_cflags=[*VARLEN_FLAGS, VARIANTS[name]], functions=VARLEN_FUNCTIONS,
+                 module_name=f"flashattn_v8_varlen_{name}")
 
 
 def item_tiles(n: int, m_block: int, causal: bool) -> int:
@@ -78,18 +84,22 @@ def balance(tiles: list[int], causal: bool, blocks: int = SMS) -> float:
 
 
 def row(lengths, causal: bool, args) -> str:
-    """One batch's line of the table: both builds (checked equal) and FA4 in one interleaved run."""
+    """One batch's line of the table: the builds (checked equal) and FA4 in one interleaved run."""
     q, k, v, cu = packed_inputs(lengths)
     longest, scale = max(lengths), D ** -0.5
 
-    def order0():
-        return order0_module().forward_varlen(aligned(q), aligned(k), aligned(v), cu, cu, longest, causal, scale,
-                                              -1, -1)
+    def variant(name):
+        module = variant_module(name)
+        return lambda: module.forward_varlen(aligned(q), aligned(k), aligned(v), cu, cu, longest, causal, scale,
+                                             -1, -1)
 
     def order1():
         return varlen_forward(q, k, v, cu, cu, longest, causal, scale)
-    assert torch.equal(order0(), order1()), f"V8_VARLEN_ORDER 0 and 1 differ at {lengths}, causal={causal}"
-    calls = {"order0": (order0, contextlib.nullcontext), "order1": (order1, contextlib.nullcontext)}
+    calls = {name: (variant(name), contextlib.nullcontext) for name in VARIANTS}
+    calls["order1"] = (order1, contextlib.nullcontext)
+    want = order1()
+    for name in VARIANTS:
+        assert torch.equal(calls[name][0](), want), f"{name} and order1 differ at {lengths}, causal={causal}"
     with peers.quiet():
         fa4 = guarded(forward_fn, "fa4", q, k, v, cu, lengths, causal)
     if isinstance(fa4, tuple):
@@ -97,8 +107,9 @@ def row(lengths, causal: bool, args) -> str:
     t = {name: r.median_ms * 1e3 for name, r in interleaved_args(calls, args).items() if not isinstance(r, Exception)}
     fa4_us, fa4_ratio = (f"{t['fa4']:.1f}", f"{t['fa4'] / t['order1']:.2f}") if "fa4" in t else ("—", "—")
     loads = [f"{balance(items(lengths, causal, ordered), causal):.2f}" for ordered in (False, True)]
-    return (f"| {', '.join(map(str, lengths))} | {'yes' if causal else 'no'} | {t['order0']:.1f} | {t['order1']:.1f} "
-            f"| {fa4_us} | {t['order1'] / t['order0']:.2f} | {fa4_ratio} | {loads[0]} | {loads[1]} |")
+    return (f"| {', '.join(map(str, lengths))} | {'yes' if causal else 'no'} | {t['order0']:.1f} | "
+            f"{t['order1_serial']:.1f} | {t['order1']:.1f} | {fa4_us} | {t['order1'] / t['order0']:.2f} | "
+            f"{fa4_ratio} | {loads[0]} | {loads[1]} |")
 
 
 def main(argv=None) -> int:
@@ -110,8 +121,8 @@ def main(argv=None) -> int:
         raise SystemExit("python -m flashattn.measure.varlen_order needs a CUDA GPU")
     print(f"# V8_VARLEN_ORDER on {torch.cuda.get_device_name()}: {H_Q}/{H_KV} heads, D={D}, bf16, forward, "
           f"median us of one interleaved run per batch; balance: busiest block's key tiles / mean, {SMS} blocks")
-    print("\n| lengths | causal | order0 (us) | order1 (us) | FA4 (us) | order1 / order0 | FA4 / order1 "
-          "| balance 0 | balance 1 |\n|---|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("\n| lengths | causal | order0 (us) | order1_serial (us) | order1 (us) | FA4 (us) | order1 / order0 "
+          "| FA4 / order1 | balance 0 | balance 1 |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for lengths, causal in BATCHES:
         print(row(lengths, causal, args), flush=True)
     return 0
