@@ -237,11 +237,12 @@
 #ifndef V8_VARLEN_ORDER
 #define V8_VARLEN_ORDER 1
 #endif
-// V8_VARLEN_PDL     (with V8_VARLEN_ORDER) 1: the forward is a programmatic dependent launch of the pre-pass:
-//                     its blocks start while the pre-pass runs and wait (griddepcontrol.wait) only where they
-//                     first read its list. 0: the forward starts once the pre-pass has ended.
-#ifndef V8_VARLEN_PDL
-#define V8_VARLEN_PDL 1
+// V8_VARLEN_PREFETCH (with V8_VARLEN_ORDER) 1: the consumers prefetch into L1 the record of the item after
+//                     next while an item runs. Each item's record is a line of its own in L2, where the
+//                     lengths V8_VARLEN_ORDER=0 reads are one line that stays in L1, and the consumers read
+//                     two records between items (their own, and next_k's look at the next one).
+#ifndef V8_VARLEN_PREFETCH
+#define V8_VARLEN_PREFETCH 1
 #endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
@@ -744,8 +745,6 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       }
     }
   };
-  if constexpr (VARLEN && V8_VARLEN_ORDER && V8_VARLEN_PDL)
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");   // the pre-pass has ended and its list is visible
   const int items = VARLEN && V8_VARLEN_ORDER ? va.order[0] * va.H : m_blocks * BH;
   // Persistent: this block's k-th item, in bands of gridDim.x items (snake: odd bands mirrored). Items
   // only grow with k, so the first k past the end ends the loop.
@@ -760,6 +759,11 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       if (n_tiles > 0) return k;
     }
     return -1;
+  };
+  // V8_VARLEN_PREFETCH: the record of this block's k-th item into L1 (set_item reads it)
+  auto prefetch_record = [&](int k) {
+    const int item = item_at(k);
+    if (item < items) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(va.order + 4 + 8 * (item / va.H)));
   };
   // K/V tiles loaded (producer) or used (consumers) by this block before the current item: tile t of the
   // item is the block's tile kv_base + t of the ring (slot and phase). Always 0 without PERSISTENT.
@@ -1189,6 +1193,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
         int q_loads = 0;
         for (int k = 0; item_at(k) < items; ++k) {
           const int item = item_at(k);
+          if constexpr (VARLEN && V8_VARLEN_ORDER && V8_VARLEN_PREFETCH) prefetch_record(k + 2);
           set_item(item);
           if (n_tiles == 0) {
             write_zeros(tid - 128, 128 * NWG);
@@ -1261,9 +1266,6 @@ __global__ void __launch_bounds__(THREADS) fwd_order_varlen(const int* __restric
                                                             const int* __restrict__ cu_k, int batch, int BR,
                                                             int m_blocks, bool banded, int* __restrict__ order,
                                                             int* __restrict__ level) {
-#if V8_VARLEN_PDL
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   // let the forward's blocks start
-#endif
   auto blocks_of = [&](int b) {
     const long long rows = (long long)cu_q[b + 1] - cu_q[b];
     return rows <= 0 ? 0 : (int)min((long long)m_blocks, (rows + BR - 1) / BR);
@@ -1409,25 +1411,11 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   if constexpr (VARLEN && V8_VARLEN_ORDER)
     fwd_order_varlen<512><<<1, 512, 0, stream>>>(va.cu_q, va.cu_k, B, L::BR, m_blocks, CAUSAL, va.order,
                                                  va.order + 4 + 8 * row_blocks);
-  if constexpr (VARLEN) {
-    // (V8_VARLEN_PDL: launched as the pre-pass's programmatic dependent)
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(L::THREADS);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute dependent[1];
-    dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = dependent;
-    config.numAttrs = V8_VARLEN_ORDER && V8_VARLEN_PDL ? 1 : 0;
-    err = cudaLaunchKernelEx(&config,
-                             flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG,
-                                              OVERLAP, PERSISTENT, WITH_LSE>,
-                             tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks, scale_log2, lse,
-                             va V8_TRACE_ARGS(trace));
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-  } else
+  if constexpr (VARLEN)
+    flash_fwd_varlen<T, D, NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT, WITH_LSE>
+        <<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, m_blocks,
+                                             scale_log2, lse, va V8_TRACE_ARGS(trace));
+  else
     kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
                                                scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
   err = cudaGetLastError();

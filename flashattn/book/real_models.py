@@ -4,8 +4,9 @@ they draw, and the tables of its records.
 - `window_tiles`, `tile_counts`: which (query tile, key tile) pairs a sliding window skips, runs unmasked or
   masks, by the bounds the kernels use (tests/test_real_models_notes.py checks them against the
   element-wise mask of flashattn.reference);
-- `fig_gqa`, `fig_window`, `fig_varlen`: grouped heads, the window's band over the tile grid, a packed batch
-  against the same batch padded; `fig_padding` (D = 96 on 128-wide tiles) is a concept figure, FIGURES;
+- `fig_gqa`, `fig_window`, `fig_varlen`, `fig_varlen_order`: grouped heads, the window's band over the tile grid,
+  a packed batch against the same batch padded, the persistent blocks' loads before and after the varlen
+  forward's pre-pass; `fig_padding` (D = 96 on 128-wide tiles) is a concept figure, FIGURES;
 - `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
   column of one run.
 """
@@ -164,6 +165,27 @@ def fig_varlen(lengths=(8192, 4096, 1000, 513, 17, 1, 2048, 300), show: bool = F
     bottom.set_xticks(cu[:3] + [cu[-1]])
     bottom.set(xlim=(0, total), ylim=(0, 1), yticks=[], xlabel="cu_seqlens (int32): where each sequence starts")
     bottom.set_title(f"packed: [total = {total:,}, H, D], cu_seqlens = {cu}", fontsize=9)
+    return show_or_return(fig, show)
+
+
+def fig_varlen_order(lengths=(8192, 4096, 1000, 513, 17, 1, 2048, 300), show: bool = False):
+    """Each of the H200's 132 persistent blocks' sum of key tiles on the packed batch (32 query heads, D = 128,
+    causal), as the blocks took the items before the pre-pass (B x H x the longest sequence's row blocks) and
+    after it (the batch's row blocks, the highest first): flashattn.measure.varlen_order's model."""
+    from flashattn.measure import varlen_order as vo
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.0), sharey=True, constrained_layout=True)
+    for ax, ordered, title in zip(axes, (False, True), ("every (sequence, head) × the longest's row blocks",
+                                                         "the pre-pass's list, the highest row blocks first")):
+        tiles = vo.items(lengths, True, ordered)
+        load = vo.block_loads(tiles, True)
+        mean = sum(load) / len(load)
+        ax.bar(range(len(load)), load, width=1.0, color="C1" if not ordered else "C0")
+        ax.axhline(mean, color="0.2", lw=1, ls="--")
+        real = sum(1 for t in tiles if t)
+        ax.set_title(f"{title}\n{len(tiles):,} items, {real:,} real; busiest block {max(load) / mean:.2f}× the mean",
+                     fontsize=9)
+        ax.set(xlabel="persistent block (one per SM)", xlim=(-1, len(load)))
+    axes[0].set_ylabel("key tiles the block computes")
     return show_or_return(fig, show)
 
 
