@@ -207,7 +207,13 @@
 // Candidates measured against the default (each off unless set):
 //   V8_D64_CAUSAL_WG  consumer warpgroups of the causal D=64 kernel (default: V8_D64_WG);
 //   V8_CLOCK_FENCE    a clock read after the overlapped softmax: ptxas no longer schedules part of it
-//                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same).
+//                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same);
+//   V8_VARLEN_PREFETCH (with V8_VARLEN_ORDER) the consumers prefetch into L1 the pre-pass's record of the
+//                     item after next while an item runs (each record is a line of its own in L2, where the
+//                     lengths V8_VARLEN_ORDER=0 reads stay in one line of L1). 0.1% to 0.3% slower on all
+//                     four batches of varlen_order (varlen_order_e9f1e8c.md), so the wait it was to save is
+//                     not there, or not on the critical path. A programmatic dependent launch of the forward
+//                     after the pre-pass measured nothing either (varlen_order_2651b6f.md) and is gone.
 #ifndef V8_PERSISTENT
 #define V8_PERSISTENT V8_SPECIALIZE
 #endif
@@ -233,22 +239,21 @@
 //                     the persistent blocks take them round-robin (fwd_order_varlen). 0: the items of a
 //                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
 //                     B_r), in its order; most are empty when lengths differ, and the real ones fall to
-//                     the blocks unevenly (results/h200/logs/varlen_order_*.md).
+//                     the blocks unevenly: on the H200 the varlen batch of flashattn.measure.varlen_bench
+//                     took 1,577 µs with 0 and 1,104 with 1, causal (FlashAttention-4: 1,108), and 0.97x
+//                     0's time without the mask (python -m flashattn.measure.varlen_order,
+//                     results/h200/logs/varlen_order_e9f1e8c.md).
 #ifndef V8_VARLEN_ORDER
 #define V8_VARLEN_ORDER 1
-#endif
-// V8_VARLEN_PREFETCH (with V8_VARLEN_ORDER) 1: the consumers prefetch into L1 the record of the item after
-//                     next while an item runs. Each item's record is a line of its own in L2, where the
-//                     lengths V8_VARLEN_ORDER=0 reads are one line that stays in L1, and the consumers read
-//                     two records between items (their own, and next_k's look at the next one).
-#ifndef V8_VARLEN_PREFETCH
-#define V8_VARLEN_PREFETCH 1
 #endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
 #endif
 #ifndef V8_CLOCK_FENCE
 #define V8_CLOCK_FENCE 0
+#endif
+#ifndef V8_VARLEN_PREFETCH
+#define V8_VARLEN_PREFETCH 0
 #endif
 // FLASHATTN_LSE=1 (the training build, flashattn.autograd.forward_module): also compile the instances of
 // forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).

@@ -8,7 +8,7 @@ they draw, and the tables of its records.
   a packed batch against the same batch padded, the persistent blocks' loads before and after the varlen
   forward's pre-pass; `fig_padding` (D = 96 on 128-wide tiles) is a concept figure, FIGURES;
 - `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
-  column of one run.
+  column of one run; `varlen_order_table`: the varlen forward's order step, from its log.
 """
 from __future__ import annotations
 
@@ -240,6 +240,15 @@ def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_c
                  "run:\n\n" + "\n".join(_lines(wide_doc, columns, "fa4") + _backward_lines(wide_doc, columns, "fa4"))
                  + "\n\nv8 / fa4 as above.")
     return md(text)
+
+
+def varlen_order_table(name: str = "varlen_order_FINAL.md"):
+    """The varlen forward's order step as `python -m flashattn.measure.varlen_order` printed it on the H200
+    (results/h200/logs/NAME): its table, and the line naming the run."""
+    text = (H200 / "logs" / name).read_text()
+    head = [ln.removeprefix("# ") for ln in text.splitlines() if ln.startswith("# ")]
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
+    return md("\n".join(rows) + "\n\n" + " ".join(head))
 
 
 def varlen_table(path=VARLEN):

@@ -6,11 +6,12 @@ flushed, the median), FlashAttention-4's varlen forward beside them:
 * `order0`: V8_VARLEN_ORDER=0, the first version. Its persistent blocks walk B x H x the longest sequence's
   row blocks in a fixed-length launch's order; in a batch of mixed lengths most of those items are empty,
   and the real ones fall to the blocks unevenly;
-* `order1_no_prefetch`: V8_VARLEN_PREFETCH=0. A one-block pre-pass lists the batch's row blocks, longest
-  work first (causal: the highest row blocks first; otherwise the longest sequences first), each with its
-  sequence's starts and lengths in a 32-byte record, and the blocks take them round-robin;
-* `order1`: the default, the same with the consumers prefetching into L1 the record of the item after next
-  while an item runs (each record is a line of its own in L2; the lengths order0 reads stay in L1).
+* `order1`: the default. A one-block pre-pass lists the batch's row blocks, longest work first (causal: the
+  highest row blocks first; otherwise the longest sequences first), each with its sequence's starts and
+  lengths in a 32-byte record, and the blocks take them round-robin;
+* `order1_prefetch`: V8_VARLEN_PREFETCH=1, a candidate: the same with the consumers prefetching into L1 the
+  record of the item after next while an item runs (each record is a line of its own in L2; the lengths
+  order0 reads stay in L1).
 
 Beside each time, the model that motivates the step: each block's sum of key tiles when the G persistent
 blocks take the items round-robin (the kernel's snake order for causal), the busiest block's over the mean.
@@ -43,7 +44,7 @@ B_R = B_C = 128          # v8's D = 128 tiles
 SMS = 132                # the H200's SMs: the persistent grid
 
 
-VARIANTS = {"order0": "-DV8_VARLEN_ORDER=0", "order1_no_prefetch": "-DV8_VARLEN_PREFETCH=0"}
+VARIANTS = {"order0": "-DV8_VARLEN_ORDER=0", "order1_prefetch": "-DV8_VARLEN_PREFETCH=1"}
 
 
 @functools.cache
@@ -115,7 +116,7 @@ def row(lengths, causal: bool, args) -> str:
     fa4_us, fa4_ratio = (f"{t['fa4']:.1f}", f"{t['fa4'] / t['order1']:.2f}") if "fa4" in t else ("—", "—")
     loads = [f"{balance(items(lengths, causal, ordered), causal):.2f}" for ordered in (False, True)]
     return (f"| {', '.join(map(str, lengths))} | {'yes' if causal else 'no'} | {t['order0']:.1f} | "
-            f"{t['order1_no_prefetch']:.1f} | {t['order1']:.1f} | {fa4_us} | {t['order1'] / t['order0']:.2f} | "
+            f"{t['order1']:.1f} | {t['order1_prefetch']:.1f} | {fa4_us} | {t['order1'] / t['order0']:.2f} | "
             f"{fa4_ratio} | {loads[0]} | {loads[1]} |")
 
 
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
         raise SystemExit("python -m flashattn.measure.varlen_order needs a CUDA GPU")
     print(f"# V8_VARLEN_ORDER on {torch.cuda.get_device_name()}: {H_Q}/{H_KV} heads, D={D}, bf16, forward, "
           f"median us of one interleaved run per batch; balance: busiest block's key tiles / mean, {SMS} blocks")
-    print("\n| lengths | causal | order0 (us) | order1_no_prefetch (us) | order1 (us) | FA4 (us) | order1 / order0 "
+    print("\n| lengths | causal | order0 (us) | order1 (us) | order1_prefetch (us) | FA4 (us) | order1 / order0 "
           "| FA4 / order1 | balance 0 | balance 1 |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for lengths, causal in BATCHES:
         print(row(lengths, causal, args), flush=True)
