@@ -19,11 +19,12 @@ reads its lengths on the GPU, so it makes no copy to the host either. `backward_
 version, runs v8's fixed-length backward once per sequence on its slices (the lengths copied to the host,
 six copies in and three out per sequence); flashattn.measure.varlen_bench times both.
 
-The kernels' item mapping, bands, TMA coordinates, masks and padded rows are checked on the CPU
-(tests/test_varlen_bounds.py, tests/test_varlen_backward_bounds.py), their results against float64 on an H200
-by tests/test_varlen.py; their speed by flashattn.measure.varlen_bench (results/h200/varlen.json on the H200:
-the forward 0.70x FlashAttention-4's varlen forward and 4.0x cuDNN on the padded batch, the backward 0.89x
-FlashAttention-4's and 1.50x backward_per_sequence).
+The forward's pre-pass (its row blocks, longest work first), the kernels' item mapping, bands, TMA
+coordinates, masks and padded rows are checked on the CPU (tests/test_varlen_bounds.py,
+tests/test_varlen_backward_bounds.py), their results against float64 on an H200 by tests/test_varlen.py;
+their speed by flashattn.measure.varlen_bench (results/h200/varlen.json on the H200: the forward 0.99x
+FlashAttention-4's varlen forward and 5.7x cuDNN on the padded batch, the backward 0.90x FlashAttention-4's
+and 1.50x backward_per_sequence), the forward's order step by flashattn.measure.varlen_order.
 """
 from __future__ import annotations
 

@@ -240,9 +240,9 @@
 //                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
 //                     B_r), in its order; most are empty when lengths differ, and the real ones fall to
 //                     the blocks unevenly: on the H200 the varlen batch of flashattn.measure.varlen_bench
-//                     took 1,577 µs with 0 and 1,104 with 1, causal (FlashAttention-4: 1,108), and 0.97x
+//                     took 1,595 µs with 0 and 1,123 with 1, causal (FlashAttention-4: 1,116), and 0.98x
 //                     0's time without the mask (python -m flashattn.measure.varlen_order,
-//                     results/h200/logs/varlen_order_e9f1e8c.md).
+//                     results/h200/logs/varlen_order_fdc458f.md).
 #ifndef V8_VARLEN_ORDER
 #define V8_VARLEN_ORDER 1
 #endif
