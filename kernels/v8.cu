@@ -69,14 +69,14 @@
 //     lists the batch's row blocks, largest work first, and the persistent blocks take their items in that
 //     order; V8_VARLEN_ORDER=0 spans the longest sequence's row blocks (max_seqlen_q) for every sequence,
 //     the items past a sequence's end doing nothing. Each item takes its M and N, and its band, from its
-//     sequence: causal and the
-//     window are aligned per sequence, as above. The tiles are the same; a Q_i box may run into the next
-//     sequence's rows (never stored) and the last key tile into its keys (masked: the mask's end of N is the
-//     sequence's). forward_varlen_lse also returns lse float32 [H, total_q], FlashAttention-2's varlen
-//     layout. Its kernels (flash_fwd_varlen) are compiled only with -DFLASHATTN_VARLEN=1
-//     (flashattn.varlen_kernel) and share flash_fwd_ws's code (flash_fwd_body, VARLEN a template constant):
-//     the other kernels' machine code is as it was (tests/test_v8.py). Checked on an H200
-//     (tests/test_varlen.py) and timed beside FlashAttention-4 and cuDNN in results/h200/varlen.json.
+//     sequence: causal and the window are aligned per sequence, as above. The tiles are the same; a Q_i box
+//     may run into the next sequence's rows (never stored) and the last key tile into its keys (masked: the
+//     mask's end of N is the sequence's). forward_varlen_lse also returns lse float32 [H, total_q],
+//     FlashAttention-2's varlen layout. Its kernels (flash_fwd_varlen, and the pre-pass) are compiled only
+//     with -DFLASHATTN_VARLEN=1 (flashattn.varlen_kernel) and share flash_fwd_ws's code (flash_fwd_body,
+//     VARLEN a template constant): the other kernels' machine code is as it was (tests/test_v8.py). Checked
+//     on an H200 (tests/test_varlen.py) and timed beside FlashAttention-4 and cuDNN in
+//     results/h200/varlen.json.
 //
 // Tiles (per template instance; override with -D at build time, see the V8_* macros below):
 //   D=64 : 3 consumer warpgroups + 1 producer (B_r = 192, 512 threads), B_c = 128, 2 stages. smem 24 KB
@@ -682,8 +682,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   auto set_item = [&](unsigned item) {   // unsigned: the division v8 had on blockIdx.x
     int4 seq{};   // VARLEN: the item's sequence, (q_tok, k_tok, M, N)
     if (VARLEN && V8_VARLEN_ORDER) {
-      // the pre-pass's row block item / H: its sequence and m_block in one 32-byte sector (one round trip,
-      // where reading its sequence's index first and then the lengths would take two); bh: the query head
+      // the pre-pass's row block item / H: its sequence and m_block, one 32-byte sector (no read waits for
+      // another, as the lengths would for the sequence's index); bh: the query head
       const int4* row_block = reinterpret_cast<const int4*>(va.order + 4) + 2 * (item / (unsigned)va.H);
       seq = row_block[0];
       m_block = row_block[1].x;
@@ -1255,9 +1255,9 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
 }
 
 // The varlen forward's pre-pass (V8_VARLEN_ORDER): the batch's row blocks into `order` (see Varlen), in the
-// order the persistent blocks take them, each with its sequence's starts and lengths. Sequence b has n_b = ceil(M_b / B_r) row blocks, at most m_blocks
-// (the longest the caller named: V8_VARLEN_ORDER=0 reaches no further). Longest work first, so that the
-// round-robin ends on short items:
+// order the persistent blocks take them, each with its sequence's starts and lengths. Sequence b has
+// n_b = ceil(M_b / B_r) row blocks, at most m_blocks (the longest the caller named: V8_VARLEN_ORDER=0 reaches
+// no further). Longest work first, so that the round-robin ends on short items:
 //   banded (causal, windows): by row block x, the highest first (causal: its rows see the most keys, when
 //     M_b = N_b), the sequences of one x in rank order: (b, x) goes to slot level[x] + rank_b, level[x]
 //     being the row blocks above x (the sum over b of max(0, n_b - x - 1));

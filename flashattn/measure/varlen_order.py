@@ -42,8 +42,6 @@ from flashattn.varlen_kernel import VARLEN_FLAGS, VARLEN_FUNCTIONS, varlen_forwa
 BATCHES = [(LENGTHS, True), (LENGTHS, False), (tuple(reversed(LENGTHS)), True), ((8192, 8192), True)]
 B_R = B_C = 128          # v8's D = 128 tiles
 SMS = 132                # the H200's SMs: the persistent grid
-
-
 VARIANTS = {"order0": "-DV8_VARLEN_ORDER=0", "order1_prefetch": "-DV8_VARLEN_PREFETCH=1"}
 
 
