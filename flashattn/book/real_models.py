@@ -21,7 +21,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from flashattn.book.figures import show_or_return
 from flashattn.book.notebook import md
-from flashattn.measure import results
+from flashattn.measure import results, varlen_order
 from flashattn.measure.results import H200
 
 SKIP, FULL, MASKED = 0, 1, 2
@@ -172,12 +172,11 @@ def fig_varlen_order(lengths=(8192, 4096, 1000, 513, 17, 1, 2048, 300), show: bo
     """Each of the H200's 132 persistent blocks' sum of key tiles on the packed batch (32 query heads, D = 128,
     causal), as the blocks took the items before the pre-pass (B x H x the longest sequence's row blocks) and
     after it (the batch's row blocks, the highest first): flashattn.measure.varlen_order's model."""
-    from flashattn.measure import varlen_order as vo
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.0), sharey=True, constrained_layout=True)
     for ax, ordered, title in zip(axes, (False, True), ("every (sequence, head) × the longest's row blocks",
                                                          "the pre-pass's list, the highest row blocks first")):
-        tiles = vo.items(lengths, True, ordered)
-        load = vo.block_loads(tiles, True)
+        tiles = varlen_order.items(lengths, True, ordered)
+        load = varlen_order.block_loads(tiles, True)
         mean = sum(load) / len(load)
         ax.bar(range(len(load)), load, width=1.0, color="C1" if not ordered else "C0")
         ax.axhline(mean, color="0.2", lw=1, ls="--")
@@ -242,7 +241,7 @@ def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_c
     return md(text)
 
 
-def varlen_order_table(name: str = "varlen_order_FINAL.md"):
+def varlen_order_table(name: str = "varlen_order_fdc458f.md"):
     """The varlen forward's order step as `python -m flashattn.measure.varlen_order` printed it on the H200
     (results/h200/logs/NAME): its table, and the line naming the run."""
     text = (H200 / "logs" / name).read_text()
