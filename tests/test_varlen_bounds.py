@@ -156,11 +156,11 @@ def order_pass(cu_q, BR: int, m_blocks: int, banded: bool, cu_k=None):
 
 def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, records=None):
     """flash_fwd_body's set_item in a VARLEN instance: the item's sequence state and key tiles. records: the
-    pre-pass's (V8_VARLEN_ORDER = 1; the item's sequence b then comes from its q_tok, for the checks), or
-    None (0)."""
+    pre-pass's (V8_VARLEN_ORDER = 1; the item's sequence b, for the checks, is the one its record describes),
+    or None (0)."""
     if records is not None:
         q_tok, k_tok, M, N, m_block = records[item // H]
-        q_head = bh = item % H
+        q_head = item % H
         b = next(s for s in range(len(cu_q) - 1) if cu_q[s] == q_tok and cu_q[s + 1] - cu_q[s] == M
                  and cu_k[s] == k_tok and cu_k[s + 1] - cu_k[s] == N)
         bh = b * H + q_head
