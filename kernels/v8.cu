@@ -208,6 +208,14 @@
 //   V8_D64_CAUSAL_WG  consumer warpgroups of the causal D=64 kernel (default: V8_D64_WG);
 //   V8_CLOCK_FENCE    a clock read after the overlapped softmax: ptxas no longer schedules part of it
 //                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same);
+//   V8_DESC_ADD       a product's shared-memory descriptors made once per operand tile, each k step's
+//                     offset added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD, 0-3%
+//                     there); 0 makes every wgmma's descriptor from its address, whose mask and shifts ptxas
+//                     does not fold across the k steps (about 100 uniform instructions per key tile per warp
+//                     at D=128 in the SASS, beside 16 wgmmas and 64 exponentials);
+//   V8_MAX_CHAINS     the row max of S_ij in this many independent chains of fmaxf, joined at the end
+//                     (FlashAttention-4's fmax_reduce keeps 4), rather than one chain through all B_c / 4
+//                     of a row's pairs; bit-identical (max is exact in any order);
 //   V8_VARLEN_PREFETCH (with V8_VARLEN_ORDER) the consumers prefetch into L1 the pre-pass's record of the
 //                     item after next while an item runs (each record is a line of its own in L2, where the
 //                     lengths V8_VARLEN_ORDER=0 reads stay in one line of L1). 0.1% to 0.3% slower on all
@@ -254,6 +262,12 @@
 #endif
 #ifndef V8_VARLEN_PREFETCH
 #define V8_VARLEN_PREFETCH 0
+#endif
+#ifndef V8_DESC_ADD
+#define V8_DESC_ADD 0
+#endif
+#ifndef V8_MAX_CHAINS
+#define V8_MAX_CHAINS 1
 #endif
 // FLASHATTN_LSE=1 (the training build, flashattn.autograd.forward_module): also compile the instances of
 // forward_lse, which write the row-wise log-sum-exp for the backward (kernels/v6_backward.cu).
@@ -357,6 +371,18 @@ __device__ __forceinline__ void pin(float (&r)[R]) {
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// The descriptor of the operand `off` bytes into the tile at `tile` (leading byte offset `lbo`). V8_DESC_ADD:
+// the tile's descriptor, the same expression for every k step (ptxas makes it once), plus off / 16 in the
+// start-address field; exact, as no shared-memory address reaches 256 KB, so the sum never carries out of
+// the field's 14 bits.
+__device__ __forceinline__ uint64_t opdesc(uint32_t tile, uint32_t off, uint32_t lbo) {
+#if V8_DESC_ADD
+  return make_desc(tile, lbo, 1024) + (off >> 4);
+#else
+  return make_desc(tile + off, lbo, 1024);
+#endif
 }
 
 #define V8_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -879,8 +905,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-        Wgmma<BC, T>::ss(s_acc, make_desc(q_base + panel * BR * 128 + within, 16, 1024),
-                         make_desc(k_base + panel * BC * 128 + within, 16, 1024), kk > 0);
+        Wgmma<BC, T>::ss(s_acc, opdesc(q_base, panel * BR * 128 + within, 16),
+                         opdesc(k_base, panel * BC * 128 + within, 16), kk > 0);
       }
       wgmma_commit();
     };
@@ -890,7 +916,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       for (int kk = 0; kk < BC / 16; ++kk) {
         // A fragment of keys [16kk, 16kk + 16): rows g / g + 8, keys 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)
         const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
-        Wgmma<D, T>::rs(o, a, make_desc(v_base + kk * 16 * 128, BC * 128, 1024));
+        Wgmma<D, T>::rs(o, a, opdesc(v_base, kk * 16 * 128, BC * 128));
       }
       wgmma_commit();
     };
@@ -934,9 +960,15 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = m_i[h];
+        float chain[V8_MAX_CHAINS];   // V8_MAX_CHAINS: independent maxima, so the chain is not NT long
 #pragma unroll
-        for (int c = 0; c < NT; ++c) mx = fmaxf(mx, fmaxf(s_acc[4 * c + 2 * h], s_acc[4 * c + 2 * h + 1]));
+        for (int k = 0; k < V8_MAX_CHAINS; ++k) chain[k] = m_i[h];
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+          chain[c % V8_MAX_CHAINS] = fmaxf(chain[c % V8_MAX_CHAINS], fmaxf(s_acc[4 * c + 2 * h], s_acc[4 * c + 2 * h + 1]));
+        float mx = chain[0];
+#pragma unroll
+        for (int k = 1; k < V8_MAX_CHAINS; ++k) mx = fmaxf(mx, chain[k]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a quad share a row
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // a row that has seen only masked keys keeps max -inf: subtract 0 so that p = 0, not NaN; its

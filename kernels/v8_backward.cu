@@ -250,6 +250,15 @@
 #ifndef V8B_ROW_PREFETCH
 #define V8B_ROW_PREFETCH 4
 #endif
+// The same choice for the deterministic mode's banded kernel at D = 128's tiles (D = 96 and 128), its own
+// instance (the kernels take the placement as a template argument; the default mode's keep theirs). With the
+// mask at (2, 16, 8192, 128) the deterministic mode took 2,781 µs with 0, 2,869 with 3 and 2,946 with 4,
+// against 2,339 for the default mode (4), where 0 is 7% slower: the early row terms that help one mode cost
+// the other (results/h200/logs/rows_deterministic_2651b6f.md; not profiled, so why is open). At D = 64 and
+// without the mask 4 was the fastest, or level, in both modes, so those keep one kernel for both.
+#ifndef V8B_DET_ROW_PREFETCH
+#define V8B_DET_ROW_PREFETCH 0
+#endif
 
 // FLASHATTN_VARLEN=1 (the packed batches of flashattn.attention_varlen, flashattn.varlen_kernel): also compile
 // backward_varlen's instances (flash_bwd_varlen, bwd_prep_varlen, bwd_convert_varlen).
@@ -707,7 +716,8 @@ __global__ void __launch_bounds__(kThreads)
 // like keys >= N, its query rows there have lse2 = +inf in the padded row terms (P = 0, so they add nothing)
 // and their dQ rows are padding.
 // The fixed-length kernel (flash_bwd_ws) compiles to the machine code it had before the packed batches.
-template <typename T, int DG, bool BANDED, int STAGES, bool VARLEN>
+// ROW_PREFETCH: where the row terms are loaded (V8B_ROW_PREFETCH; the deterministic mode's, V8B_DET_ROW_PREFETCH).
+template <typename T, int DG, bool BANDED, int STAGES, bool VARLEN, int ROW_PREFETCH>
 __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                                const CUtensorMap& tmdO, const float* __restrict__ lse2,
                                                const float* __restrict__ Dvec, float* __restrict__ dq_acc,
@@ -1026,11 +1036,11 @@ __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUt
     const float* lse_s = reinterpret_cast<const float*>(gbase + L::LSE_OFF + st * L::ROW_BYTES);
     const float* dvec_s = reinterpret_cast<const float*>(gbase + L::DVEC_OFF + st * L::ROW_BYTES);
 
-    // A row term's pair for thread columns 8t + 2q, +1: from the slot, or (V8B_ROW_PREFETCH) from row_pairs,
+    // A row term's pair for thread columns 8t + 2q, +1: from the slot, or (ROW_PREFETCH) from row_pairs,
     // loaded earlier: lse2_i's, then D_i's. 3 and 4 spill at B_r = 80, which keeps 0. LSE_AT: where lse2_i's
     // pairs are loaded (0 at their use, 1 once S^T and dP^T are issued, 3 before them); D_EARLY: D_i's
     // follow into the same registers after P^T's exponentials (2, and 4 beside 3's lse2_i).
-    constexpr int ROWS = V8B_ROW_PREFETCH >= 3 && L::DQ_T ? 0 : V8B_ROW_PREFETCH;
+    constexpr int ROWS = ROW_PREFETCH >= 3 && L::DQ_T ? 0 : ROW_PREFETCH;
     constexpr int LSE_AT = ROWS == 2 ? 1 : ROWS == 4 ? 3 : ROWS;
     constexpr bool D_EARLY = ROWS == 2 || ROWS == 4;
     auto slot_pair = [&](const float* terms, const int t) {
@@ -1198,27 +1208,27 @@ __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUt
 
 // The fixed-length batch: q, o, dout [B*H][M][DG], k, v [B*H_kv][N][DG] (the maps), one block per key tile of
 // each (batch, kv head).
-template <typename T, int DG, bool BANDED, int STAGES>
+template <typename T, int DG, bool BANDED, int STAGES, int ROW_PREFETCH>
 __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     flash_bwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                  const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
                  int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group, int M,
                  int N, int M_pad, float scale_log2, float scale, int lo, int hi, int head_group) {
-  flash_bwd_body<T, DG, BANDED, STAGES, false>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
+  flash_bwd_body<T, DG, BANDED, STAGES, false, ROW_PREFETCH>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
                                                M, N, M_pad, scale_log2, scale, lo, hi, head_group, Varlen{});
 }
 
 // VARLEN: a packed batch, q, o, dout [total_q][H][DG] and k, v [total_k][H_kv][DG] (the maps): blocks for
 // `tiles` key tiles of each of the BH_kv = H_kv kv heads, the batch's tiles with a gap after each sequence's.
-template <typename T, int DG, bool BANDED, int STAGES>
+template <typename T, int DG, bool BANDED, int STAGES, int ROW_PREFETCH>
 __global__ void __launch_bounds__(Layout<tile_dim(DG), STAGES>::THREADS, 1)
     flash_bwd_varlen(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                      const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmdO,
                      const float* __restrict__ lse2, const float* __restrict__ Dvec, float* __restrict__ dq_acc,
                      int* __restrict__ dq_turn, T* __restrict__ dK, T* __restrict__ dV, int BH_kv, int group,
                      int tiles, float scale_log2, float scale, int head_group, const Varlen va) {
-  flash_bwd_body<T, DG, BANDED, STAGES, true>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
+  flash_bwd_body<T, DG, BANDED, STAGES, true, ROW_PREFETCH>(tmQ, tmK, tmV, tmdO, lse2, Dvec, dq_acc, dq_turn, dK, dV, BH_kv, group,
                                               0, tiles * Layout<tile_dim(DG), STAGES, BANDED>::BC, 0, scale_log2,
                                               scale, 0, 0, head_group, va);
 }
@@ -1344,6 +1354,19 @@ inline long long padded_rows_all(const Args& a, int D, bool banded, bool varlen)
                 : (long long)a.B * a.H * padded_rows(a.M, D, banded);
 }
 
+// The kernel a call launches: the default mode's row-term placement (V8B_ROW_PREFETCH), or the deterministic
+// mode's (V8B_DET_ROW_PREFETCH, banded at D = 128's tiles with the bulk dQ path; elsewhere the same instance).
+template <typename T, int DG, bool BANDED, int STAGES, bool VARLEN>
+constexpr auto bwd_kernel(bool deterministic) {
+  constexpr int ROWS = V8B_ROW_PREFETCH;
+  constexpr int DET_ROWS =
+      tile_dim(DG) == 128 && BANDED && Layout<tile_dim(DG), STAGES, BANDED>::DQ_BULK ? V8B_DET_ROW_PREFETCH : ROWS;
+  if constexpr (VARLEN)
+    return deterministic ? flash_bwd_varlen<T, DG, BANDED, STAGES, DET_ROWS> : flash_bwd_varlen<T, DG, BANDED, STAGES, ROWS>;
+  else
+    return deterministic ? flash_bwd_ws<T, DG, BANDED, STAGES, DET_ROWS> : flash_bwd_ws<T, DG, BANDED, STAGES, ROWS>;
+}
+
 // DG: the tensors' head dim, D the tiles' (flash_bwd_ws). VARLEN: a packed batch (flash_bwd_varlen).
 template <typename T, int DG, bool BANDED, bool VARLEN>
 const char* run(const Args& a) {
@@ -1374,17 +1397,14 @@ const char* run(const Args& a) {
   if (a.deterministic && !L::DQ_BULK)
     return "v8 backward: deterministic=True needs the bulk dQ reduction (V8B_DQ_BULK=1), which this build "
            "does not have at this head dim";
-  const void* kernel;
-  if constexpr (VARLEN)
-    kernel = reinterpret_cast<const void*>(flash_bwd_varlen<T, DG, BANDED, STAGES>);
-  else
-    kernel = reinterpret_cast<const void*>(flash_bwd_ws<T, DG, BANDED, STAGES>);
+  const auto kernel = bwd_kernel<T, DG, BANDED, STAGES, VARLEN>(a.deterministic);
   constexpr size_t smem = L::DYNAMIC;
   int dev = 0, optin = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if ((size_t)optin < smem) return "v8 backward: this GPU has too little shared memory per block for this tile";
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (encoder() == nullptr) return "v8 backward: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or newer)";
   CUtensorMap tmQ, tmK, tmV, tmdO;
@@ -1419,11 +1439,11 @@ const char* run(const Args& a) {
   int* const dq_turn = a.deterministic ? turns : nullptr;
   const unsigned blocks = (unsigned)(n_blocks * BH_kv);
   if constexpr (VARLEN)
-    flash_bwd_varlen<T, DG, BANDED, STAGES><<<blocks, L::THREADS, smem, a.stream>>>(
+    kernel<<<blocks, L::THREADS, smem, a.stream>>>(
         tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, dq_turn, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
         a.H / a.H_kv, (int)n_blocks, scale_log2, a.scale, head_group, va);
   else
-    flash_bwd_ws<T, DG, BANDED, STAGES><<<blocks, L::THREADS, smem, a.stream>>>(
+    kernel<<<blocks, L::THREADS, smem, a.stream>>>(
         tmQ, tmK, tmV, tmdO, lse2, dvec, dq_acc, dq_turn, static_cast<T*>(a.dk), static_cast<T*>(a.dv), (int)BH_kv,
         a.H / a.H_kv, a.M, a.N, (int)M_pad, scale_log2, a.scale, a.lo, a.hi, head_group);
   err = cudaGetLastError();

@@ -87,6 +87,14 @@ def has_image(D: int, flags=(), banded: bool = False) -> bool:
     return bool(backward_hopper.layout(tile_dim(D), flags=list(flags), banded=banded)["DQ_BULK"])
 
 
+def det_kernels(flags=()) -> int:
+    """The dK/dV kernels the deterministic mode adds in a build with these -D flags: its banded kernel at D = 128's
+    tiles (D = 96 and 128, bf16 and fp16) takes its own row-term placement (V8B_DET_ROW_PREFETCH), a kernel of its
+    own where that is not the default mode's and the tile has the bulk dQ path the mode needs."""
+    L = backward_hopper.layout(128, flags=list(flags), banded=True)
+    return 4 if L["V8B_DET_ROW_PREFETCH"] != L["V8B_ROW_PREFETCH"] and L["DQ_BULK"] else 0
+
+
 def build_flags(flag: str | None) -> tuple[str, ...]:
     """step_build's argument as the flags it builds with."""
     return tuple(flag.split()) if flag else ()
@@ -153,14 +161,14 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
     report, sass = compile_v8b(tmp_path, flags)
     entries = re.findall(r"Compiling entry function '(\S+)'.*?Used (\d+) registers", report, re.S)
     # bwd_prep, flash_bwd_ws, bwd_convert x (bf16, fp16) x (D 64, 96, 128); flash_bwd_ws also x causal;
-    # B_r = 80 (V8B_BR80): at D = 96 and 128 bwd_convert also for B_r = 80
-    assert len(entries) == 8 * len(GRAD_DIMS) + (4 if takes_br80(flags) else 0), entries
+    # B_r = 80 (V8B_BR80): at D = 96 and 128 bwd_convert also for B_r = 80; the deterministic mode's banded kernels
+    assert len(entries) == 8 * len(GRAD_DIMS) + (4 if takes_br80(flags) else 0) + det_kernels(flags), entries
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(entries) and all(f == ("0", "0", "0") for f in frames), frames
     for line in report.splitlines():
         assert "warning" not in line.lower(), line
     main = {name: int(regs) for name, regs in entries if "flash_bwd_ws" in name}
-    assert len(main) == 4 * len(GRAD_DIMS)
+    assert len(main) == 4 * len(GRAD_DIMS) + det_kernels(flags)
     # with setmaxnreg ptxas reports the launch allotment: 65,536 / 384 threads, down to a multiple of 8
     assert set(main.values()) == {168}, main
 
@@ -248,7 +256,7 @@ def test_varlen_build_adds_its_kernels_and_keeps_the_others(tmp_path):
     args = lambda name: re.search(r"flash_bwd_(?:ws|varlen)(I\w+?E)Ev", name).group(1)   # noqa: E731
     varlen = {name: text for name, text in after.items() if "flash_bwd_varlen" in name}
     twins = {args(name): text for name, text in before.items() if "flash_bwd_ws" in name}
-    assert len(varlen) == len(twins) == 4 * len(GRAD_DIMS)
+    assert len(varlen) == len(twins) == 4 * len(GRAD_DIMS) + det_kernels()
     tiles = {(D, query_tile(D, (), banded)) for D in GRAD_DIMS for banded in (False, True)}   # one per B_r
     assert sum("bwd_prep_varlen" in n for n in after) == sum("bwd_convert_varlen" in n for n in after) == 2 * len(tiles)
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
@@ -285,6 +293,28 @@ def test_row_terms_load_before_the_waits(prefetch):
                 before_dp = sum(waits[0] < i < waits[1] for i in loads)
                 want = {0: (0, n), 1: (n, 0), 2: (n, n), 3: (n, 0), 4: (n, n)}[rows]
                 assert (before_s, before_dp) == want, (D, flags, loads)
+
+
+def test_deterministic_banded_kernel_loads_row_terms_after_the_waits():
+    """The deterministic mode's banded kernel at D = 128 (V8B_DET_ROW_PREFETCH=0, an instance of its own) loads
+    lse2_i's pairs after the wait for S^T and D_i's after the wait for dP^T, where the default mode's kernel (4)
+    loads lse2_i's before the step's first wgmma and D_i's before the wait for dP^T."""
+    L = backward_hopper.layout(128, banded=True)
+    assert L["V8B_DET_ROW_PREFETCH"] == 0 and L["V8B_ROW_PREFETCH"] == 4
+    n = L["BR"] // 8   # LDS.64 per row term
+    # (before the first wgmma, before the wait for S^T, between the waits for S^T and dP^T)
+    for rows, want in ((0, (0, 0, n)), (4, (n, n, n))):
+        name = backward_hopper.kernel_name(128, True, rows=rows)
+        spans = backward_hopper.step_spans(sass_tools.texts(sass_tools.function(KERNEL.stem, name)), L)
+        assert spans, name
+        for span in spans:
+            waits = [i for i, t in enumerate(span) if "DEPBAR.LE gsb0" in t]
+            loads = [i for i, t in enumerate(span) if t.startswith("LDS.64")]
+            first_wgmma = next(i for i, t in enumerate(span) if t.startswith("HGMMA"))
+            assert len(loads) == 2 * n, (name, loads)
+            got = (sum(i < first_wgmma for i in loads), sum(i < waits[0] for i in loads),
+                   sum(waits[0] < i < waits[1] for i in loads))
+            assert got == want, (name, got)
 
 
 def test_binding_takes_v6_backward_parameters():
@@ -1067,13 +1097,14 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4", "-DV8B_DESC_ADD=0",
                                   "-DV8B_EARLY_DV=0", f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
                                   "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2",
-                                  "-DV8B_ROW_PREFETCH=3"])
+                                  "-DV8B_ROW_PREFETCH=3", "-DV8B_DET_ROW_PREFETCH=4"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):
     """Other orders of the blocks (V8B_HEAD_GROUP), descriptors made for every wgmma (V8B_DESC_ADD=0), dV_j
     issued elsewhere in the step (V8B_EARLY_DV), a third slot (V8B_STAGES=3) and the row terms loaded early
-    (V8B_ROW_PREFETCH) compute the same gradients: dK
+    (V8B_ROW_PREFETCH; V8B_DET_ROW_PREFETCH=4, the deterministic mode's banded kernel at D = 128 as it was
+    before it had its own placement) compute the same gradients: dK
     and dV bit for bit as the default build (each written once, from the same sums in the same order), and in
     the deterministic mode dQ too (the key tiles add in index order whatever order the blocks start in). A step
     measured at B_r = 64 is held against the default build of that tile (V8B_BR80=0)."""

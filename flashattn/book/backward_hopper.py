@@ -146,14 +146,20 @@ def smem_table(stages=(None,)) -> str:
 
 
 # ------------------------------------------------------------------------------------ the machine code
-def kernel_name(D: int, banded: bool = False, dtype: str = "__nv_bfloat16", stages: int | None = None) -> str:
-    return f"flash_bwd_ws<{dtype}, {D}, {str(banded).lower()}, {stages or layout(D)['STAGES']}>"
+def kernel_name(D: int, banded: bool = False, dtype: str = "__nv_bfloat16", stages: int | None = None,
+                rows: int | None = None) -> str:
+    """The default mode's dK/dV kernel; rows: its row-term placement (the deterministic mode's banded kernel at
+    D = 128 is the instance of V8B_DET_ROW_PREFETCH). None: the file's defaults."""
+    L = layout(D)
+    return (f"flash_bwd_ws<{dtype}, {D}, {str(banded).lower()}, {stages or L['STAGES']}, "
+            f"{L['V8B_ROW_PREFETCH'] if rows is None else rows}>")
 
 
 def texts(D: int, banded: bool = False, flags=()) -> list[str]:
     """The SASS instruction texts of one bf16 dK/dV kernel, compiled for sm_90a here (no GPU)."""
-    stages = layout(D, flags=flags)["STAGES"]
-    return sass.texts(sass.function(KERNEL, kernel_name(D, banded, stages=stages), tuple(flags)))
+    L = layout(D, flags=flags)
+    name = kernel_name(D, banded, stages=L["STAGES"], rows=L["V8B_ROW_PREFETCH"])
+    return sass.texts(sass.function(KERNEL, name, tuple(flags)))
 
 
 def sass_offsets(lines: list[str]) -> dict[str, list[int]]:

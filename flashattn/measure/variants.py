@@ -255,6 +255,12 @@ V8_BACKWARD = (
     Variant("rows0", "v8_backward", None, {"V8B_ROW_PREFETCH": 0},
             "lse2_i's and D_i's pairs loaded after the waits for S^T and dP^T (the default loads lse2_i's before "
             "the step's wgmmas are issued and D_i's after P^T's exponentials, where the tile leaves room)"),
+    Variant("det_rows3", "v8_backward", None, {"V8B_DET_ROW_PREFETCH": 3},
+            "the deterministic mode's banded kernel at D=128 with the row terms of V8B_ROW_PREFETCH=3 (its default "
+            "is 0)"),
+    Variant("det_rows4", "v8_backward", None, {"V8B_DET_ROW_PREFETCH": 4},
+            "the deterministic mode's banded kernel at D=128 with the default mode's row terms (4), one kernel for "
+            "both modes as before 0 became its own"),
     Variant("br64", "v8_backward", None, {"V8B_BR80": 0},
             "B_r = 64 at D=128 without a band, dQ_i = dS K_j (the first versions; the default takes 80, "
             "FlashAttention-3's and -4's tile there, with dQ_i^T = K_j^T dS_i^T)"),
