@@ -243,6 +243,13 @@
 #ifndef V8_SNAKE
 #define V8_SNAKE 1
 #endif
+// V8_HEAD_GROUP     (causal and windows, fixed length) the order of the items: longest first inside groups
+//                     of heads, group after group. -1 (default): a group is as many kv heads (and their query
+//                     heads) as have K and V fit in half the L2 (l2_head_group), so that the blocks running
+//                     at once read keys and values the L2 still holds; 0: all heads in one group, the row
+//                     block with the most key tiles of every head first (the first version's order: at (16,
+//                     16, 1024, 128) the 132 blocks running at once read the keys of 132 heads, 66 MB, more
+//                     than the L2 holds); G > 0: G kv heads per group.
 // V8_VARLEN_ORDER   (packed batches) 1: a pre-pass lists the batch's row blocks, longest work first, and
 //                     the persistent blocks take them round-robin (fwd_order_varlen). 0: the items of a
 //                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
@@ -253,6 +260,9 @@
 //                     results/h200/logs/varlen_order_fdc458f.md).
 #ifndef V8_VARLEN_ORDER
 #define V8_VARLEN_ORDER 1
+#endif
+#ifndef V8_HEAD_GROUP
+#define V8_HEAD_GROUP -1
 #endif
 #ifndef V8_D64_CAUSAL_WG
 #define V8_D64_CAUSAL_WG V8_D64_WG
@@ -672,7 +682,7 @@ template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPEC
 __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUtensorMap& tmK, const CUtensorMap& tmV,
                                                T* __restrict__ O, int BH, int group, int M, int N, int m_blocks,
                                                float scale_log2, float* __restrict__ LSE, int lo, int hi,
-                                               const Varlen& va V8_TRACE_PARAMS) {
+                                               int head_group, const Varlen& va V8_TRACE_PARAMS) {
   static_assert(!PERSISTENT || SPECIALIZE, "the persistent loop needs the producer warpgroup");
   static_assert(SPECIALIZE || (!SETMAXNREG && !PINGPONG && !OVERLAP),
                 "setmaxnreg, ping-pong and overlap need the producer warpgroup (V8_SPECIALIZE=1)");
@@ -715,8 +725,12 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       m_block = row_block[1].x;
       bh = (int)(item % (unsigned)va.H);
     } else if (CAUSAL) {
-      bh = item % BH;
-      m_block = m_blocks - 1 - (int)(item / BH);
+      // head_group query heads at a time (V8_HEAD_GROUP; BH: all of them), longest first inside the group: the
+      // row blocks of the group's last row block first, then the one below, ...; the last group may be smaller
+      const unsigned span = (unsigned)head_group * m_blocks, g = item / span, r = item - g * span;
+      const unsigned heads = min((unsigned)head_group, (unsigned)BH - g * head_group);
+      bh = (int)(g * head_group + r % heads);
+      m_block = m_blocks - 1 - (int)(r / heads);
     } else {
       m_block = item % m_blocks;
       bh = item / m_blocks;
@@ -1266,10 +1280,11 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
                                   Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZE>::MIN_BLOCKS)
     flash_fwd_ws(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, T* __restrict__ O, int BH, int group, int M, int N,
-                 int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi V8_TRACE_PARAMS) {
+                 int m_blocks, float scale_log2, float* __restrict__ LSE, int lo, int hi,
+                 int head_group V8_TRACE_PARAMS) {
   flash_fwd_body<T, tile_dim(D), NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
                  WITH_LSE, false, D>(tmQ, tmK, tmV, O, BH, group, M, N, m_blocks, scale_log2, LSE, lo, hi,
-                        Varlen{} V8_TRACE_FORWARD);
+                                     head_group, Varlen{} V8_TRACE_FORWARD);
 }
 
 // One launch for a packed batch (FLASHATTN_VARLEN): q and o [total_q][H][D], k and v [total_k][H_kv][D] (the
@@ -1283,7 +1298,7 @@ __global__ void __launch_bounds__(Layout<tile_dim(D), NWG, BC, STAGES, SPECIALIZ
                      float scale_log2, float* __restrict__ LSE, const Varlen va V8_TRACE_PARAMS) {
   flash_fwd_body<T, tile_dim(D), NWG, BC, CAUSAL, STAGES, SPECIALIZE, SETMAXNREG, PINGPONG, OVERLAP, PERSISTENT,
                  WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0,
-                                    va V8_TRACE_FORWARD);
+                                    BH, va V8_TRACE_FORWARD);
 }
 
 // The varlen forward's pre-pass (V8_VARLEN_ORDER): the batch's row blocks into `order` (see Varlen), in the
@@ -1392,6 +1407,26 @@ bool make_packed_map(CUtensorMap* map, const void* ptr, int total, int H, int D,
                        {(cuuint64_t)D * sizeof(T), (cuuint64_t)H * D * sizeof(T)}, {64, 1, (cuuint32_t)box_rows});
 }
 
+// The L2's size in bytes (0 if the runtime does not say).
+inline long long l2_bytes() {
+  int dev = 0, bytes = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev);
+  return bytes;
+}
+
+// Query heads per group of the causal order (V8_HEAD_GROUP, flash_fwd_body's set_item): whole kv heads, as many
+// as have their keys and values (N rows of row_bytes each, twice) fit in half the L2, at least one; all B * H
+// when V8_HEAD_GROUP is 0 or they all fit. A group's query heads share its kv heads (query head h reads kv head
+// h / (H / H_kv), and consecutive flat indices b * H + h take consecutive kv heads).
+inline int head_group(int B, int H, int H_kv, int N, int row_bytes) {
+  const long long BH = (long long)B * H, per_kv_head = 2LL * N * row_bytes, l2 = l2_bytes();
+  long long kv_heads = V8_HEAD_GROUP > 0 ? V8_HEAD_GROUP : l2 > 0 ? l2 / 2 / per_kv_head : BH;
+  if (V8_HEAD_GROUP == 0) kv_heads = BH;
+  const long long heads = (kv_heads < 1 ? 1 : kv_heads) * (H / H_kv);
+  return (int)(heads < BH ? heads : BH);
+}
+
 // VARLEN: a packed batch (flash_fwd_varlen) of B sequences, M the longest one's queries (max_seqlen_q), q
 // [va.total_q][H][D], k and v [va.total_k][H_kv][D]; N, lo and hi are unused (each item has its own).
 template <typename T, int D, int NWG, int BC, bool CAUSAL, int STAGES, bool SPECIALIZE, bool SETMAXNREG,
@@ -1454,7 +1489,9 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
                                              scale_log2, lse, va V8_TRACE_ARGS(trace));
   else
     kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
-                                               scale_log2, lse, lo, hi V8_TRACE_ARGS(trace));
+                                               scale_log2, lse, lo, hi,
+                                               CAUSAL ? head_group(B, H, H_kv, N, D * (int)sizeof(T)) : (int)BH
+                                               V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_v7  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
+from flashattn.book.block_order import causal_item, forward_head_group  # noqa: E402
 from flashattn.measure import sass as sass_tools  # noqa: E402
 from flashattn.measure.variants import SETS  # noqa: E402
 from flashattn.versions import INFO  # noqa: E402
@@ -318,9 +319,41 @@ def test_many_heads_tail_tiles_stay_in_their_head(v8):
     test_v7.test_many_heads_tail_tiles_stay_in_their_head(v8)
 
 
+@pytest.mark.parametrize("B,H,H_kv,M,head_group", [(16, 16, 16, 1024, 60), (2, 16, 16, 8192, 7), (1, 140, 140, 65, 3),
+                                                    (4, 20, 5, 300, 8), (3, 7, 7, 1000, 1), (2, 5, 1, 129, 10)])
+def test_causal_order_takes_each_row_block_once_longest_first_per_group(B, H, H_kv, M, head_group):
+    """flashattn.book.block_order.causal_item, set_item's causal order (V8_HEAD_GROUP): every (head, row block)
+    once, groups of head_group heads one after another (the last one smaller where they do not divide B * H), the
+    row blocks of a group by descending index, its heads in turn; a group's query heads read whole kv heads."""
+    BH, m_blocks = B * H, -(-M // 128)
+    seen = [causal_item(i, BH, m_blocks, head_group) for i in range(BH * m_blocks)]
+    assert sorted(seen) == [(bh, x) for bh in range(BH) for x in range(m_blocks)]
+    for i, ((bh, x), (bh2, x2)) in enumerate(zip(seen, seen[1:])):
+        if bh // head_group == bh2 // head_group:   # inside a group: the same row block, or the one below
+            assert x2 == x and bh2 == bh + 1 or x2 == x - 1 and bh2 % head_group == 0, (i, seen[i:i + 2])
+        else:                                         # the next group starts at its last row block
+            assert bh2 == bh + 1 and x == 0 and x2 == m_blocks - 1, (i, seen[i:i + 2])
+    group = H // H_kv
+    assert head_group % group == 0 or head_group >= BH
+
+
+def test_causal_head_group_fits_half_the_l2():
+    """forward_head_group, the launcher's rule: kv heads whose K and V fit in half the L2, times the query heads
+    per kv head, at least one kv head, at most all heads; V8_HEAD_GROUP 0 is all heads, G > 0 is G kv heads."""
+    l2 = 60 << 20   # the H200's 60 MiB
+    assert forward_head_group(l2, 16, 16, 16, 1024, 256) == 60            # 512 KiB of K and V per head
+    assert forward_head_group(l2, 2, 16, 16, 8192, 256) == 7              # 4 MiB per head
+    assert forward_head_group(l2, 1, 32, 8, 8192, 256) == 28              # 7 kv heads of 4 query heads each
+    assert forward_head_group(l2, 4, 12, 12, 2048, 128) == 48             # all fit: the first version's order
+    assert forward_head_group(l2, 1, 8, 8, 1 << 22, 512) == 1             # one head's K and V pass the L2
+    assert forward_head_group(l2, 2, 16, 16, 8192, 256, setting=0) == 32
+    assert forward_head_group(l2, 2, 16, 4, 8192, 256, setting=3) == 12
+    assert forward_head_group(0, 2, 16, 16, 8192, 256) == 32
+
+
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("variant", ["default", "nosnake", "clockfence"])
+@pytest.mark.parametrize("variant", ["default", "nosnake", "clockfence", "heads3"])
 def test_persistent_blocks_take_several_items(variant):
     """More work items than SMs, so that blocks loop: the K/V ring, Q_i's reuse and the ping-pong turns carry
     over from one item to the next; causal with M > N puts items without any key among them."""

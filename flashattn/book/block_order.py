@@ -4,7 +4,10 @@ checks these lines against the kernel's text.
 
 - `l2_head_group`: the default's kv heads at a time, as many as keep their rows in half the L2;
 - `block_tile`: the (kv head, first key) of a block under a head group;
-- `fig_block_order`: which blocks run in the same wave under three orders, and how many heads they touch.
+- `fig_block_order`: which blocks run in the same wave under three orders, and how many heads they touch;
+- `forward_head_group`, `causal_item`: the same idea in kernels/v8.cu's causal forward (V8_HEAD_GROUP): the
+  query heads whose kv heads' keys and values fit in half the L2, and the (head, row block) of a work item,
+  longest first inside each group of them.
 """
 from __future__ import annotations
 
@@ -69,3 +72,25 @@ def fig_block_order(show: bool = False, B: int = 2, H: int = 16, N: int = 8192, 
                  f"half of a {l2 >> 20} MiB L2 holds {group} heads' rows", fontsize=10)
     fig.tight_layout()
     return show_or_return(fig, show)
+
+
+def forward_head_group(l2: int, B: int, H: int, H_kv: int, N: int, row_bytes: int, setting: int = -1) -> int:
+    """Query heads per group of kernels/v8.cu's causal order (its launcher's head_group): whole kv heads, as many
+    as have their K and V (N rows of row_bytes each, twice) fit in half of an L2 of l2 bytes, at least one, times
+    the query heads per kv head; all B * H when they all fit, when setting (V8_HEAD_GROUP) is 0 or when the
+    device reports no L2; setting > 0: that many kv heads."""
+    BH = B * H
+    kv_heads = setting if setting > 0 else l2 // 2 // (2 * N * row_bytes) if l2 > 0 else BH
+    if setting == 0:
+        kv_heads = BH
+    return min(BH, max(1, kv_heads) * (H // H_kv))
+
+
+def causal_item(item: int, BH: int, m_blocks: int, head_group: int) -> tuple[int, int]:
+    """(flat query head b * H + h, row block) of causal work item `item` (flash_fwd_body's set_item): head_group
+    heads at a time, longest first inside the group (its heads' last row block, then the one below, ...); the
+    last group may have fewer heads."""
+    span = head_group * m_blocks
+    g, r = divmod(item, span)
+    heads = min(head_group, BH - g * head_group)
+    return g * head_group + r % heads, m_blocks - 1 - r // heads

@@ -1,23 +1,25 @@
-"""V8's forward at D = 128 against FlashAttention-4, candidate by candidate:
-`python -m flashattn.measure.forward_candidates`.
+"""V8's forward against FlashAttention-4, candidate by candidate: `python -m flashattn.measure.forward_candidates
+[--set steps|head_group]`.
 
 At D = 128 FlashAttention-4 runs the same block as v8 (a producer and two consumer warpgroups, 168 registers,
 B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor shapes
 (results/h200/prefill.json); Nsight Compute counted about a fifth fewer instructions for it
-(../shared/anchors/fa4-ncu-2026-12-01.md). Each candidate is one compile-time switch of kernels/v8.cu,
-built beside the default, and the builds' outputs must agree bit for bit (none changes an operation on the
-data, only its order or its addressing):
+(../shared/anchors/fa4-ncu-2026-12-01.md). Each candidate is one compile-time switch of kernels/v8.cu, built
+beside the default, and the builds' outputs must agree bit for bit (none changes an operation on the data, only
+its order, its addressing or which block computes it). Two sets:
 
-* `desc_add`: V8_DESC_ADD=1, a product's descriptors made once per operand tile and the k steps added to the
+* `steps` (every forward row at D = 128 of the FlashAttention-4 table, prefill_bench.FORWARD_SHAPES):
+  `desc_add`: V8_DESC_ADD=1, a product's descriptors made once per operand tile and the k steps added to the
   start-address field (the backward's V8B_DESC_ADD); the unmasked loop at D = 128 drops from 535 to 489
-  instructions per key tile and warp in the SASS;
-* `max4`: V8_MAX_CHAINS=4, the row max in four independent chains (FlashAttention-4's fmax_reduce);
-* `stages3`: V8_STAGES=3, a third K/V slot (about 2% in results/h200/v8_defaults.json, not yet the default);
-* `all3`: the three together.
+  instructions per key tile and warp in the SASS. `max4`: V8_MAX_CHAINS=4, the row max in four independent
+  chains (FlashAttention-4's fmax_reduce). `stages3`: V8_STAGES=3, a third K/V slot (about 2% in
+  results/h200/v8_defaults.json, not the default). `desc_stages3`: the first and the third; `all3`: all three;
+* `head_group` (the causal rows of that table, every head dim): the causal order, longest first inside groups of
+  heads whose keys and values fit in half the L2 (V8_HEAD_GROUP=-1, the default), against all heads in one group
+  (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads.
 
-Every forward row at D = 128 of the FlashAttention-4 table (prefill_bench.FORWARD_SHAPES), each shape one
-interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a column. Prints a
-markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster than FA4).
+Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
+column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
 """
 from __future__ import annotations
 
@@ -34,18 +36,26 @@ from flashattn.measure.prefill_bench import FORWARD_SHAPES, inputs
 from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args
 from flashattn.validate import aligned
 
-VARIANTS = {"default": [], "desc_add": ["-DV8_DESC_ADD=1"], "max4": ["-DV8_MAX_CHAINS=4"],
-            "stages3": ["-DV8_STAGES=3"], "all3": ["-DV8_DESC_ADD=1", "-DV8_MAX_CHAINS=4", "-DV8_STAGES=3"]}
-SHAPES = [s for s in FORWARD_SHAPES if s[4] == 128]   # (B, H_q, H_kv, N, D, causal)
+SETS = {
+    "steps": {"default": [], "desc_add": ["-DV8_DESC_ADD=1"], "max4": ["-DV8_MAX_CHAINS=4"],
+              "stages3": ["-DV8_STAGES=3"], "desc_stages3": ["-DV8_DESC_ADD=1", "-DV8_STAGES=3"],
+              "all3": ["-DV8_DESC_ADD=1", "-DV8_MAX_CHAINS=4", "-DV8_STAGES=3"]},
+    "head_group": {"default": [], "heads_all": ["-DV8_HEAD_GROUP=0"], "heads1": ["-DV8_HEAD_GROUP=1"],
+                   "heads4": ["-DV8_HEAD_GROUP=4"]},
+}
+SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
+          "head_group": [s for s in FORWARD_SHAPES if s[5]]}
+FLAGS = {name: flags for variants in SETS.values() for name, flags in variants.items()}
 
 
 @functools.cache
 def variant_module(name: str):
-    """kernels/v8.cu's forward build with VARIANTS[name] (default: no macro, under its own module name)."""
-    return build("v8", extra_cuda_cflags=VARIANTS[name], module_name=f"flashattn_v8_fwd_{name}")
+    """kernels/v8.cu's forward build with the flags of candidate `name` (default: none, under its own module
+    name)."""
+    return build("v8", extra_cuda_cflags=FLAGS[name], module_name=f"flashattn_v8_fwd_{name}")
 
 
-def row(shape, args) -> tuple[str, dict]:
+def row(shape, variants: dict, args) -> tuple[str, dict]:
     B, H_q, H_kv, N, D, causal = shape
     q, k, v = inputs(B, H_q, H_kv, N, D)
     scale = D ** -0.5
@@ -53,17 +63,17 @@ def row(shape, args) -> tuple[str, dict]:
     def variant(name):
         module = variant_module(name)
         return lambda: module.forward(aligned(q), aligned(k), aligned(v), causal, scale, -1, -1)
-    calls = {name: (variant(name), contextlib.nullcontext) for name in VARIANTS}
+    calls = {name: (variant(name), contextlib.nullcontext) for name in variants}
     want = calls["default"][0]()
-    for name in VARIANTS:
+    for name in variants:
         assert torch.equal(calls[name][0](), want), f"{name} and default differ at {shape}"
     with peers.quiet():
         fa4 = guarded(lambda: (peers.forward_call("fa4", q, k, v, causal), contextlib.nullcontext))
     if isinstance(fa4, tuple):
         calls["fa4"] = fa4
     t = {name: r.median_ms * 1e3 for name, r in interleaved_args(calls, args).items() if not isinstance(r, Exception)}
-    ratios = [f"{t['fa4'] / t[name]:.2f}" if "fa4" in t else "—" for name in VARIANTS]
-    times = [f"{t[name]:.1f}" for name in VARIANTS]
+    ratios = [f"{t['fa4'] / t[name]:.2f}" if "fa4" in t else "—" for name in variants]
+    times = [f"{t[name]:.1f}" for name in variants]
     fa4_cell = f"{t['fa4']:.1f}" if "fa4" in t else "—"
     line = f"| {B}, {H_q}/{H_kv}, {N}, {D} | {'yes' if causal else 'no'} | {' | '.join(times)} | {fa4_cell} | " \
            f"{' | '.join(ratios)} |"
@@ -73,19 +83,21 @@ def row(shape, args) -> tuple[str, dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn.measure.forward_candidates", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=list(SETS), default="steps", help="which candidates (default: steps)")
     add_interleaved_arguments(parser, repetitions=40, rounds=6, max_seconds=1.0)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("python -m flashattn.measure.forward_candidates needs a CUDA GPU")
-    for name in VARIANTS:                         # every build before the first timing
+    variants = SETS[args.set]
+    for name in variants:                          # every build before the first timing
         variant_module(name)
-    names = list(VARIANTS)
-    print(f"# v8 forward candidates on {torch.cuda.get_device_name()}: bf16, median µs of one interleaved run per "
-          f"shape; FA4 / build above 1: the build is faster than FlashAttention-4")
+    names = list(variants)
+    print(f"# v8 forward candidates ({args.set}) on {torch.cuda.get_device_name()}: bf16, median µs of one "
+          f"interleaved run per shape; FA4 / build above 1: the build is faster than FlashAttention-4")
     print(f"\n| B, H_q/H_kv, N, D | causal | {' | '.join(names)} | FA4 | "
           f"{' | '.join('FA4 / ' + n for n in names)} |\n|---|---|{'--:|' * (2 * len(names) + 1)}")
-    for shape in SHAPES:
-        print(row(shape, args)[0], flush=True)
+    for shape in SHAPES[args.set]:
+        print(row(shape, variants, args)[0], flush=True)
     return 0
 
 
