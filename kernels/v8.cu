@@ -136,8 +136,12 @@
 #include <cuda_fp16.h>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 // Steps of the chapter (each 0 or 1; -D at build time). V8_SPECIALIZE=0 turns the others off by default.
 #ifndef V8_SPECIALIZE
@@ -244,12 +248,13 @@
 #define V8_SNAKE 1
 #endif
 // V8_HEAD_GROUP     (causal and windows, fixed length) the order of the items: longest first inside groups
-//                     of heads, group after group. -1 (default): a group is as many kv heads (and their query
-//                     heads) as have K and V fit in half the L2 (l2_head_group), so that the blocks running
-//                     at once read keys and values the L2 still holds; 0: all heads in one group, the row
-//                     block with the most key tiles of every head first (the first version's order: at (16,
-//                     16, 1024, 128) the 132 blocks running at once read the keys of 132 heads, 66 MB, more
-//                     than the L2 holds); G > 0: G kv heads per group.
+//                     of heads, group after group, so that the blocks running at once read keys and values
+//                     the L2 still holds. -1 (default): all heads when their K and V fit in half the L2,
+//                     else the smallest group of kv heads whose blocks stay about as balanced as all heads'
+//                     (head_group, in the launcher); 0: all heads in one group, the row block with the most
+//                     key tiles of every head first (the first version's order: at (16, 16, 1024, 128) the
+//                     132 blocks running at once read the keys of 132 heads, 66 MB, more than the L2 holds);
+//                     G > 0: G kv heads per group.
 // V8_VARLEN_ORDER   (packed batches) 1: a pre-pass lists the batch's row blocks, longest work first, and
 //                     the persistent blocks take them round-robin (fwd_order_varlen). 0: the items of a
 //                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
@@ -1415,16 +1420,54 @@ inline long long l2_bytes() {
   return bytes;
 }
 
-// Query heads per group of the causal order (V8_HEAD_GROUP, flash_fwd_body's set_item): whole kv heads, as many
-// as have their keys and values (N rows of row_bytes each, twice) fit in half the L2, at least one; all B * H
-// when V8_HEAD_GROUP is 0 or they all fit. A group's query heads share its kv heads (query head h reads kv head
-// h / (H / H_kv), and consecutive flat indices b * H + h take consecutive kv heads).
-inline int head_group(int B, int H, int H_kv, int N, int row_bytes) {
-  const long long BH = (long long)B * H, per_kv_head = 2LL * N * row_bytes, l2 = l2_bytes();
-  long long kv_heads = V8_HEAD_GROUP > 0 ? V8_HEAD_GROUP : l2 > 0 ? l2 / 2 / per_kv_head : BH;
-  if (V8_HEAD_GROUP == 0) kv_heads = BH;
-  const long long heads = (kv_heads < 1 ? 1 : kv_heads) * (H / H_kv);
-  return (int)(heads < BH ? heads : BH);
+// The persistent blocks' balance under a causal order: the busiest block's key tiles over the mean, the blocks
+// taking items as item_at does (bands of `grid` items, odd bands mirrored with V8_SNAKE) and each item the key
+// tiles of its row block when M = N (rows of br, keys of bc). hg query heads per group (set_item), BH in all.
+inline double causal_balance(long long BH, int m_blocks, long long hg, int grid, int br, int bc, int N) {
+  std::vector<long long> load(grid, 0);
+  const long long items = BH * m_blocks, span = hg * m_blocks;
+  long long total = 0;
+  for (long long i = 0; i < items; ++i) {
+    const long long g = i / span, r = i - g * span, heads = std::min(hg, BH - g * hg);
+    const long long x = m_blocks - 1 - r / heads, tiles = (std::min((x + 1) * br, (long long)N) + bc - 1) / bc;
+    const long long k = i / grid, pos = i - k * grid;
+    load[(V8_SNAKE && (k & 1)) ? grid - 1 - pos : pos] += tiles;
+    total += tiles;
+  }
+  return total == 0 ? 1.0 : (double)*std::max_element(load.begin(), load.end()) * grid / total;
+}
+
+// How much worse a group's balance may be than all heads' (causal_balance) for the group to be taken: reading
+// keys and values the L2 holds paid more than that at every causal row of the FlashAttention-4 table on the H200
+// (python -m flashattn.measure.forward_candidates --set head_group), where groups of one kv head, 0.03 worse,
+// were 1% to 16% faster than all heads, and groups 0.07 to 0.7 worse were 6% to 58% slower.
+constexpr double kBalanceSlack = 0.04;
+
+// Query heads per group of the causal order (V8_HEAD_GROUP, flash_fwd_body's set_item). -1: all B * H when the
+// kv heads' keys and values (N rows of row_bytes, twice) fit in half the L2; otherwise the smallest group of
+// 1, 2, 4, ... kv heads, up to as many as fit there, whose blocks stay within kBalanceSlack of all heads' balance
+// (the snake deals a group's long and short row blocks unevenly when its items alias with the grid), else all
+// heads. 0: all heads; G > 0: G kv heads. A group's query heads share its kv heads (query head h reads kv head
+// h / (H / H_kv), and consecutive flat indices b * H + h take consecutive kv heads). The choice is kept per shape.
+inline int head_group(int B, int H, int H_kv, int N, int row_bytes, int m_blocks, int grid, int br, int bc) {
+  const long long BH = (long long)B * H, group = H / H_kv, l2 = l2_bytes();
+  if (V8_HEAD_GROUP == 0 || l2 <= 0) return (int)BH;
+  if (V8_HEAD_GROUP > 0) return (int)std::min(BH, (long long)V8_HEAD_GROUP * group);
+  const long long fit = std::max(1LL, l2 / 2 / (2LL * N * row_bytes));
+  if (fit * group >= BH) return (int)BH;
+  static thread_local std::map<std::tuple<long long, long long, long long, int, int, int, int, int>, int> chosen;
+  const auto key = std::make_tuple(BH, group, fit, m_blocks, grid, br, bc, N);
+  const auto found = chosen.find(key);
+  if (found != chosen.end()) return found->second;
+  const double all = causal_balance(BH, m_blocks, BH, grid, br, bc, N);
+  int pick = (int)BH;
+  for (long long kv = 1; kv <= fit && kv * group < BH; kv *= 2)
+    if (causal_balance(BH, m_blocks, kv * group, grid, br, bc, N) <= all + kBalanceSlack) {
+      pick = (int)(kv * group);
+      break;
+    }
+  chosen.emplace(key, pick);
+  return pick;
 }
 
 // VARLEN: a packed batch (flash_fwd_varlen) of B sequences, M the longest one's queries (max_seqlen_q), q
@@ -1490,7 +1533,9 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   else
     kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
                                                scale_log2, lse, lo, hi,
-                                               CAUSAL ? head_group(B, H, H_kv, N, D * (int)sizeof(T)) : (int)BH
+                                               CAUSAL ? head_group(B, H, H_kv, N, D * (int)sizeof(T), m_blocks, (int)grid,
+                                                                   L::BR, BC)
+                                                      : (int)BH
                                                V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

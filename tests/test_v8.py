@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_v7  # noqa: E402
 from test_v7 import is_hopper, sass_functions  # noqa: E402
 
-from flashattn.book.block_order import causal_item, forward_head_group  # noqa: E402
+from flashattn.book.block_order import causal_balance, causal_item, forward_head_group  # noqa: E402
 from flashattn.measure import sass as sass_tools  # noqa: E402
 from flashattn.measure.variants import SETS  # noqa: E402
 from flashattn.versions import INFO  # noqa: E402
@@ -219,8 +219,9 @@ def test_trace_build_stamps_only_where_asked(tmp_path):
     from flashattn.book import trace
     report, sass = compile_v8(tmp_path, ["-DV8_TRACE=1"])
     names = re.findall(r"Compiling entry function '(\S+)'", report)
-    # (..., scale_log2, LSE, the window's band lo, hi, then the trace buffer, items, tiles)
-    assert len(names) == KERNELS and all(n.endswith("ifPfiiPyii") for n in names), names
+    # (..., scale_log2, LSE, the window's band lo, hi, the causal order's head group, then the trace buffer,
+    # items, tiles)
+    assert len(names) == KERNELS and all(n.endswith("ifPfiiiPyii") for n in names), names
     for name, text in sass_functions(sass).items():
         assert text.count("SR_CLOCKLO") >= 10, f"{name}: stamps missing"
         assert re.search(r"@P\d+ STG\.E\.64", text), f"{name}: no predicated stamp store"
@@ -337,18 +338,24 @@ def test_causal_order_takes_each_row_block_once_longest_first_per_group(B, H, H_
     assert head_group % group == 0 or head_group >= BH
 
 
-def test_causal_head_group_fits_half_the_l2():
-    """forward_head_group, the launcher's rule: kv heads whose K and V fit in half the L2, times the query heads
-    per kv head, at least one kv head, at most all heads; V8_HEAD_GROUP 0 is all heads, G > 0 is G kv heads."""
-    l2 = 60 << 20   # the H200's 60 MiB
-    assert forward_head_group(l2, 16, 16, 16, 1024, 256) == 60            # 512 KiB of K and V per head
-    assert forward_head_group(l2, 2, 16, 16, 8192, 256) == 7              # 4 MiB per head
-    assert forward_head_group(l2, 1, 32, 8, 8192, 256) == 28              # 7 kv heads of 4 query heads each
-    assert forward_head_group(l2, 4, 12, 12, 2048, 128) == 48             # all fit: the first version's order
-    assert forward_head_group(l2, 1, 8, 8, 1 << 22, 512) == 1             # one head's K and V pass the L2
+def test_causal_head_group_reads_from_the_l2_and_keeps_the_balance():
+    """forward_head_group, the launcher's rule, at the causal rows of the FlashAttention-4 table on the H200 (60 MiB
+    of L2, 132 SMs): all heads where their K and V fit half the L2; else the smallest group of kv heads whose
+    blocks are within BALANCE_SLACK of all heads' balance; all heads where none is (grouped-query heads at 8192,
+    whose one-kv-head groups alias with the grid); V8_HEAD_GROUP 0 is all heads, G > 0 G kv heads."""
+    l2 = 60 << 20
+    assert forward_head_group(l2, 4, 12, 12, 2048, 128, br=192) == 48      # all fit: the first version's order
+    assert forward_head_group(l2, 2, 16, 16, 8192, 256) == 1               # 4 MiB per head
+    assert forward_head_group(l2, 1, 32, 32, 4096, 256) == 1
+    assert forward_head_group(l2, 16, 16, 16, 1024, 256) == 1              # 132 heads' K and V: 66 MiB
+    assert forward_head_group(l2, 1, 32, 8, 8192, 256) == 32               # 1 kv head: balance 1.70
+    assert forward_head_group(l2, 4, 32, 8, 4096, 256) == 4
     assert forward_head_group(l2, 2, 16, 16, 8192, 256, setting=0) == 32
     assert forward_head_group(l2, 2, 16, 4, 8192, 256, setting=3) == 12
     assert forward_head_group(0, 2, 16, 16, 8192, 256) == 32
+    # the balances behind those choices (one kv head's group against all heads)
+    assert round(causal_balance(32, 64, 32, 132), 3) == 1.002 and round(causal_balance(32, 64, 1, 132), 3) == 1.031
+    assert round(causal_balance(32, 64, 4, 132), 3) == 1.696   # (1, 32 / 8, 8192): a kv head's 4 query heads
 
 
 @pytest.mark.gpu

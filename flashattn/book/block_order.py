@@ -5,9 +5,9 @@ checks these lines against the kernel's text.
 - `l2_head_group`: the default's kv heads at a time, as many as keep their rows in half the L2;
 - `block_tile`: the (kv head, first key) of a block under a head group;
 - `fig_block_order`: which blocks run in the same wave under three orders, and how many heads they touch;
-- `forward_head_group`, `causal_item`: the same idea in kernels/v8.cu's causal forward (V8_HEAD_GROUP): the
-  query heads whose kv heads' keys and values fit in half the L2, and the (head, row block) of a work item,
-  longest first inside each group of them.
+- `forward_head_group`, `causal_item`, `causal_balance`: the same idea in kernels/v8.cu's causal forward
+  (V8_HEAD_GROUP): the (head, row block) of a work item, longest first inside each group of heads; how evenly the
+  persistent blocks' key tiles fall under a group size; and the launcher's choice of the group.
 """
 from __future__ import annotations
 
@@ -74,16 +74,44 @@ def fig_block_order(show: bool = False, B: int = 2, H: int = 16, N: int = 8192, 
     return show_or_return(fig, show)
 
 
-def forward_head_group(l2: int, B: int, H: int, H_kv: int, N: int, row_bytes: int, setting: int = -1) -> int:
-    """Query heads per group of kernels/v8.cu's causal order (its launcher's head_group): whole kv heads, as many
-    as have their K and V (N rows of row_bytes each, twice) fit in half of an L2 of l2 bytes, at least one, times
-    the query heads per kv head; all B * H when they all fit, when setting (V8_HEAD_GROUP) is 0 or when the
-    device reports no L2; setting > 0: that many kv heads."""
-    BH = B * H
-    kv_heads = setting if setting > 0 else l2 // 2 // (2 * N * row_bytes) if l2 > 0 else BH
-    if setting == 0:
-        kv_heads = BH
-    return min(BH, max(1, kv_heads) * (H // H_kv))
+BALANCE_SLACK = 0.04   # kernels/v8.cu's kBalanceSlack
+
+
+def causal_balance(BH: int, m_blocks: int, head_group: int, grid: int, br: int = 128, bc: int = 128,
+                   N: int | None = None, snake: bool = True) -> float:
+    """kernels/v8.cu's causal_balance: the busiest persistent block's key tiles over the mean, the blocks taking
+    items in bands of `grid` (odd bands mirrored: the snake), each item its row block's key tiles when M = N."""
+    N = m_blocks * br if N is None else N
+    load = [0] * grid
+    for i in range(BH * m_blocks):
+        _, x = causal_item(i, BH, m_blocks, head_group)
+        k, pos = divmod(i, grid)
+        load[grid - 1 - pos if snake and k & 1 else pos] += -(-min((x + 1) * br, N) // bc)
+    return max(load) * grid / sum(load) if sum(load) else 1.0
+
+
+def forward_head_group(l2: int, B: int, H: int, H_kv: int, N: int, row_bytes: int, setting: int = -1,
+                       m_blocks: int | None = None, grid: int = 132, br: int = 128, bc: int = 128) -> int:
+    """Query heads per group of kernels/v8.cu's causal order (its launcher's head_group). setting (V8_HEAD_GROUP)
+    -1: all B * H when the kv heads' K and V (N rows of row_bytes each, twice) fit in half of an L2 of l2 bytes;
+    otherwise the smallest group of 1, 2, 4, ... kv heads, up to as many as fit there, whose causal_balance stays
+    within BALANCE_SLACK of all heads', else all heads. 0 (or no L2): all heads; G > 0: G kv heads."""
+    BH, group = B * H, H // H_kv
+    m_blocks = -(-N // br) if m_blocks is None else m_blocks
+    if setting == 0 or l2 <= 0:
+        return BH
+    if setting > 0:
+        return min(BH, setting * group)
+    fit = max(1, l2 // 2 // (2 * N * row_bytes))
+    if fit * group >= BH:
+        return BH
+    everyone = causal_balance(BH, m_blocks, BH, grid, br, bc, N)
+    kv = 1
+    while kv <= fit and kv * group < BH:
+        if causal_balance(BH, m_blocks, kv * group, grid, br, bc, N) <= everyone + BALANCE_SLACK:
+            return kv * group
+        kv *= 2
+    return BH
 
 
 def causal_item(item: int, BH: int, m_blocks: int, head_group: int) -> tuple[int, int]:
