@@ -32,7 +32,8 @@
 //     producer fetches the next item's Q_i (once every S of the item is done: the Q_i-empty barrier) and
 //     K/V tiles while the consumers finish, and the K/V ring and the ping-pong turns carry on from item
 //     to item. Causal items come longest first, taken in a snake order (V8_SNAKE), which evens out the
-//     blocks' sums of key tiles where plain bands (block c: items c, G + c, ...) did not.
+//     blocks' sums of key tiles where plain bands (block c: items c, G + c, ...) did not, and in groups of
+//     heads whose keys and values the L2 holds (V8_HEAD_GROUP), where that keeps the balance.
 //   Causal: tiles wholly above the diagonal are never loaded nor computed (the key-tile count ends at
 //   the block's last visible key, as in v7) and only the tiles that cross it (or the end of N) are
 //   masked; the row blocks with the most key tiles go first. A sliding window also starts the tiles at
@@ -216,10 +217,14 @@
 //                     offset added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD, 0-3%
 //                     there); 0 makes every wgmma's descriptor from its address, whose mask and shifts ptxas
 //                     does not fold across the k steps (about 100 uniform instructions per key tile per warp
-//                     at D=128 in the SASS, beside 16 wgmmas and 64 exponentials);
+//                     at D=128 in the SASS, beside 16 wgmmas and 64 exponentials). At D=128 on the H200, 2%
+//                     less time without the mask and 0.4% more with it, in two runs beside FlashAttention-4
+//                     (python -m flashattn.measure.forward_candidates, results/h200/logs/forward_candidates_
+//                     {8188023,2017849}.md): off until a mask-specific choice is measured;
 //   V8_MAX_CHAINS     the row max of S_ij in this many independent chains of fmaxf, joined at the end
 //                     (FlashAttention-4's fmax_reduce keeps 4), rather than one chain through all B_c / 4
-//                     of a row's pairs; bit-identical (max is exact in any order);
+//                     of a row's pairs; bit-identical (max is exact in any order). Within 0.5% of the default
+//                     either way in the same two runs;
 //   V8_VARLEN_PREFETCH (with V8_VARLEN_ORDER) the consumers prefetch into L1 the pre-pass's record of the
 //                     item after next while an item runs (each record is a line of its own in L2, where the
 //                     lengths V8_VARLEN_ORDER=0 reads stay in one line of L1). 0.1% to 0.3% slower on all
@@ -254,7 +259,15 @@
 //                     (head_group, in the launcher); 0: all heads in one group, the row block with the most
 //                     key tiles of every head first (the first version's order: at (16, 16, 1024, 128) the
 //                     132 blocks running at once read the keys of 132 heads, 66 MB, more than the L2 holds);
-//                     G > 0: G kv heads per group.
+//                     G > 0: G kv heads per group. At head dims 64 and 128 (96, 192 and 256 keep all heads:
+//                     not measured there). On the H200, causal, with FlashAttention-4 in the same run
+//                     (python -m flashattn.measure.forward_candidates --set head_group,
+//                     results/h200/logs/forward_candidates_head_group_54fc96b.md): (16, 16, 1024, 128) 199.5
+//                     µs with all heads, 166.2 with the default's groups of one kv head (FlashAttention-4:
+//                     169.5); (2, 16, 8192, 128) 859.5 -> 835.5; (1, 32, 4096, 128) 235.0 -> 230.1; (4, 32 /
+//                     8, 4096, 128) 888.4 -> 878.5. Groups whose items alias with the grid (4 kv heads at
+//                     8192; at (1, 32 / 8, 8192, 128) one kv head's 4 query heads) leave the busiest block
+//                     1.7x the mean and took 1.5x as long: the launcher checks the balance for that.
 // V8_VARLEN_ORDER   (packed batches) 1: a pre-pass lists the batch's row blocks, longest work first, and
 //                     the persistent blocks take them round-robin (fwd_order_varlen). 0: the items of a
 //                     fixed-length launch as large as the longest sequence, B x H x ceil(max_seqlen_q /
@@ -1449,6 +1462,7 @@ constexpr double kBalanceSlack = 0.04;
 // (the snake deals a group's long and short row blocks unevenly when its items alias with the grid), else all
 // heads. 0: all heads; G > 0: G kv heads. A group's query heads share its kv heads (query head h reads kv head
 // h / (H / H_kv), and consecutive flat indices b * H + h take consecutive kv heads). The choice is kept per shape.
+// Only at head dims 64 and 128, where it was measured; 96, 192 and 256 keep all heads in one group.
 inline int head_group(int B, int H, int H_kv, int N, int row_bytes, int m_blocks, int grid, int br, int bc) {
   const long long BH = (long long)B * H, group = H / H_kv, l2 = l2_bytes();
   if (V8_HEAD_GROUP == 0 || l2 <= 0) return (int)BH;
@@ -1533,9 +1547,10 @@ const char* launch(const void* q, const void* k, const void* v, void* o, float* 
   else
     kernel<<<grid, L::THREADS, smem, stream>>>(tmQ, tmK, tmV, static_cast<T*>(o), (int)BH, H / H_kv, M, N, m_blocks,
                                                scale_log2, lse, lo, hi,
-                                               CAUSAL ? head_group(B, H, H_kv, N, D * (int)sizeof(T), m_blocks, (int)grid,
-                                                                   L::BR, BC)
-                                                      : (int)BH
+                                               CAUSAL && (D == 64 || D == 128)
+                                                   ? head_group(B, H, H_kv, N, D * (int)sizeof(T), m_blocks, (int)grid,
+                                                                L::BR, BC)
+                                                   : (int)BH
                                                V8_TRACE_ARGS(trace));
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);

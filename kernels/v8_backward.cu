@@ -69,7 +69,10 @@
 //   counter to reach its key tile's place among those that visit the tile, adds, waits for the addition
 //   to land and bumps the counter: the key tiles add in the order of their index, so every element sums in
 //   one order. Turns only wait for lower blockIdx, which the GPU starts first (not a CUDA promise, and
-//   FlashAttention-3's deterministic mode relies on it too), so they do not deadlock.
+//   FlashAttention-3's deterministic mode relies on it too), so they do not deadlock. Its banded kernel at
+//   D = 128's tiles is an instance of its own, the row terms loaded after the waits (V8B_DET_ROW_PREFETCH): on
+//   the H200 the mode costs 1.03x to 1.17x the default's time at the four target shapes through autograd
+//   (results/h200/bench_backward.json at 8188023), 1.25x at (2, 16, 8192, 128) causal before.
 //
 // Packed batches (flashattn.attention_varlen's backward, flashattn.varlen_kernel): backward_varlen(q, k, v, o,
 //   lse, dout, cu_seqlens_q, cu_seqlens_k, causal, deterministic, scale, window_left, window_right) takes

@@ -8,7 +8,8 @@ they draw, and the tables of its records.
   a packed batch against the same batch padded, the persistent blocks' loads before and after the varlen
   forward's pre-pass; `fig_padding` (D = 96 on 128-wide tiles) is a concept figure, FIGURES;
 - `prefill_table`, `varlen_table`: results/h200/prefill.json (and prefill_wide.json) and varlen.json, every
-  column of one run; `varlen_order_table`: the varlen forward's order step, from its log.
+  column of one run; `log_table`: a step's table as its tool printed it on the H200 (the varlen forward's
+  order, the causal order's head groups), from its log.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from flashattn.measure.results import H200
 
 SKIP, FULL, MASKED = 0, 1, 2
 PREFILL = H200 / "prefill.json"
+PREFILL_FORWARD = H200 / "prefill_forward.json"
 PREFILL_WIDE = H200 / "prefill_wide.json"
 VARLEN = H200 / "varlen.json"
 
@@ -223,16 +225,23 @@ def _backward_lines(doc: dict, columns, peer: str) -> list[str]:
             "kernels/v8_backward.cu):", "", *lines] if lines else []
 
 
-def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
-    """The prefill record's forward rows and its backward rows, and below them the head dims beyond 64 and 128
-    (prefill_wide.json: 192 and 256 forward, 96 forward and backward) when recorded."""
+def prefill_table(path=PREFILL, wide=PREFILL_WIDE, forward=PREFILL_FORWARD,
+                  columns=("v8", "fa4", "sdpa_cudnn", "sdpa_flash")):
+    """The prefill record's forward rows (from prefill_forward.json, the forward part run alone, when recorded) and
+    its backward rows, and below them the head dims beyond 64 and 128 (prefill_wide.json: 192 and 256 forward, 96
+    forward and backward) when recorded."""
     doc = results.read_if_exists(path, "prefill")
     if doc is None:
         return md("*Not recorded yet: `python -m flashattn.measure.prefill_bench --out results/h200`.*")
-    text = ("\n".join(_lines(doc, columns, "fa4") + _backward_lines(doc, columns, "fa4"))
+    fwd = results.read_if_exists(forward, "prefill") or doc
+    runs = ""
+    if fwd is not doc:
+        runs = (f"\n\nForward rows: {fwd['meta']['command']} at commit {fwd['meta']['git']['commit']}; backward rows: "
+                f"{doc['meta']['command']} at commit {doc['meta']['git']['commit']}.")
+    text = ("\n".join(_lines(fwd, columns, "fa4") + _backward_lines(doc, columns, "fa4"))
             + "\n\nMedian µs of one interleaved run per shape (bf16); v8 / fa4: FlashAttention-4's time over ours, "
             "above 1 when ours is faster. Refused: the column cannot take the shape; not run: its library did not "
-            "import in that run.")
+            "import in that run." + runs)
     wide_doc = results.read_if_exists(wide, "prefill")
     if wide_doc is not None:
         text += ("\n\nHead dims 96, 192 and 256 (`python -m flashattn.measure.prefill_bench --parts wide`), another "
@@ -241,9 +250,9 @@ def prefill_table(path=PREFILL, wide=PREFILL_WIDE, columns=("v8", "fa4", "sdpa_c
     return md(text)
 
 
-def varlen_order_table(name: str = "varlen_order_fdc458f.md"):
-    """The varlen forward's order step as `python -m flashattn.measure.varlen_order` printed it on the H200
-    (results/h200/logs/NAME): its table, and the line naming the run."""
+def log_table(name: str):
+    """A step's table as its tool (flashattn.measure.varlen_order, forward_candidates) printed it on the H200, from
+    results/h200/logs/NAME: the table, and the line naming the run."""
     text = (H200 / "logs" / name).read_text()
     head = [ln.removeprefix("# ") for ln in text.splitlines() if ln.startswith("# ")]
     rows = [ln for ln in text.splitlines() if ln.startswith("|")]

@@ -13,6 +13,8 @@ call, a GPU spin so that no column's Python time is timed, the median), written 
   (1, 16 query / 8 kv heads, 8192, 256) causal among them) and 96 (a Phi-3-mini layer, 32 heads at 4096), the
   same columns as `forward`, and at 96, which trains, the backward too; written to its own record,
   prefill_wide.json (`--parts wide`);
+  run alone (`--parts forward`) it writes prefill_forward.json, which the chapter reads before prefill.json's
+  forward rows;
 * `backward`: the grouped-query shapes, every column through `torch.autograd.grad` on its forward's output
   (flashattn.measure.backward.backward_call; ours is v8's forward trained by its own backward).
 
@@ -117,8 +119,9 @@ def main(argv=None) -> int:
     names = args.parts.split(",")
     if "wide" in names and names != ["wide"]:
         raise SystemExit("--parts wide writes its own record (prefill_wide.json): run it alone")
-    write_record(args, argv, "prefill_wide.json" if names == ["wide"] else "prefill.json",
-                 [r for name in names for r in parts[name](args)])
+    # a part run alone writes its own record, so that a rerun of one part keeps the other's
+    filename = {("wide",): "prefill_wide.json", ("forward",): "prefill_forward.json"}.get(tuple(names), "prefill.json")
+    write_record(args, argv, filename, [r for name in names for r in parts[name](args)])
     return 0
 
 
