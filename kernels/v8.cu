@@ -1452,8 +1452,9 @@ inline double causal_balance(long long BH, int m_blocks, long long hg, int grid,
 
 // How much worse a group's balance may be than all heads' (causal_balance) for the group to be taken: reading
 // keys and values the L2 holds paid more than that at every causal row of the FlashAttention-4 table on the H200
-// (python -m flashattn.measure.forward_candidates --set head_group), where groups of one kv head, 0.03 worse,
-// were 1% to 16% faster than all heads, and groups 0.07 to 0.7 worse were 6% to 58% slower.
+// (python -m flashattn.measure.forward_candidates --set head_group, results/h200/logs/
+// forward_candidates_head_group_{2017849,54fc96b}.md), where groups of one kv head, at most 0.03 worse, were 1%
+// to 17% faster than all heads, and groups 0.075 to 0.78 worse were 6% to 58% slower.
 constexpr double kBalanceSlack = 0.04;
 
 // Query heads per group of the causal order (V8_HEAD_GROUP, flash_fwd_body's set_item). -1: all B * H when the

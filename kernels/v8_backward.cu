@@ -256,9 +256,10 @@
 // The same choice for the deterministic mode's banded kernel at D = 128's tiles (D = 96 and 128), its own
 // instance (the kernels take the placement as a template argument; the default mode's keep theirs). With the
 // mask at (2, 16, 8192, 128) the deterministic mode took 2,781 µs with 0, 2,869 with 3 and 2,946 with 4,
-// against 2,339 for the default mode (4), where 0 is 7% slower: the early row terms that help one mode cost
-// the other (results/h200/logs/rows_deterministic_2651b6f.md; not profiled, so why is open). At D = 64 and
-// without the mask 4 was the fastest, or level, in both modes, so those keep one kernel for both.
+// against 2,339 for the default mode (4), in which 0 is 7% slower (rows_step_f2d19b2.md): the early row terms
+// that help one mode cost the other (results/h200/logs/rows_deterministic_2651b6f.md; not profiled, so why is
+// open). With this instance the mode took 2,717 µs against 2,906 with 4 (rows_deterministic_8188023.md). At
+// D = 64 and without the mask 4 was the fastest, or level, in both modes, so those keep one kernel for both.
 #ifndef V8B_DET_ROW_PREFETCH
 #define V8B_DET_ROW_PREFETCH 0
 #endif

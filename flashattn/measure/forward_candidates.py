@@ -2,8 +2,9 @@
 [--set steps|head_group]`.
 
 At D = 128 FlashAttention-4 runs the same block as v8 (a producer and two consumer warpgroups, 168 registers,
-B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor shapes
-(results/h200/prefill.json); Nsight Compute counted about a fifth fewer instructions for it
+B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor shapes before these steps
+(results/h200/prefill.json at 0282892; prefill_forward.json has them since); Nsight Compute counted about a
+fifth fewer instructions for it
 (../shared/anchors/fa4-ncu-2026-12-01.md). Each candidate is one compile-time switch of kernels/v8.cu, built
 beside the default, and the builds' outputs must agree bit for bit (none changes an operation on the data, only
 its order, its addressing or which block computes it). Two sets:
@@ -15,8 +16,9 @@ its order, its addressing or which block computes it). Two sets:
   chains (FlashAttention-4's fmax_reduce). `stages3`: V8_STAGES=3, a third K/V slot (about 2% in
   results/h200/v8_defaults.json, not the default). `desc_stages3`: the first and the third; `all3`: all three;
 * `head_group` (the causal rows of that table, every head dim): the causal order, longest first inside groups of
-  heads whose keys and values fit in half the L2 (V8_HEAD_GROUP=-1, the default), against all heads in one group
-  (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads.
+  heads (V8_HEAD_GROUP=-1, the default: the launcher's head_group, the smallest group of kv heads whose keys and
+  values fit in half the L2 and whose blocks stay within 0.04 of all heads' balance), against all heads in one
+  group (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads.
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).

@@ -187,7 +187,7 @@ V8_CANDIDATES = tuple(Variant(name, "v8", None, macros, change) for name, macros
     ("causal_wg2", {"V8_D64_CAUSAL_WG": 2}, "causal D=64: B_r = 128"),
     ("causal_per_item", {"V8_D64_CAUSAL_PERSISTENT": 0}, "causal D=64: a block per item"),
     ("nosnake", {"V8_SNAKE": 0}, "causal items in plain bands"),
-    ("heads3", {"V8_HEAD_GROUP": 3}, "causal items in groups of 3 kv heads (the default: as many as fit half the L2)"),
+    ("heads3", {"V8_HEAD_GROUP": 3}, "causal items in groups of 3 kv heads (the default: the launcher's head_group)"),
 ))
 
 # ---------------------------------------------------------------------------------------- backward
