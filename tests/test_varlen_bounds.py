@@ -66,7 +66,11 @@ TRANSCRIBED = [
     # set_item
     "const int4* row_block = reinterpret_cast<const int4*>(va.order + 4) + 2 * (item / (unsigned)va.H);"
     " seq = row_block[0]; m_block = row_block[1].x; bh = (int)(item % (unsigned)va.H);",
-    "bh = item % BH; m_block = m_blocks - 1 - (int)(item / BH);",
+    # the causal order in groups of head_group heads; the varlen kernel passes head_group = BH (one group)
+    "const unsigned span = (unsigned)head_group * m_blocks, g = item / span, r = item - g * span;"
+    " const unsigned heads = min((unsigned)head_group, (unsigned)BH - g * head_group);"
+    " bh = (int)(g * head_group + r % heads); m_block = m_blocks - 1 - (int)(r / heads);",
+    "WITH_LSE, true, D>(tmQ, tmK, tmV, O, BH, group, 0, 0, m_blocks, scale_log2, LSE, 0, 0, BH, va V8_TRACE_FORWARD);",
     "m_block = item % m_blocks; bh = item / m_blocks;",
     "m0 = m_block * BR;",
     "if (V8_VARLEN_ORDER) { q_head = bh; } else { const int b = bh / va.H; q_head = bh - b * va.H;"
@@ -165,7 +169,7 @@ def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, r
                  and cu_k[s] == k_tok and cu_k[s + 1] - cu_k[s] == N)
         bh = b * H + q_head
     else:
-        if CAUSAL:
+        if CAUSAL:   # head_group = BH: g = 0, r = item, heads = BH
             bh, m_block = item % BH, m_blocks - 1 - item // BH
         else:
             m_block, bh = item % m_blocks, item // m_blocks
