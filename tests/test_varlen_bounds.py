@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from test_window_bounds import band, v8_unmasked, visible
 
+from flashattn.book.block_order import causal_item
 from flashattn.loader import KERNELS_DIR
 
 # The lines of kernels/v8.cu the functions below transcribe (whitespace-normalised).
@@ -169,8 +170,8 @@ def set_item(item, CAUSAL, BH, m_blocks, BR, BC, H, group, cu_q, cu_k, wl, wr, r
                  and cu_k[s] == k_tok and cu_k[s + 1] - cu_k[s] == N)
         bh = b * H + q_head
     else:
-        if CAUSAL:   # head_group = BH: g = 0, r = item, heads = BH
-            bh, m_block = item % BH, m_blocks - 1 - item // BH
+        if CAUSAL:   # the varlen kernel passes head_group = BH: one group
+            bh, m_block = causal_item(item, BH, m_blocks, BH)
         else:
             m_block, bh = item % m_blocks, item // m_blocks
         b = bh // H
