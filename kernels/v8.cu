@@ -157,6 +157,18 @@
 #ifndef V8_OVERLAP
 #define V8_OVERLAP V8_SPECIALIZE
 #endif
+// Descriptors (the instructions that feed the tensor cores): at D = 128 the unmasked loop is 473 SASS
+// instructions per key tile and warp with both at 1, 535 with both at 0 (16 wgmmas, 64 exponentials;
+// python -m flashattn.measure.sass v8 -D V8_DESC_ADD=0 -D V8_UNIFORM_WG=0); Nsight Compute counted about a fifth
+// fewer instructions for FlashAttention-4's kernel of the same shape (../shared/anchors/fa4-ncu-2026-12-01.md).
+//   V8_DESC_ADD   1: a product's shared-memory descriptors made once per operand tile, each k step's offset
+//                 added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD); 0 makes every
+//                 wgmma's descriptor from its address, whose mask and shifts ptxas does not fold across the k
+//                 steps;
+//   V8_UNIFORM_WG 1: the warpgroup index read from lane 0 through a shuffle (CUTLASS's
+//                 canonical_warp_group_idx), so that ptxas knows it is one value per warp and keeps Q_i's
+//                 descriptors, which depend on it, in uniform registers; 0 (threadIdx.x / 128) leaves them in
+//                 16 ordinary registers, copied over (R2UR) before every wgmma.
 // Tile choices (override with -D for a sweep):
 //   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts;
 //                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
@@ -213,14 +225,6 @@
 //   V8_D64_CAUSAL_WG  consumer warpgroups of the causal D=64 kernel (default: V8_D64_WG);
 //   V8_CLOCK_FENCE    a clock read after the overlapped softmax: ptxas no longer schedules part of it
 //                     after the wait for P_ij V_j (found by the trace build, whose stamps do the same);
-//   V8_DESC_ADD       a product's shared-memory descriptors made once per operand tile, each k step's
-//                     offset added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD, 0-3%
-//                     there); 0 makes every wgmma's descriptor from its address, whose mask and shifts ptxas
-//                     does not fold across the k steps (about 100 uniform instructions per key tile per warp
-//                     at D=128 in the SASS, beside 16 wgmmas and 64 exponentials). At D=128 on the H200, 2%
-//                     less time without the mask and 0.4% more with it, in two runs beside FlashAttention-4
-//                     (python -m flashattn.measure.forward_candidates, results/h200/logs/forward_candidates_
-//                     {8188023,2017849}.md): off until a mask-specific choice is measured;
 //   V8_MAX_CHAINS     the row max of S_ij in this many independent chains of fmaxf, joined at the end
 //                     (FlashAttention-4's fmax_reduce keeps 4), rather than one chain through all B_c / 4
 //                     of a row's pairs; bit-identical (max is exact in any order). Within 0.5% of the default
@@ -291,8 +295,11 @@
 #ifndef V8_VARLEN_PREFETCH
 #define V8_VARLEN_PREFETCH 0
 #endif
+#ifndef V8_UNIFORM_WG
+#define V8_UNIFORM_WG 1
+#endif
 #ifndef V8_DESC_ADD
-#define V8_DESC_ADD 0
+#define V8_DESC_ADD 1
 #endif
 #ifndef V8_MAX_CHAINS
 #define V8_MAX_CHAINS 1
@@ -723,7 +730,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   const uint32_t empty_q = bar_q + 8u * (1 + 4 * STAGES);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
+  // warpgroup, warp inside it; V8_UNIFORM_WG: lane 0's warpgroup, so that ptxas knows it is one per warp
+  const int wg = V8_UNIFORM_WG ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2, wq = warp & 3;
 
   // One work item: Q_i's row block m_block of head bh, and its key tiles kt0 .. kt0 + n_tiles - 1 (counted
   // from 0 below). Causal: the items with the most key tiles (last row blocks) go first, as in v6.

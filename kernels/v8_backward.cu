@@ -198,6 +198,14 @@
 #ifndef V8B_DESC_ADD
 #define V8B_DESC_ADD 1
 #endif
+// V8B_UNIFORM_WG, 1 (default): the warpgroup index read from lane 0 through a shuffle (CUTLASS's
+// canonical_warp_group_idx), so that ptxas knows it is one value per warp and keeps the descriptors made from it
+// in uniform registers; 0 (threadIdx.x / 128, the first version) leaves them in ordinary registers, copied over
+// (R2UR) before every wgmma: 96 copies among the 1,236 SASS instructions of a step at D = 128 (1,027 with 1;
+// python -m flashattn.measure.sass v8_backward).
+#ifndef V8B_UNIFORM_WG
+#define V8B_UNIFORM_WG 1
+#endif
 
 // When dV_j += P^T dO_i is issued. Otherwise nothing of the consumers' is on the tensor cores while they
 // compute dS^T, store it and meet at the named barrier.
@@ -749,7 +757,8 @@ __device__ __forceinline__ void flash_bwd_body(const CUtensorMap& tmQ, const CUt
   const uint32_t dq_full = bar_kv + 8u * (1 + 2 * STAGES), dq_empty = dq_full + 8u;   // V8B_DQ_BULK
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wq = warp & 3;   // warpgroup, warp inside it
+  // warpgroup, warp inside it; V8B_UNIFORM_WG: lane 0's warpgroup, so that ptxas knows it is one per warp
+  const int wg = V8B_UNIFORM_WG ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2, wq = warp & 3;
 
   // The block's key tile (V8B_HEAD_GROUP: group grp of HG kv heads, `width` of them in the last group) and
   // the query tiles it visits (the same for every query head of the kv head's group).

@@ -13,8 +13,9 @@ number (the book's page keeps the output of their run on an H200).
   column alike, one interleaved run per configuration;
 - `step_times("order")`, `step_times("descriptors")`: the same for the order of the blocks (V8B_HEAD_GROUP: all
   heads first, key tiles first, four heads at a time, and the default, as many heads as fit half the L2) and for
-  how the wgmma descriptors are made (V8B_DESC_ADD); `python -m flashattn.book.backward_hopper_live order` (or
-  `descriptors`, `dq`) prints the same table without Jupyter.
+  how the wgmma descriptors are made (V8B_DESC_ADD, V8B_UNIFORM_WG: `uniform`); `python -m
+  flashattn.book.backward_hopper_live order` (or `descriptors`, `uniform`, `dq`) prints the same table without
+  Jupyter.
 """
 from __future__ import annotations
 
@@ -161,9 +162,16 @@ STEPS = {
                                     "heads that fit half the L2 (default)": ("default", False)},
               {"all heads / default": (0, 3), "keys first / default": (1, 3), "4 heads / default": (2, 3)},
               "Ratios above 1: the default order is faster."),
+    # V8B_UNIFORM_WG came after this step: both columns keep the warpgroup index in ordinary registers
     "descriptors": ("descriptor-step times", {"make_desc per wgmma (V8B_DESC_ADD=0)": ("desc_make", False),
-                                              "descriptor + offset (default)": ("default", False)},
+                                              "descriptor + offset (V8B_DESC_ADD=1)": ("wg_lanes", False)},
                     {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
+    "uniform": ("warpgroup-index step times", {"from threadIdx (V8B_UNIFORM_WG=0)": ("wg_lanes", False),
+                                               "from lane 0 (default)": ("default", False),
+                                               "from threadIdx, deterministic": ("wg_lanes", True),
+                                               "from lane 0, deterministic": ("default", True)},
+                {"threadIdx / lane 0": (0, 1), "deterministic, threadIdx / lane 0": (2, 3)},
+                "Ratios above 1: the descriptors in uniform registers are faster."),
     # measured at B_r = 64, every column (1 spills at B_r = 80, the default at D = 128 without a band since)
     "dv": ("dV-step times", {"with dK_j (V8B_EARLY_DV=0)": ("dv_late", False),
                              "before dPᵀ's wait (1; D=64: with dK_j)": ("dv_before_dp", False),

@@ -1,5 +1,5 @@
 """V8's forward against FlashAttention-4, candidate by candidate: `python -m flashattn.measure.forward_candidates
-[--set steps|head_group]`.
+[--set steps|head_group|descriptors]`.
 
 At D = 128 FlashAttention-4 runs the same block as v8 (a producer and two consumer warpgroups, 168 registers,
 B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor shapes before these steps
@@ -7,9 +7,10 @@ B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor
 fifth fewer instructions for it
 (../shared/anchors/fa4-ncu-2026-12-01.md). Each candidate is one compile-time switch of kernels/v8.cu, built
 beside the default, and the builds' outputs must agree bit for bit (none changes an operation on the data, only
-its order, its addressing or which block computes it). Two sets:
+its order, its addressing or which block computes it). Three sets:
 
-* `steps` (every forward row at D = 128 of the FlashAttention-4 table, prefill_bench.FORWARD_SHAPES):
+* `steps` (every forward row at D = 128 of the FlashAttention-4 table, prefill_bench.FORWARD_SHAPES; run at
+  8188023 and 2017849, whose default had V8_DESC_ADD=0 and no V8_UNIFORM_WG):
   `desc_add`: V8_DESC_ADD=1, a product's descriptors made once per operand tile and the k steps added to the
   start-address field (the backward's V8B_DESC_ADD); the unmasked loop at D = 128 drops from 535 to 489
   instructions per key tile and warp in the SASS. `max4`: V8_MAX_CHAINS=4, the row max in four independent
@@ -18,7 +19,11 @@ its order, its addressing or which block computes it). Two sets:
 * `head_group` (the causal rows of that table, every head dim): the causal order, longest first inside groups of
   heads (V8_HEAD_GROUP=-1, the default: the launcher's head_group, the smallest group of kv heads whose keys and
   values fit in half the L2 and whose blocks stay within 0.04 of all heads' balance), against all heads in one
-  group (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads.
+  group (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads;
+* `descriptors` (every forward row of that table): the default (V8_DESC_ADD=1 and V8_UNIFORM_WG=1: descriptors
+  made once per operand tile, in uniform registers; 473 SASS instructions per key tile and warp in the unmasked
+  loop at D = 128) against both off (`desc_make`, the first version: 535), each alone (`add_only`: 489,
+  `uniform_only`: 519) and the default with a third K/V slot (`stages3`).
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
@@ -44,9 +49,12 @@ SETS = {
               "all3": ["-DV8_DESC_ADD=1", "-DV8_MAX_CHAINS=4", "-DV8_STAGES=3"]},
     "head_group": {"default": [], "heads_all": ["-DV8_HEAD_GROUP=0"], "heads1": ["-DV8_HEAD_GROUP=1"],
                    "heads4": ["-DV8_HEAD_GROUP=4"]},
+    "descriptors": {"default": [], "desc_make": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=0"],
+                    "add_only": ["-DV8_UNIFORM_WG=0"], "uniform_only": ["-DV8_DESC_ADD=0"],
+                    "stages3": ["-DV8_STAGES=3"]},
 }
 SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
-          "head_group": [s for s in FORWARD_SHAPES if s[5]]}
+          "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES}
 FLAGS = {name: flags for variants in SETS.values() for name, flags in variants.items()}
 
 

@@ -188,6 +188,8 @@ V8_CANDIDATES = tuple(Variant(name, "v8", None, macros, change) for name, macros
     ("causal_per_item", {"V8_D64_CAUSAL_PERSISTENT": 0}, "causal D=64: a block per item"),
     ("nosnake", {"V8_SNAKE": 0}, "causal items in plain bands"),
     ("heads3", {"V8_HEAD_GROUP": 3}, "causal items in groups of 3 kv heads (the default: the launcher's head_group)"),
+    ("desc_make", {"V8_DESC_ADD": 0, "V8_UNIFORM_WG": 0},
+     "every wgmma's descriptors made from its address, the warpgroup index from threadIdx (the first version)"),
 ))
 
 # ---------------------------------------------------------------------------------------- backward
@@ -240,7 +242,11 @@ V8_BACKWARD = (
     Variant("heads2", "v8_backward", None, {"V8B_HEAD_GROUP": 2}, "the blocks ordered two kv heads at a time"),
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
     Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
-    Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
+    Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0, "V8B_UNIFORM_WG": 0},
+            "make_desc for every wgmma (the first version)"),
+    Variant("wg_lanes", "v8_backward", None, {"V8B_UNIFORM_WG": 0},
+            "the warpgroup index from threadIdx in every lane, the descriptors in ordinary registers (the first "
+            "version)"),
     Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0, "V8B_BR80": 0},
             "dV_j issued with dK_j, after dQ_i (the first version), at B_r = 64 as measured"),
     Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1, "V8B_BR80": 0},
