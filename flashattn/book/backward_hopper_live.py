@@ -167,9 +167,9 @@ STEPS = {
                                               "descriptor + offset (V8B_DESC_ADD=1)": ("wg_lanes", False)},
                     {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
     "uniform": ("warpgroup-index step times", {"from threadIdx (V8B_UNIFORM_WG=0)": ("wg_lanes", False),
-                                               "from lane 0 (default)": ("default", False),
+                                               "from lane 0 (V8B_UNIFORM_WG=1)": ("wg_uniform", False),
                                                "from threadIdx, deterministic": ("wg_lanes", True),
-                                               "from lane 0, deterministic": ("default", True)},
+                                               "from lane 0, deterministic": ("wg_uniform", True)},
                 {"threadIdx / lane 0": (0, 1), "deterministic, threadIdx / lane 0": (2, 3)},
                 "Ratios above 1: the descriptors in uniform registers are faster."),
     # measured at B_r = 64, every column (1 spills at B_r = 80, the default at D = 128 without a band since)

@@ -51,7 +51,7 @@ SETS = {
                    "heads4": ["-DV8_HEAD_GROUP=4"]},
     "descriptors": {"default": [], "desc_make": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=0"],
                     "add_only": ["-DV8_UNIFORM_WG=0"], "uniform_only": ["-DV8_DESC_ADD=0"],
-                    "stages3": ["-DV8_STAGES=3"]},
+                    "stages3": ["-DV8_STAGES=3"], "fence": ["-DV8_CLOCK_FENCE=1"]},
 }
 SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
           "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES}

@@ -244,6 +244,8 @@ V8_BACKWARD = (
     Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
     Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0, "V8B_UNIFORM_WG": 0},
             "make_desc for every wgmma (the first version)"),
+    Variant("wg_uniform", "v8_backward", None, {"V8B_UNIFORM_WG": 1},
+            "the warpgroup index read from lane 0 (a shuffle), the descriptors in uniform registers"),
     Variant("wg_lanes", "v8_backward", None, {"V8B_UNIFORM_WG": 0},
             "the warpgroup index from threadIdx in every lane, the descriptors in ordinary registers (the first "
             "version)"),
