@@ -97,8 +97,8 @@
 //          FlashAttention-2 in results/h200/prefill_wide.json (FlashAttention-4 not installed in that run);
 //          forward only (the backward kernels take 64 and 128). In their SASS ptxas leaves few of a tile's
 //          exponentials inside the window in which P_j V_j is in flight (tests/test_v8.py counts them; at
-//          D=128 it keeps a good share there): the softmax of the wide dims is barely overlapped, and the
-//          clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed at these dims.
+//          D=128 the causal kernel keeps a good share there): the softmax of the wide dims is barely
+//          overlapped, and the clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed at these dims.
 //   D=96:  D=128's kernel on zero-padded tiles. A 128-byte-swizzled panel is 64 columns, so 96 columns
 //          would be a panel and a half of another swizzle (another descriptor for every wgmma); instead
 //          the tensor maps keep the tensors' own 96 columns and the second panel's box reads columns 96
@@ -157,18 +157,27 @@
 #ifndef V8_OVERLAP
 #define V8_OVERLAP V8_SPECIALIZE
 #endif
-// Descriptors (the instructions that feed the tensor cores): at D = 128 the unmasked loop is 473 SASS
-// instructions per key tile and warp with both at 1, 535 with both at 0 (16 wgmmas, 64 exponentials;
-// python -m flashattn.measure.sass v8 -D V8_DESC_ADD=0 -D V8_UNIFORM_WG=0); Nsight Compute counted about a fifth
-// fewer instructions for FlashAttention-4's kernel of the same shape (../shared/anchors/fa4-ncu-2026-12-01.md).
-//   V8_DESC_ADD   1: a product's shared-memory descriptors made once per operand tile, each k step's offset
-//                 added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD); 0 makes every
-//                 wgmma's descriptor from its address, whose mask and shifts ptxas does not fold across the k
-//                 steps;
-//   V8_UNIFORM_WG 1: the warpgroup index read from lane 0 through a shuffle (CUTLASS's
-//                 canonical_warp_group_idx), so that ptxas knows it is one value per warp and keeps Q_i's
-//                 descriptors, which depend on it, in uniform registers; 0 (threadIdx.x / 128) leaves them in
-//                 16 ordinary registers, copied over (R2UR) before every wgmma.
+// Descriptors (the instructions that feed the tensor cores). Each switch: 0 off, 2 in every kernel, 1 (default)
+// in the kernels where it was measured faster. At D = 128 the unmasked loop is 535 SASS instructions per key
+// tile and warp with both off, 489 with V8_DESC_ADD, 473 with both (16 wgmmas, 64 exponentials; python -m
+// flashattn.measure.sass v8 -D V8_DESC_ADD=0 -D V8_UNIFORM_WG=0). Nsight Compute at (2, 16, 8192, 128)
+// counted 578.5 M instructions with both off, 513.1 M with both on and 485.5 M for FlashAttention-4
+// (results/h200/logs/ncu_inst_16c90d8.txt).
+//   V8_DESC_ADD   a product's shared-memory descriptors made once per operand tile, each k step's offset
+//                 added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD); off, every
+//                 wgmma's descriptor is made from its address, whose mask and shifts ptxas does not fold
+//                 across the k steps. 1: at D = 64 and 128 (the wide dims were not timed with it);
+//   V8_UNIFORM_WG the warpgroup index read from lane 0 through a shuffle (CUTLASS's canonical_warp_group_idx),
+//                 so that ptxas knows it is one value per warp and keeps Q_i's descriptors, which depend on
+//                 it, in uniform registers; off (threadIdx.x / 128), they sit in 16 ordinary registers and
+//                 are copied over (R2UR) before every wgmma. 1: the causal (and windowed) kernel at D = 128.
+//   Two runs (python -m flashattn.measure.forward_candidates --set descriptors; results/h200/logs/
+//   forward_candidates_descriptors_16c90d8.md, _run2_1dc6db5.md), against both off: V8_DESC_ADD alone took
+//   0.9% to 2.7% less time without a mask at D = 128, 0.3% to 1.1% more with it, within 0.5% at D = 64; both
+//   together took 0.7% to 1.2% less at the four larger causal shapes at D = 128 (within 0.3% at the two
+//   small ones) and 2.2% more at D = 64 causal. Hence the defaults, each kernel taking its faster build. In
+//   the unmasked loop at D = 128 ptxas now schedules no exponential inside the window of P_ij V_j (41 and
+//   43 before): that kernel's softmax overlaps only the other warpgroup's products, and it is still faster.
 // Tile choices (override with -D for a sweep):
 //   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts;
 //                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
@@ -408,16 +417,14 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes
          ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
-// The descriptor of the operand `off` bytes into the tile at `tile` (leading byte offset `lbo`). V8_DESC_ADD:
+// The descriptor of the operand `off` bytes into the tile at `tile` (leading byte offset `lbo`). ADD (V8_DESC_ADD):
 // the tile's descriptor, the same expression for every k step (ptxas makes it once), plus off / 16 in the
 // start-address field; exact, as no shared-memory address reaches 256 KB, so the sum never carries out of
 // the field's 14 bits.
+template <bool ADD>
 __device__ __forceinline__ uint64_t opdesc(uint32_t tile, uint32_t off, uint32_t lbo) {
-#if V8_DESC_ADD
-  return make_desc(tile, lbo, 1024) + (off >> 4);
-#else
-  return make_desc(tile + off, lbo, 1024);
-#endif
+  if constexpr (ADD) return make_desc(tile, lbo, 1024) + (off >> 4);
+  else return make_desc(tile + off, lbo, 1024);
 }
 
 #define V8_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -729,9 +736,12 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
   auto empty_v = [&](int s) { return bar_q + 8u * (1 + 3 * STAGES + s); };
   const uint32_t empty_q = bar_q + 8u * (1 + 4 * STAGES);
 
+  // the kernels the descriptor switches apply to (V8_DESC_ADD, V8_UNIFORM_WG: 1 where they were measured faster)
+  constexpr bool DESC_ADD = V8_DESC_ADD == 2 || (V8_DESC_ADD == 1 && (DG == 64 || DG == 128));
+  constexpr bool UNIFORM_WG = V8_UNIFORM_WG == 2 || (V8_UNIFORM_WG == 1 && CAUSAL && DG == 128);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // warpgroup, warp inside it; V8_UNIFORM_WG: lane 0's warpgroup, so that ptxas knows it is one per warp
-  const int wg = V8_UNIFORM_WG ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2, wq = warp & 3;
+  // warpgroup, warp inside it; UNIFORM_WG: lane 0's warpgroup, so that ptxas knows it is one per warp
+  const int wg = UNIFORM_WG ? __shfl_sync(0xffffffffu, warp >> 2, 0) : warp >> 2, wq = warp & 3;
 
   // One work item: Q_i's row block m_block of head bh, and its key tiles kt0 .. kt0 + n_tiles - 1 (counted
   // from 0 below). Causal: the items with the most key tiles (last row blocks) go first, as in v6.
@@ -945,8 +955,8 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t panel = kk / 4, within = (kk % 4) * 32;
-        Wgmma<BC, T>::ss(s_acc, opdesc(q_base, panel * BR * 128 + within, 16),
-                         opdesc(k_base, panel * BC * 128 + within, 16), kk > 0);
+        Wgmma<BC, T>::ss(s_acc, opdesc<DESC_ADD>(q_base, panel * BR * 128 + within, 16),
+                         opdesc<DESC_ADD>(k_base, panel * BC * 128 + within, 16), kk > 0);
       }
       wgmma_commit();
     };
@@ -956,7 +966,7 @@ __device__ __forceinline__ void flash_fwd_body(const CUtensorMap& tmQ, const CUt
       for (int kk = 0; kk < BC / 16; ++kk) {
         // A fragment of keys [16kk, 16kk + 16): rows g / g + 8, keys 2q.. (n8 group 2kk) and 8 + 2q.. (2kk + 1)
         const uint32_t a[4] = {p_pack[2 * kk][0], p_pack[2 * kk][1], p_pack[2 * kk + 1][0], p_pack[2 * kk + 1][1]};
-        Wgmma<D, T>::rs(o, a, opdesc(v_base, kk * 16 * 128, BC * 128));
+        Wgmma<D, T>::rs(o, a, opdesc<DESC_ADD>(v_base, kk * 16 * 128, BC * 128));
       }
       wgmma_commit();
     };

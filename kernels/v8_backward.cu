@@ -198,13 +198,16 @@
 #ifndef V8B_DESC_ADD
 #define V8B_DESC_ADD 1
 #endif
-// V8B_UNIFORM_WG, 1 (default): the warpgroup index read from lane 0 through a shuffle (CUTLASS's
+// V8B_UNIFORM_WG, a candidate (0 by default): the warpgroup index read from lane 0 through a shuffle (CUTLASS's
 // canonical_warp_group_idx), so that ptxas knows it is one value per warp and keeps the descriptors made from it
-// in uniform registers; 0 (threadIdx.x / 128, the first version) leaves them in ordinary registers, copied over
-// (R2UR) before every wgmma: 96 copies among the 1,236 SASS instructions of a step at D = 128 (1,027 with 1;
-// python -m flashattn.measure.sass v8_backward).
+// in uniform registers; 0 (threadIdx.x / 128) leaves them in ordinary registers, copied over (R2UR) before every
+// wgmma: 96 copies among the 1,236 SASS instructions of a step at D = 128, 1,027 instructions with 1 (python -m
+// flashattn.measure.sass v8_backward). Not faster for that: in two runs on the H200 (python -m
+// flashattn.book.backward_hopper_live uniform; results/h200/logs/uniform_16c90d8.md, uniform_run2_1dc6db5.md) 1
+// took 3% less time at (4, 12, 2048, 64) and 1-2% less at (2, 16, 8192, 128) causal, 2-3% more at the other two
+// shapes, the same both times. Why fewer instructions do not make it faster is not profiled.
 #ifndef V8B_UNIFORM_WG
-#define V8B_UNIFORM_WG 1
+#define V8B_UNIFORM_WG 0
 #endif
 
 // When dV_j += P^T dO_i is issued. Otherwise nothing of the consumers' is on the tensor cores while they

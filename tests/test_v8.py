@@ -50,6 +50,12 @@ BUILDS = {name: v.flags for name, v in {**SETS["v8-builds"], **SETS["v8-candidat
 DEFAULTS = dict(re.findall(r"#ifndef (V8_\w+)\n#define \1 (.+)", KERNEL.read_text()))
 
 
+def uniform_wg(flags: list[str], D: int, causal: bool) -> bool:
+    """Whether the kernel of head dim D reads its warpgroup index from lane 0 (kernels/v8.cu's UNIFORM_WG)."""
+    mode = macro(flags, "V8_UNIFORM_WG")
+    return mode == 2 or (mode == 1 and causal and D == 128)
+
+
 def macro(flags: list[str], name: str) -> int:
     """The value a V8_* macro takes under `flags`: its -D there, else the kernel's default, whose other
     macros take their values under `flags` too (the only operator the defaults use is C's `c ? a : b`)."""
@@ -184,11 +190,15 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
                 assert not clobbered, f"{name}: writes a register the P V product in flight uses: {clobbered[:3]}"
             # the last two template bools: PERSISTENT, WITH_LSE
             persistent_d64 = head_dim(name) == 64 and re.search(r"Lb1ELb[01]EEEv", name) is not None
+            # so does the unmasked persistent kernel at D = 128 since its descriptors are made once per tile
+            # (V8_DESC_ADD), which measured faster all the same (kernels/v8.cu, "Descriptors")
+            persistent_d128 = (head_dim(name) == 128 and not is_causal(name) and macro(flags, "V8_DESC_ADD") >= 1
+                               and re.search(r"Lb1ELb[01]EEEv", name) is not None)
             # the wide head dims keep few exponentials in the window in ptxas 13.0's schedule (0 to 16 of the
             # B_c / 8 asked, the kernel's header says so); they were timed as they are
             # (results/h200/prefill_wide.json): not asserted until a fence (V8_CLOCK_FENCE) is timed there
             wide = head_dim(name) > 128
-            if variant in ("overlap", "default") and not persistent_d64 and not wide:
+            if variant in ("overlap", "default") and not persistent_d64 and not persistent_d128 and not wide:
                 # ptxas schedules part of the softmax after the wait (it starts packing P as soon as it
                 # can); the unmasked loop must still run a good share of its exponentials in the window
                 # (before the fix in the kernel's comments, none did). The persistent D=64 kernel keeps
@@ -201,10 +211,10 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
                 tile = instance(name)[2]
                 assert min(n for _, n, _ in windows) >= tile // 2, f"{name}: softmax left the window: {windows}"
         # V8_UNIFORM_WG: Q_i's descriptors in uniform registers, so few copies (R2UR) from ordinary ones: at most
-        # one per two wgmmas at D <= 128 (7 to 19 for 36 to 76 in ptxas 13.0), where the first version made one
-        # or more per wgmma (31 to 103). The wide dims run short of uniform registers in some builds and copy.
+        # one per two wgmmas at D <= 128 (7 to 19 for 36 to 76 in ptxas 13.0), where a kernel without it makes
+        # one or more per wgmma (31 to 103). The wide dims run short of uniform registers in some builds and copy.
         copies, wgmmas = text.count("R2UR"), text.count("HGMMA")
-        if macro(flags, "V8_UNIFORM_WG") == 0:
+        if not uniform_wg(flags, head_dim(name), is_causal(name)):
             assert copies >= wgmmas // 2, f"{name}: {copies} R2UR for {wgmmas} wgmma"
         elif head_dim(name) <= 128:
             assert 2 * copies < wgmmas, f"{name}: {copies} R2UR for {wgmmas} wgmma"

@@ -152,11 +152,11 @@ def dv_at(flags: list[str], D: int) -> int:
 
 @pytest.mark.parametrize("flags", [[], ["-DV8B_STAGES=3"], ["-DV8B_EXP_FENCE=0", "-DV8B_ROW_PREFETCH=0"],
                                    ["-DV8B_DQ_BULK=0"], ["-DV8B_HEAD_GROUP=1"],
-                                   ["-DV8B_DESC_ADD=0", "-DV8B_UNIFORM_WG=0"], ["-DV8B_UNIFORM_WG=0"],
+                                   ["-DV8B_DESC_ADD=0"], ["-DV8B_UNIFORM_WG=1"],
                                    ["-DV8B_EARLY_DV=0"], [BR64, "-DV8B_EARLY_DV=1"], [BR64], [BR64, "-DV8B_STAGES=3"],
                                    ["-DV8B_ROW_PREFETCH=0"], ["-DV8B_ROW_PREFETCH=1"], ["-DV8B_ROW_PREFETCH=2"],
                                    ["-DV8B_ROW_PREFETCH=3"]],
-                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "wg_lanes",
+                         ids=["default", "stages3", "nofence", "dq_atomics", "keys_first", "desc_make", "wg_uniform",
                               "dv_late", "dv_before_dp_wait", "br64", "br64_stages3", "rows0", "rows1", "rows2",
                               "rows3"])
 def test_compiles_for_sm90a_without_spills(flags, tmp_path):
@@ -189,13 +189,13 @@ def test_compiles_for_sm90a_without_spills(flags, tmp_path):
         assert "UTMALDG" in text and "UBLKCP" in text, f"{name}: no TMA box or bulk copy"
         assert not re.search(r"\b(LDL|STL)\b", text), f"{name} uses local memory"
         assert "HMMA" not in text.replace("HGMMA", ""), f"{name} has mma.sync"
-        # V8B_UNIFORM_WG: the descriptors in uniform registers, a few copies (R2UR) from ordinary ones outside the
-        # step (15 to 21 for 64 to 68 wgmma in ptxas 13.0), where the first version copied before every wgmma
+        # V8B_UNIFORM_WG=1: the descriptors in uniform registers, a few copies (R2UR) from ordinary ones outside the
+        # step (15 to 21 for 64 to 68 wgmma in ptxas 13.0), where the default copies before every wgmma
         copies, wgmmas = text.count("R2UR"), text.count("HGMMA")
-        if "-DV8B_UNIFORM_WG=0" in flags:
-            assert copies >= wgmmas, f"{name}: {copies} R2UR for {wgmmas} wgmma"
-        else:
+        if "-DV8B_UNIFORM_WG=1" in flags:
             assert 2 * copies < wgmmas, f"{name}: {copies} R2UR for {wgmmas} wgmma"
+        else:
+            assert copies >= wgmmas, f"{name}: {copies} R2UR for {wgmmas} wgmma"
         moves = sass_tools.register_moves(text.splitlines())
         assert moves["release"] == [24] and moves["claim"] == [240], f"{name}: setmaxnreg {moves}"
         top = max(int(r) for r in re.findall(r"\bR(\d+)\b", text))
@@ -1104,7 +1104,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("flag", ["-DV8B_HEAD_GROUP=0", "-DV8B_HEAD_GROUP=1", "-DV8B_HEAD_GROUP=4",
-                                  "-DV8B_DESC_ADD=0 -DV8B_UNIFORM_WG=0", "-DV8B_UNIFORM_WG=0", "-DV8B_EARLY_DV=0",
+                                  "-DV8B_DESC_ADD=0", "-DV8B_UNIFORM_WG=1", "-DV8B_EARLY_DV=0",
                                   f"{BR64} -DV8B_EARLY_DV=1", "-DV8B_STAGES=3",
                                   "-DV8B_ROW_PREFETCH=0", "-DV8B_ROW_PREFETCH=1", "-DV8B_ROW_PREFETCH=2",
                                   "-DV8B_ROW_PREFETCH=3", "-DV8B_DET_ROW_PREFETCH=4"])
@@ -1112,7 +1112,7 @@ def test_dq_atomics_build_matches_float64_and_refuses_deterministic(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_builds_match_the_default_bit_for_bit(flag, D, causal):
     """Other orders of the blocks (V8B_HEAD_GROUP), descriptors made for every wgmma (V8B_DESC_ADD=0) or in
-    ordinary registers (V8B_UNIFORM_WG=0), dV_j
+    uniform registers (V8B_UNIFORM_WG=1), dV_j
     issued elsewhere in the step (V8B_EARLY_DV), a third slot (V8B_STAGES=3) and the row terms loaded early
     (V8B_ROW_PREFETCH; V8B_DET_ROW_PREFETCH=4, the deterministic mode's banded kernel at D = 128 as it was
     before it had its own placement) compute the same gradients: dK

@@ -295,18 +295,14 @@ def mix_rows(D: int, flags=()) -> dict[str, int]:
     return {name: got[name] for name, _ in MIX + (("other", ()),)}
 
 
-# the first version's descriptors: make_desc for every wgmma, from a warpgroup index in ordinary registers
-DESC_MAKE = ("-DV8B_DESC_ADD=0", "-DV8B_UNIFORM_WG=0")
-WG_LANES = ("-DV8B_UNIFORM_WG=0",)   # descriptor + offset, still in ordinary registers (copied by R2UR)
+DESC_MAKE = ("-DV8B_DESC_ADD=0",)   # make_desc for every wgmma: the first version's descriptors
 
 
 def mix_table(base=BR64) -> str:
-    """Per head dim, the first version's descriptors (V8B_DESC_ADD=0, V8B_UNIFORM_WG=0), the descriptor-plus-offset
-    step (V8B_UNIFORM_WG=0) and the default's (both 1: in uniform registers), on the tile the step was timed on
-    (base: B_r = 64 at D = 128)."""
+    """Per head dim, the first version's descriptors (V8B_DESC_ADD=0) beside the default's, on the tile the step
+    was timed on (base: B_r = 64 at D = 128)."""
     rows = {f"D={D}, {label}": mix_rows(D, base + flags) for D in HEAD_DIMS
-            for label, flags in (("make_desc per wgmma", DESC_MAKE), ("descriptor + offset", WG_LANES),
-                                 ("uniform registers", ()))}
+            for label, flags in (("make_desc per wgmma", DESC_MAKE), ("descriptor + offset", ()))}
     lines = ["| instructions of one plain step, per thread | " + " | ".join(rows) + " |", "|---|" + "--:|" * len(rows)]
     for name in next(iter(rows.values())):
         lines.append(f"| {name} | " + " | ".join(str(r[name]) for r in rows.values()) + " |")

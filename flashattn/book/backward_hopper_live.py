@@ -162,11 +162,10 @@ STEPS = {
                                     "heads that fit half the L2 (default)": ("default", False)},
               {"all heads / default": (0, 3), "keys first / default": (1, 3), "4 heads / default": (2, 3)},
               "Ratios above 1: the default order is faster."),
-    # V8B_UNIFORM_WG came after this step: both columns keep the warpgroup index in ordinary registers
     "descriptors": ("descriptor-step times", {"make_desc per wgmma (V8B_DESC_ADD=0)": ("desc_make", False),
-                                              "descriptor + offset (V8B_DESC_ADD=1)": ("wg_lanes", False)},
+                                              "descriptor + offset (default)": ("default", False)},
                     {"per wgmma / default": (0, 1)}, "Ratios above 1: adding the offsets is faster."),
-    "uniform": ("warpgroup-index step times", {"from threadIdx (V8B_UNIFORM_WG=0)": ("wg_lanes", False),
+    "uniform": ("warpgroup-index step times", {"from threadIdx (default)": ("wg_lanes", False),
                                                "from lane 0 (V8B_UNIFORM_WG=1)": ("wg_uniform", False),
                                                "from threadIdx, deterministic": ("wg_lanes", True),
                                                "from lane 0, deterministic": ("wg_uniform", True)},

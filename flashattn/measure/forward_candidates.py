@@ -20,10 +20,13 @@ its order, its addressing or which block computes it). Three sets:
   heads (V8_HEAD_GROUP=-1, the default: the launcher's head_group, the smallest group of kv heads whose keys and
   values fit in half the L2 and whose blocks stay within 0.04 of all heads' balance), against all heads in one
   group (`heads_all`, V8_HEAD_GROUP=0: the first version's order) and groups of 1 and 4 kv heads;
-* `descriptors` (every forward row of that table): the default (V8_DESC_ADD=1 and V8_UNIFORM_WG=1: descriptors
-  made once per operand tile, in uniform registers; 473 SASS instructions per key tile and warp in the unmasked
-  loop at D = 128) against both off (`desc_make`, the first version: 535), each alone (`add_only`: 489,
-  `uniform_only`: 519) and the default with a third K/V slot (`stages3`).
+* `descriptors` (every forward row of that table): how the wgmma descriptors are made. Both switches off
+  (`desc_make`, the first version: 535 SASS instructions per key tile and warp in the unmasked loop at D = 128),
+  descriptors plus offsets alone (`add_only`: 489), with the warpgroup index from lane 0 in every kernel at
+  D = 64 and 128 (`both`: 473), the index alone (`uniform_only`: 519), `both` with a third K/V slot or the clock
+  fence, and the default, which gives each kernel its faster build (kernels/v8.cu). The two runs behind the
+  default (results/h200/logs/forward_candidates_descriptors_{16c90d8,run2_1dc6db5}.md) name `both` "default"
+  and its variants "stages3" and "fence": the default of those commits.
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
@@ -50,8 +53,10 @@ SETS = {
     "head_group": {"default": [], "heads_all": ["-DV8_HEAD_GROUP=0"], "heads1": ["-DV8_HEAD_GROUP=1"],
                    "heads4": ["-DV8_HEAD_GROUP=4"]},
     "descriptors": {"default": [], "desc_make": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=0"],
-                    "add_only": ["-DV8_UNIFORM_WG=0"], "uniform_only": ["-DV8_DESC_ADD=0"],
-                    "stages3": ["-DV8_STAGES=3"], "fence": ["-DV8_CLOCK_FENCE=1"]},
+                    "add_only": ["-DV8_UNIFORM_WG=0"], "both": ["-DV8_UNIFORM_WG=2"],
+                    "uniform_only": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=2"],
+                    "both_stages3": ["-DV8_UNIFORM_WG=2", "-DV8_STAGES=3"],
+                    "both_fence": ["-DV8_UNIFORM_WG=2", "-DV8_CLOCK_FENCE=1"]},
 }
 SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
           "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES}

@@ -242,13 +242,12 @@ V8_BACKWARD = (
     Variant("heads2", "v8_backward", None, {"V8B_HEAD_GROUP": 2}, "the blocks ordered two kv heads at a time"),
     Variant("heads4", "v8_backward", None, {"V8B_HEAD_GROUP": 4}, "the blocks ordered four kv heads at a time"),
     Variant("heads8", "v8_backward", None, {"V8B_HEAD_GROUP": 8}, "the blocks ordered eight kv heads at a time"),
-    Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0, "V8B_UNIFORM_WG": 0},
-            "make_desc for every wgmma (the first version)"),
+    Variant("desc_make", "v8_backward", None, {"V8B_DESC_ADD": 0}, "make_desc for every wgmma (the first version)"),
     Variant("wg_uniform", "v8_backward", None, {"V8B_UNIFORM_WG": 1},
-            "the warpgroup index read from lane 0 (a shuffle), the descriptors in uniform registers"),
+            "the warpgroup index read from lane 0 (a shuffle), the descriptors in uniform registers (a candidate: "
+            "faster at two of the four shapes, slower at the other two)"),
     Variant("wg_lanes", "v8_backward", None, {"V8B_UNIFORM_WG": 0},
-            "the warpgroup index from threadIdx in every lane, the descriptors in ordinary registers (the first "
-            "version)"),
+            "the warpgroup index from threadIdx in every lane, the descriptors in ordinary registers (the default)"),
     Variant("dv_late", "v8_backward", None, {"V8B_EARLY_DV": 0, "V8B_BR80": 0},
             "dV_j issued with dK_j, after dQ_i (the first version), at B_r = 64 as measured"),
     Variant("dv_before_dp", "v8_backward", None, {"V8B_EARLY_DV": 1, "V8B_BR80": 0},
