@@ -98,7 +98,8 @@
 //          forward only (the backward kernels take 64 and 128). In their SASS ptxas leaves few of a tile's
 //          exponentials inside the window in which P_j V_j is in flight (tests/test_v8.py counts them; at
 //          D=128 the causal kernel keeps a good share there): the softmax of the wide dims is barely
-//          overlapped, and the clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed at these dims.
+//          overlapped, and the clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed
+//          at these dims.
 //   D=96:  D=128's kernel on zero-padded tiles. A 128-byte-swizzled panel is 64 columns, so 96 columns
 //          would be a panel and a half of another swizzle (another descriptor for every wgmma); instead
 //          the tensor maps keep the tensors' own 96 columns and the second panel's box reads columns 96
