@@ -184,6 +184,8 @@
 //                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
 //   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses; 112 at D=192 and
 //                 80 at D=256: one wgmma's N for S_ij, and a multiple of 16 for P V's k steps);
+//                 V8_D128_BC sets the unmasked kernel of D=128 (and D=96), V8_D128_CAUSAL_BC the banded one
+//                 (FlashAttention-3 takes 176 without a mask and 128 with one);
 //   V8_STAGES     K/V slots in shared memory (at least 2) at D=64 and 128;
 //   V8_D192_STAGES, V8_D256_STAGES  the same at D=192 and 256, where Q_i and two stages of the default
 //                 B_c already fill shared memory: they stay at 2 when a sweep raises V8_STAGES.
@@ -197,7 +199,10 @@
 #define V8_D128_WG (V8_SPECIALIZE ? 2 : 3)
 #endif
 #ifndef V8_D128_BC
-#define V8_D128_BC 128
+#define V8_D128_BC 176
+#endif
+#ifndef V8_D128_CAUSAL_BC
+#define V8_D128_CAUSAL_BC 128
 #endif
 #ifndef V8_D192_WG
 #define V8_D192_WG 2
@@ -492,6 +497,34 @@ template <> struct Wgmma<176, CTYPE> {                                          
 };
 WGMMA_N176(__nv_bfloat16, "bf16")
 WGMMA_N176(__half, "f16")
+#define V8_ACC144(d) V8_ACC128(d), V8_ACC8(d, 64)
+// S only (B_c = 144, a candidate at D = 128): A (64 x 16) and B (144 x 16) from shared memory, K-major.
+#define WGMMA_N144(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<144, CTYPE> {                                                                            \
+  static __device__ __forceinline__ void ss(float (&d)[72], uint64_t a, uint64_t b, int accumulate) {             \
+    asm volatile(                                                                                                 \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"                                                              \
+        "wgmma.mma_async.sync.aligned.m64n144k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, %72, %73, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC144(d)                                                                                            \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                       \
+  }                                                                                                               \
+};
+WGMMA_N144(__nv_bfloat16, "bf16")
+WGMMA_N144(__half, "f16")
+#define V8_ACC160(d) V8_ACC128(d), V8_ACC8(d, 64), V8_ACC8(d, 72)
+// S only (B_c = 160, a candidate at D = 128): A (64 x 16) and B (160 x 16) from shared memory, K-major.
+#define WGMMA_N160(CTYPE, PTX)                                                                                    \
+template <> struct Wgmma<160, CTYPE> {                                                                            \
+  static __device__ __forceinline__ void ss(float (&d)[80], uint64_t a, uint64_t b, int accumulate) {             \
+    asm volatile(                                                                                                 \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                                                              \
+        "wgmma.mma_async.sync.aligned.m64n160k16.f32." PTX "." PTX " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, %80, %81, p, 1, 1, 0, 0;\n}\n" \
+        : V8_ACC160(d)                                                                                            \
+        : "l"(a), "l"(b), "r"(accumulate));                                                                       \
+  }                                                                                                               \
+};
+WGMMA_N160(__nv_bfloat16, "bf16")
+WGMMA_N160(__half, "f16")
 
 // The wide head dims: their key tiles (B_c = 112 at D = 192, 80 at D = 256, the widest that fit two stages
 // of K_j and V_j next to Q_i in shared memory) for S, and N = D for P V.
@@ -1588,11 +1621,11 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
                   (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 96)   // D = 128's tiles and settings, columns 96 .. 127 zero (flash_fwd_body's DG)
-    return launch<T, 96, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
+    return launch<T, 96, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 128)
-    return launch<T, 128, V8_D128_WG, V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
+    return launch<T, 128, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
                   V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 192)

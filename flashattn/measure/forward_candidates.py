@@ -1,5 +1,5 @@
 """V8's forward against FlashAttention-4, candidate by candidate: `python -m flashattn.measure.forward_candidates
-[--set steps|head_group|descriptors]`.
+[--set steps|head_group|descriptors|key_tile]`.
 
 At D = 128 FlashAttention-4 runs the same block as v8 (a producer and two consumer warpgroups, 168 registers,
 B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor shapes before these steps
@@ -7,7 +7,7 @@ B_r = B_c = 128, two K/V slots) and took 0.93 to 0.97 of v8's time at the anchor
 fifth fewer instructions for it
 (../shared/anchors/fa4-ncu-2026-12-01.md). Each candidate is one compile-time switch of kernels/v8.cu, built
 beside the default, and the builds' outputs must agree bit for bit (none changes an operation on the data, only
-its order, its addressing or which block computes it). Three sets:
+its order, its addressing or which block computes it), except the key tile's. Four sets:
 
 * `steps` (every forward row at D = 128 of the FlashAttention-4 table, prefill_bench.FORWARD_SHAPES; run at
   8188023 and 2017849, whose default had V8_DESC_ADD=0 and no V8_UNIFORM_WG):
@@ -26,7 +26,12 @@ its order, its addressing or which block computes it). Three sets:
   D = 64 and 128 (`both`: 473), the index alone (`uniform_only`: 519), `both` with a third K/V slot or the clock
   fence, and the default, which gives each kernel its faster build (kernels/v8.cu). The two runs behind the
   default (results/h200/logs/forward_candidates_descriptors_{16c90d8,run2_1dc6db5}.md) name `both` "default"
-  and its variants "stages3" and "fence": the default of those commits.
+  and its variants "stages3" and "fence": the default of those commits;
+* `key_tile` (the unmasked rows at D = 128, and D = 96's): B_c of the unmasked kernel at D = 128 (which D = 96
+  runs on zero-padded tiles), the default 176
+  (FlashAttention-3's tile there) against 128 (the first version's, and still the banded kernel's), 144 and
+  160. Another B_c sums each row in another order, so these builds are not compared bit for bit: each must be
+  within twice the default's error against a float32 reference (SDPA on float32 copies of the inputs).
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
@@ -42,7 +47,7 @@ import torch
 
 from flashattn.loader import build
 from flashattn.measure import peers
-from flashattn.measure.prefill_bench import FORWARD_SHAPES, inputs
+from flashattn.measure.prefill_bench import FORWARD_SHAPES, WIDE_SHAPES, inputs
 from flashattn.measure.timing import add_interleaved_arguments, guarded, interleaved_args
 from flashattn.validate import aligned
 
@@ -57,9 +62,13 @@ SETS = {
                     "uniform_only": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=2"],
                     "both_stages3": ["-DV8_UNIFORM_WG=2", "-DV8_STAGES=3"],
                     "both_fence": ["-DV8_UNIFORM_WG=2", "-DV8_CLOCK_FENCE=1"]},
+    "key_tile": {"default": [], "bc128": ["-DV8_D128_BC=128"], "bc144": ["-DV8_D128_BC=144"],
+                 "bc160": ["-DV8_D128_BC=160"]},
 }
 SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
-          "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES}
+          "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES,
+          "key_tile": [s for s in FORWARD_SHAPES + WIDE_SHAPES if s[4] in (96, 128) and not s[5]]}
+EXACT = {"steps", "head_group", "descriptors"}   # sets whose builds only reorder work: outputs bit for bit equal
 FLAGS = {name: flags for variants in SETS.values() for name, flags in variants.items()}
 
 
@@ -68,6 +77,25 @@ def variant_module(name: str):
     """kernels/v8.cu's forward build with the flags of candidate `name` (default: none, under its own module
     name)."""
     return build("v8", extra_cuda_cflags=FLAGS[name], module_name=f"flashattn_v8_fwd_{name}")
+
+
+def check_outputs(calls: dict, q, k, v, causal: bool, scale: float, exact: bool, shape) -> None:
+    """Every build's output equals the default's bit for bit (`exact`), or is within twice the default's
+    relative error against a float32 reference."""
+    want = calls["default"][0]()
+    if exact:
+        for name, (call, _) in calls.items():
+            assert torch.equal(call(), want), f"{name} and default differ at {shape}"
+        return
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+    def error(o):
+        return ((o.float() - ref).norm() / ref.norm()).item()
+    bound = 2 * error(want)
+    assert bound < 2e-2, f"the default's error {bound / 2:.1e} at {shape}"
+    for name, (call, _) in calls.items():
+        assert error(call()) <= bound, f"{name}: error {error(call()):.1e} above twice the default's at {shape}"
 
 
 def row(shape, variants: dict, args) -> tuple[str, dict]:
@@ -79,9 +107,7 @@ def row(shape, variants: dict, args) -> tuple[str, dict]:
         module = variant_module(name)
         return lambda: module.forward(aligned(q), aligned(k), aligned(v), causal, scale, -1, -1)
     calls = {name: (variant(name), contextlib.nullcontext) for name in variants}
-    want = calls["default"][0]()
-    for name in variants:
-        assert torch.equal(calls[name][0](), want), f"{name} and default differ at {shape}"
+    check_outputs(calls, q, k, v, causal, scale, exact=args.set in EXACT, shape=shape)
     with peers.quiet():
         fa4 = guarded(lambda: (peers.forward_call("fa4", q, k, v, causal), contextlib.nullcontext))
     if isinstance(fa4, tuple):
