@@ -184,8 +184,10 @@
 //                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
 //   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses; 112 at D=192 and
 //                 80 at D=256: one wgmma's N for S_ij, and a multiple of 16 for P V's k steps);
-//                 V8_D128_BC sets the unmasked kernel of D=128 (and D=96), V8_D128_CAUSAL_BC the banded one
-//                 (FlashAttention-3 takes 176 without a mask and 128 with one);
+//                 V8_D128_BC sets D=128's unmasked kernel, V8_D96_BC D=96's (160: the fastest of 128, 144,
+//                 160 and 176 there, 6% less time than 128; at D=128 the four were within 2% of each other and
+//                 none the fastest at every shape: results/h200/logs/forward_candidates_key_tile_*.md), and
+//                 V8_D128_CAUSAL_BC the banded kernel of both;
 //   V8_STAGES     K/V slots in shared memory (at least 2) at D=64 and 128;
 //   V8_D192_STAGES, V8_D256_STAGES  the same at D=192 and 256, where Q_i and two stages of the default
 //                 B_c already fill shared memory: they stay at 2 when a sweep raises V8_STAGES.
@@ -199,10 +201,13 @@
 #define V8_D128_WG (V8_SPECIALIZE ? 2 : 3)
 #endif
 #ifndef V8_D128_BC
-#define V8_D128_BC 176
+#define V8_D128_BC 128
 #endif
 #ifndef V8_D128_CAUSAL_BC
 #define V8_D128_CAUSAL_BC 128
+#endif
+#ifndef V8_D96_BC
+#define V8_D96_BC 160
 #endif
 #ifndef V8_D192_WG
 #define V8_D192_WG 2
@@ -1620,13 +1625,13 @@ const char* dispatch_d(const void* q, const void* k, const void* v, void* o, flo
                   V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0,
                   (CAUSAL ? V8_D64_CAUSAL_PERSISTENT : V8_D64_PERSISTENT) != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
-  if (D == 96)   // D = 128's tiles and settings, columns 96 .. 127 zero (flash_fwd_body's DG)
-    return launch<T, 96, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
+  if (D == 96)   // D = 128's block and settings, its own unmasked B_c; columns 96 .. 127 zero (flash_fwd_body's DG)
+    return launch<T, 96, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D96_BC, CAUSAL, V8_STAGES, SPEC,
+                  V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 128)
-    return launch<T, 128, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D128_BC, CAUSAL, V8_STAGES, SPEC, V8_SETMAXNREG != 0,
-                  V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
+    return launch<T, 128, V8_D128_WG, CAUSAL ? V8_D128_CAUSAL_BC : V8_D128_BC, CAUSAL, V8_STAGES, SPEC,
+                  V8_SETMAXNREG != 0, V8_PINGPONG != 0, V8_OVERLAP != 0, V8_D128_PERSISTENT != 0, WITH_LSE, VARLEN>(
         q, k, v, o, lse, B, H, H_kv, M, N, scale, lo, hi, va, trace, stream);
   if (D == 192)
     return launch<T, 192, V8_D192_WG, V8_D192_BC, CAUSAL, V8_D192_STAGES, SPEC, V8_SETMAXNREG != 0,

@@ -27,11 +27,13 @@ its order, its addressing or which block computes it), except the key tile's. Fo
   fence, and the default, which gives each kernel its faster build (kernels/v8.cu). The two runs behind the
   default (results/h200/logs/forward_candidates_descriptors_{16c90d8,run2_1dc6db5}.md) name `both` "default"
   and its variants "stages3" and "fence": the default of those commits;
-* `key_tile` (the unmasked rows at D = 128, and D = 96's): B_c of the unmasked kernel at D = 128 (which D = 96
-  runs on zero-padded tiles), the default 176
-  (FlashAttention-3's tile there) against 128 (the first version's, and still the banded kernel's), 144 and
-  160. Another B_c sums each row in another order, so these builds are not compared bit for bit: each must be
-  within twice the default's error against a float32 reference (SDPA on float32 copies of the inputs).
+* `key_tile` (the unmasked rows at D = 128, and D = 96's): B_c of the unmasked kernel at D = 128 and at D = 96
+  (which runs D = 128's block on zero-padded columns), 128, 144, 160 and 176 (FlashAttention-3's tile at D =
+  128), beside the default (128 at D = 128, 160 at D = 96). Another B_c sums each row in another order, so these
+  builds are not compared bit for bit: each must be within twice the default's error against a float32
+  reference (SDPA on float32 copies of the inputs). The two runs behind the default
+  (results/h200/logs/forward_candidates_key_tile_{87a783d,run2_87a783d}.md) ran at a commit whose default was
+  176 at both dims and whose V8_D128_BC set D = 96's tile too: their "default" column is bc176 here.
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
@@ -62,8 +64,8 @@ SETS = {
                     "uniform_only": ["-DV8_DESC_ADD=0", "-DV8_UNIFORM_WG=2"],
                     "both_stages3": ["-DV8_UNIFORM_WG=2", "-DV8_STAGES=3"],
                     "both_fence": ["-DV8_UNIFORM_WG=2", "-DV8_CLOCK_FENCE=1"]},
-    "key_tile": {"default": [], "bc128": ["-DV8_D128_BC=128"], "bc144": ["-DV8_D128_BC=144"],
-                 "bc160": ["-DV8_D128_BC=160"]},
+    "key_tile": {"default": [],
+                 **{f"bc{n}": [f"-DV8_D128_BC={n}", f"-DV8_D96_BC={n}"] for n in (128, 144, 160, 176)}},
 }
 SHAPES = {"steps": [s for s in FORWARD_SHAPES if s[4] == 128],   # (B, H_q, H_kv, N, D, causal)
           "head_group": [s for s in FORWARD_SHAPES if s[5]], "descriptors": FORWARD_SHAPES,
