@@ -100,14 +100,14 @@
 //          D=128 the causal kernel keeps a good share there): the softmax of the wide dims is barely
 //          overlapped, and the clock fence that holds it in the window (V8_CLOCK_FENCE) has not been timed
 //          at these dims.
-//   D=96:  D=128's kernel on zero-padded tiles. A 128-byte-swizzled panel is 64 columns, so 96 columns
-//          would be a panel and a half of another swizzle (another descriptor for every wgmma); instead
-//          the tensor maps keep the tensors' own 96 columns and the second panel's box reads columns 96
-//          .. 127 as zeros (TMA's out-of-bounds fill): they add 0 to S_ij, O_i's columns there are 0 and
-//          are not stored (flash_fwd_body's DG). The price is D=128's arithmetic, a third more than 96
-//          needs; the instances of the other dims compile to the SASS they had (DG = D folds every guard
-//          away) and every kernel keeps its name (flash_fwd_ws<T, 96, ...> is the new one). Checked against
-//          float64 and under compute-sanitizer on an H200 (results/h200/logs/pytest_d96_4195698.log,
+//   D=96:  D=128's block on zero-padded tiles (B_c = 160 without a mask, V8_D96_BC; 128 with one). A
+//          128-byte-swizzled panel is 64 columns, so 96 columns would be a panel and a half of another swizzle
+//          (another descriptor for every wgmma); instead the tensor maps keep the tensors' own 96 columns and the
+//          second panel's box reads columns 96 .. 127 as zeros (TMA's out-of-bounds fill): they add 0 to S_ij,
+//          O_i's columns there are 0 and are not stored (flash_fwd_body's DG). The price is D=128's arithmetic, a
+//          third more than 96 needs; the instances of the other dims compile to the SASS they had (DG = D folds
+//          every guard away) and every kernel keeps its name (flash_fwd_ws<T, 96, ...> is the new one). Checked
+//          against float64 and under compute-sanitizer on an H200 (results/h200/logs/pytest_d96_4195698.log,
 //          sanitizer_d96_4195698.log); timed at (1, 32, 4096, 96) in results/h200/prefill_wide.json, where
 //          FlashAttention-4, which computes 96 as it is, took 0.89 to 0.91 of our time.
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the

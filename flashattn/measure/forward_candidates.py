@@ -31,9 +31,8 @@ its order, its addressing or which block computes it), except the key tile's. Fo
   (which runs D = 128's block on zero-padded columns), 128, 144, 160 and 176 (FlashAttention-3's tile at D =
   128), beside the default (128 at D = 128, 160 at D = 96). Another B_c sums each row in another order, so these
   builds are not compared bit for bit: each must be within twice the default's error against a float32
-  reference (SDPA on float32 copies of the inputs). The two runs behind the default
-  (results/h200/logs/forward_candidates_key_tile_{87a783d,run2_87a783d}.md) ran at a commit whose default was
-  176 at both dims and whose V8_D128_BC set D = 96's tile too: their "default" column is bc176 here.
+  reference (SDPA on float32 copies of the inputs). The two runs behind the default:
+  results/h200/logs/forward_candidates_key_tile_*.md.
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
