@@ -108,8 +108,9 @@
 //          third more than 96 needs; the instances of the other dims compile to the SASS they had (DG = D folds
 //          every guard away) and every kernel keeps its name (flash_fwd_ws<T, 96, ...> is the new one). Checked
 //          against float64 and under compute-sanitizer on an H200 (results/h200/logs/pytest_d96_4195698.log,
-//          sanitizer_d96_4195698.log); timed at (1, 32, 4096, 96) in results/h200/prefill_wide.json, where
-//          FlashAttention-4, which computes 96 as it is, took 0.89 to 0.91 of our time.
+//          sanitizer_d96_4195698.log; with B_c = 160, pytest_head_dims_af827b5.xml, pytest_varlen_d96_af827b5.xml);
+//          timed at (1, 32, 4096, 96) in results/h200/prefill_wide.json (commit af827b5), where FlashAttention-4,
+//          which computes 96 as it is, took 0.95 of our time without a mask and 0.91 with the causal one.
 //   Per consumer thread: O_i D/2, S_ij B_c/2 fp32, P_ij B_c/4 packed, all three live at once with the
 //   overlap (D=128: 64 + 64 + 32; D=192: 96 + 56 + 28; D=256: 128 + 40 + 20, of 240 registers); the
 //   consumers fit their share with no spills and no stack frame (tests/test_v8.py checks the split in the
@@ -185,8 +186,9 @@
 //   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses; 112 at D=192 and
 //                 80 at D=256: one wgmma's N for S_ij, and a multiple of 16 for P V's k steps);
 //                 V8_D128_BC sets D=128's unmasked kernel, V8_D96_BC D=96's (160: the fastest of 128, 144,
-//                 160 and 176 there, 6% less time than 128; at D=128 the four were within 2% of each other and
-//                 none the fastest at every shape: results/h200/logs/forward_candidates_key_tile_*.md), and
+//                 160 and 176 there, 5% less time than 128 in two runs; at D=128 none was the fastest at every
+//                 shape, 144 taking 2% less time at (2, 16, 8192) and 6% more at (16, 16, 1024), so 128 stays:
+//                 results/h200/logs/forward_candidates_key_tile_{af827b5,run2_af827b5}.md), and
 //                 V8_D128_CAUSAL_BC the banded kernel of both;
 //   V8_STAGES     K/V slots in shared memory (at least 2) at D=64 and 128;
 //   V8_D192_STAGES, V8_D256_STAGES  the same at D=192 and 256, where Q_i and two stages of the default

@@ -7,6 +7,7 @@ committed record or from kernels/v8.cu itself, so every cell that shows one is a
 - `steps_table`: the main path's one line per step (flashattn.measure.variants.V8_STEPS) from the sweep record;
 - `variants_table`, `step_pairs_table`, `step_sentences`: the lab notes' longer readings of the same record;
 - `candidates_tables`, `trace_reading`: the candidate builds and the clock-stamp trace, for the lab notes;
+- `key_tile_table`: the unmasked kernel's key tile B_c, timed build against build, beside the keys it computes;
 - `bench_table`, `target_lines`: the recorded timing against cuDNN, FlashAttention-2, V7 and V6;
 - `profile_comparison`: V7 against V8 under Nsight Compute (tensor pipe, occupancy).
 """
@@ -289,6 +290,37 @@ def candidates_tables(names: tuple[str, ...] = CANDIDATES):
         path = records.RESULTS / name
         tables.append(f"*{name}*\n\n" + candidates_table(path) if path.exists() else f"*Not recorded yet: {name}.*")
     return md("\n\n".join(tables))
+
+
+# the two runs of `python -m flashattn.measure.forward_candidates --set key_tile` behind V8_D128_BC and V8_D96_BC
+KEY_TILE_LOGS = ("forward_candidates_key_tile_af827b5.md", "forward_candidates_key_tile_run2_af827b5.md")
+
+
+def _log_rows(name: str) -> list[dict[str, str]]:
+    """The rows of the markdown table a tool printed into results/h200/logs/NAME, as dicts by column header."""
+    lines = [ln for ln in (records.RESULTS / "logs" / name).read_text().splitlines() if ln.startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
+
+
+def key_tile_table(names: tuple[str, ...] = KEY_TILE_LOGS):
+    """Markdown: per shape of the key-tile runs (unmasked), each B_c's time over B_c = 128's, one value per run,
+    and the keys its tiles cover per row block over N (the last tile is computed whole: ceil(N / B_c) B_c keys);
+    FlashAttention-4's time over B_c = 128's."""
+    runs = [_log_rows(name) for name in names]
+    tiles = [int(c.removeprefix("bc")) for c in runs[0][0] if c.startswith("bc") and c != "bc128"]
+    lines = ["| B, H, N, D | " + " | ".join(f"B_c = {n}: time, keys" for n in tiles) + " | FlashAttention-4: time |",
+             "|---|" + "--:|" * (len(tiles) + 1)]
+    for i, row in enumerate(runs[0]):
+        n_keys = int(row["B, H_q/H_kv, N, D"].split(",")[2])
+        cells = []
+        for n in tiles:
+            times = "/".join(f"{float(run[i][f'bc{n}']) / float(run[i]['bc128']):.3f}" for run in runs)
+            cells.append(f"{times}, {-(-n_keys // n) * n / n_keys:.3f}")
+        cells.append("/".join(f"{float(run[i]['FA4']) / float(run[i]['bc128']):.3f}" for run in runs))
+        lines.append(f"| {row['B, H_q/H_kv, N, D']} | " + " | ".join(cells) + " |")
+    return md("\n".join(lines) + f"\n\nTime: each build's median over B_c = 128's, in each of {len(runs)} runs "
+              f"({', '.join(names)}); keys: ceil(N / B_c) B_c over N, the keys a row block computes.")
 
 
 def trace_reading(doc: dict | None) -> str:

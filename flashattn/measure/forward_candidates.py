@@ -32,7 +32,7 @@ its order, its addressing or which block computes it), except the key tile's. Fo
   128), beside the default (128 at D = 128, 160 at D = 96). Another B_c sums each row in another order, so these
   builds are not compared bit for bit: each must be within twice the default's error against a float32
   reference (SDPA on float32 copies of the inputs). The two runs behind the default:
-  results/h200/logs/forward_candidates_key_tile_*.md.
+  results/h200/logs/forward_candidates_key_tile_{af827b5,run2_af827b5}.md.
 
 Each shape is one interleaved run (flashattn.measure.timing: L2 flushed, the median) with FlashAttention-4 as a
 column. Prints a markdown table: times in µs, and FA4's time over each build's (above 1: the build is faster).
