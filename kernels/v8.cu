@@ -183,7 +183,7 @@
 // Tile choices (override with -D for a sweep):
 //   V8_D*_WG      consumer warpgroups per block, so B_r = 64 * WG (without specialization, v7's counts;
 //                 2 at D=192 and 256 either way: Q_i of B_r = 192 would leave no room for two stages);
-//   V8_D*_BC      keys per tile, B_c (64 or 128; 176 at D=128, as FlashAttention-3 uses; 112 at D=192 and
+//   V8_D*_BC      keys per tile, B_c (64 or 128; FlashAttention-3 uses 176 at D=128; 112 at D=192 and
 //                 80 at D=256: one wgmma's N for S_ij, and a multiple of 16 for P V's k steps);
 //                 V8_D128_BC sets D=128's unmasked kernel, V8_D96_BC D=96's (160: the fastest of 128, 144,
 //                 160 and 176 there, 5% less time than 128 in two runs; at D=128 none was the fastest at every
