@@ -93,8 +93,8 @@
 //          both dims are FlashAttention-3's (hopper/tile_size.h: 128 x 112 and 128 x 80 "hit the limit of
 //          smem"); a row block of 192 would leave no room for two stages.
 //          D=192 and D=256: checked against float64 and under compute-sanitizer on an H200
-//          (tests/test_v8_head_dims.py; results/h200/logs/*_head_dims_wip.log) and timed beside cuDNN and
-//          FlashAttention-2 in results/h200/prefill_wide.json (FlashAttention-4 not installed in that run);
+//          (tests/test_v8_head_dims.py; results/h200/logs/*_head_dims_wip.log) and timed beside cuDNN,
+//          FlashAttention-2 and FlashAttention-4 in results/h200/prefill_wide.json;
 //          forward only (the backward kernels take 64 and 128). In their SASS ptxas leaves few of a tile's
 //          exponentials inside the window in which P_j V_j is in flight (tests/test_v8.py counts them; at
 //          D=128 the causal kernel keeps a good share there): the softmax of the wide dims is barely
@@ -121,7 +121,9 @@
 // not win it back; ping-pong and the overlap brought v8 level with v7; persistent blocks were the first
 // step ahead of it. Three stages (and B_c = 176) at D=128 were faster than the default in each of three
 // separate runs (results/h200/v8_defaults.json: scripts/record_h200.sh OUT v8-defaults), by about 2%;
-// the default keeps two stages until the chapter's other records are measured again with three.
+// timed again after the descriptor step, three stages were no faster (results/h200/logs/
+// forward_candidates_descriptors_*.md) and no key tile was the fastest at every shape (forward_candidates_
+// key_tile_*af827b5.md), so D=128 keeps two stages and B_c = 128.
 // Instrumentation: V8_TRACE=1 builds forward_trace, whose clock stamps flashattn/book/trace.py reads; all
 // of it is in the trace section below, whose macros expand to nothing otherwise.
 // For the file with every switch at its default and the trace gone:

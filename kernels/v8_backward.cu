@@ -14,8 +14,8 @@
 // ac2747a ran its tests, pytest_v8b_deterministic_ac2747a.log, not the sanitizer; 4195698, which added D=96, ran the
 // tests and the three tools at 64, 96 and 128 in both modes: pytest_d96_4195698.log, sanitizer_d96_4195698.log). D=96
 // runs D=128's tiles on zero columns (tile_dim, flash_bwd_ws's DG); timed at (1, 32, 4096, 96) in
-// results/h200/prefill_wide.json, where FlashAttention-4 took 0.75 to 0.76 of our time. Timed through autograd beside
-// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at f2d19b2, this file's code (README:
+// results/h200/prefill_wide.json, where FlashAttention-4 took 0.82 to 0.83 of our time. Timed through autograd beside
+// V6's backward, cuDNN and FlashAttention-4 in results/h200/bench_backward.json at 8188023, this file's defaults (README:
 // "The backward pass against SDPA's backends and FlashAttention-4"), and profiled beside FlashAttention-4's in
 // results/h200/flash_{v8,fa4}_backward_s8192_profile.ncu-rep (the first version), the _l2order_ and _early_dv_ reports
 // (the steps), and flash_{v8,fa4}_backward_s2048_profile.ncu-rep (D=64); the chapter "The backward on Hopper" and its
@@ -81,8 +81,8 @@
 //   flash_bwd_varlen and bwd_convert_varlen for the whole batch (built only with -DFLASHATTN_VARLEN=1; the
 //   fixed-length kernels keep their machine code, flash_bwd_body being shared). On the H200 its tests, the
 //   three sanitizer tools among them, passed (results/h200/logs/pytest_varlen_2bac294.xml), and at the batch
-//   of flashattn.measure.varlen_bench it took 3,565 µs against 5,334 µs for this kernel run once per sequence
-//   and 3,190 µs for FlashAttention-4's varlen backward (results/h200/varlen.json).
+//   of flashattn.measure.varlen_bench it took 3,574 µs against 5,357 µs for this kernel run once per sequence
+//   and 3,204 µs for FlashAttention-4's varlen backward (results/h200/varlen.json).
 //
 // Contract. q, o, dout [B, H, M, D], k, v [B, H_kv, N, D] with H a multiple of H_kv, all bf16 or all fp16,
 //   contiguous, 16-byte aligned, one CUDA device; lse float32 [B, H, M] from forward_lse (v6, v7 or v8) with

@@ -181,6 +181,35 @@ def not_recorded(path) -> str:
             f"on a GPU machine, then `scripts/update_tables.sh` fills this table in.*")
 
 
+def _by_shape(run: dict) -> dict:
+    """One run's rows by shape (B, H, L, D, dtype, causal), each shape's rows by version."""
+    by_shape: dict = {}
+    for r in run["rows"]:
+        key = (r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], r["dtype"], bool(r["causal"]))
+        by_shape.setdefault(key, {})[r["version"]] = r
+    return by_shape
+
+
+def time_ratios(doc: dict, numerator: str, denominator: str) -> list[float]:
+    """numerator's median time over denominator's at every shape where both ran ok, each ratio within one
+    run: what a sentence such as "takes 0.86 to 0.96 of its time" states (its min and max, ratio_range)."""
+    out = []
+    for run in results.runs(doc):
+        for rows in _by_shape(run).values():
+            a, b = rows.get(numerator), rows.get(denominator)
+            if a and b and a["status"] == "ok" and b["status"] == "ok":
+                out.append(a["median_us"] / b["median_us"])
+    return out
+
+
+def ratio_range(doc: dict, numerator: str, denominator: str, digits: int = 2) -> str:
+    """time_ratios' smallest and largest as prose writes them: "0.86 to 0.96"."""
+    r = time_ratios(doc, numerator, denominator)
+    if not r:
+        raise ValueError(f"no shape has both {numerator} and {denominator}")
+    return f"{min(r):.{digits}f} to {max(r):.{digits}f}"
+
+
 def comparison_table(doc: dict, version: str, against: list[str], group_shapes: bool = False,
                      tflops: bool = False) -> str:
     """One line per shape in the file: `version`'s median and its speed relative to each of `against`
@@ -192,11 +221,7 @@ def comparison_table(doc: dict, version: str, against: list[str], group_shapes: 
              "|---|---|---|--:|" + ("--:|" if tflops else "") + "--:|--:|" * len(against)]
     body = []
     for run in results.runs(doc):
-        by_shape: dict = {}
-        for r in run["rows"]:
-            key = (r["batch_size"], r["num_heads"], r["seq_len_q"], r["head_dim"], r["dtype"], bool(r["causal"]))
-            by_shape.setdefault(key, {})[r["version"]] = r
-        for (B, H, L, D, dtype, causal), rows in by_shape.items():
+        for (B, H, L, D, dtype, causal), rows in _by_shape(run).items():
             mine = rows.get(version)
             if not mine or mine["status"] != "ok":
                 continue
