@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flashattn.book import words
 from flashattn.measure import results, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,14 @@ def _flat(path: Path) -> str:
 def test_prose_number_matches_its_record(text, sentence):
     expected = sentence()
     assert expected in _flat(ROOT / text), f"{text} should say '{expected}', as its record now gives"
+
+
+def test_introduction_reading_times_are_the_pages_word_counts():
+    """book/intro.ipynb's table of reading times is flashattn.book.words.reading_table() of today's pages
+    (`python -m flashattn.book.words --reading-table` prints it)."""
+    assert words.reading_table() in "".join(
+        "".join(c["source"]) for c in json.loads((ROOT / "book" / "intro.ipynb").read_text())["cells"])
+    assert words.reading_minutes("v8_lab") == 5 * -(-words.count(words.BOOK / "v8_lab.ipynb").prose // 1000)
 
 
 def test_ratio_range_reads_each_shape_within_its_run():

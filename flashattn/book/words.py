@@ -2,6 +2,7 @@
 
     python -m flashattn.book.words            # every notebook of book/, a row each
     python -m flashattn.book.words --check    # exit 1 when a kernel chapter is over its budget
+    python -m flashattn.book.words --reading-table   # the introduction's table of reading times
 
 Prose is the markdown a reader meets on the page; the body of a ``{dropdown}`` is counted apart, as
 *collapsed*, because the reader opens it only on purpose (solutions, diffs, asides). Directive options
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -100,6 +102,43 @@ def count(path: Path) -> Count:
     return c
 
 
+WORDS_PER_MINUTE = 200
+# The introduction's reading-time table: (the row's label, its pages, their lab notes)
+READING_ROWS = (
+    ("Introduction, online softmax, Measuring", ("intro", "online_softmax", "measuring"), ()),
+    ("Baseline, SDPA", ("baseline", "sdpa"), ()),
+    ("V0, V1, V2, V3, V4", ("v0", "v1", "v2", "v3", "v4"), ()),
+    ("V5, V6", ("v5", "v6"), ("v5_lab", "v6_lab")),
+    ("V7, V8", ("v7", "v8"), ("v7_lab", "v8_lab")),
+    ("Backward", ("backward",), ("backward_lab",)),
+    ("The backward on Hopper", ("backward_hopper",), ("backward_hopper_lab",)),
+    ("Attention in real models", ("real_models",), ()),
+    ("Decoding", ("decoding",), ("decoding_lab",)),
+    ("Results", ("results",), ()),
+)
+
+
+def reading_minutes(name: str) -> int:
+    """A page's prose (outside dropdowns) at WORDS_PER_MINUTE, rounded up to five minutes."""
+    return 5 * math.ceil(count(BOOK / f"{name}.ipynb").prose / WORDS_PER_MINUTE / 5)
+
+
+def _minutes(names) -> str:
+    m = [reading_minutes(n) for n in names]
+    if not m:
+        return ""
+    return f"{m[0]} min each" if len(m) > 1 and len(set(m)) == 1 else ", ".join(map(str, m)) + " min"
+
+
+def reading_table() -> str:
+    """The introduction's table of reading times (book/intro.ipynb holds it; tests/test_prose_claims.py checks
+    that it is this one)."""
+    lines = ["| Chapter | Reading time | Its lab notes |", "|---|--:|--:|"]
+    lines += [f"| {label} | {_minutes(pages)} | {_minutes(labs)} |".replace("|  |", "| |")
+              for label, pages, labs in READING_ROWS]
+    return "\n".join(lines)
+
+
 def over_budget(name: str, c: Count) -> list[str]:
     if name not in KERNEL_CHAPTERS:
         return []
@@ -114,7 +153,11 @@ def over_budget(name: str, c: Count) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a kernel chapter is over budget")
+    parser.add_argument("--reading-table", action="store_true", help="print the introduction's reading times")
     args = parser.parse_args(argv)
+    if args.reading_table:
+        print(reading_table())
+        return 0
     print("| page | prose | collapsed | markdown in all | output |\n|---|--:|--:|--:|--:|")
     problems = []
     for path in sorted(BOOK.glob("*.ipynb")):
