@@ -6,27 +6,34 @@ claim names the text and builds the sentence it must contain from the record; li
 C++ comment read as spaces."""
 from __future__ import annotations
 
-import json
+import functools
 import re
 from pathlib import Path
 
 import pytest
 
 from flashattn.book import words
+from flashattn.book.training_data import read_source
 from flashattn.measure import results, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench_range(record: str, numerator: str, denominator: str) -> str:
+@functools.cache
+def record(name: str) -> dict:
+    """results/h200/NAME, read once per test session."""
+    return results.read(results.H200 / name)
+
+
+def bench_range(name: str, numerator: str, denominator: str) -> str:
     """numerator's time over denominator's across a bench record's shapes, "0.86 to 0.96"."""
-    return table.ratio_range(results.read(results.H200 / record), numerator, denominator)
+    return table.ratio_range(record(name), numerator, denominator)
 
 
-def median(record: str, **where) -> float:
+def median(name: str, **where) -> float:
     """The median_us of the one row of a prefill or varlen record that matches `where`."""
-    rows = [r for r in results.read(results.H200 / record)["rows"] if all(r.get(k) == v for k, v in where.items())]
-    assert len(rows) == 1, f"{record}: {len(rows)} rows match {where}"
+    rows = [r for r in record(name)["rows"] if all(r.get(k) == v for k, v in where.items())]
+    assert len(rows) == 1, f"{name}: {len(rows)} rows match {where}"
     return rows[0]["median_us"]
 
 
@@ -72,12 +79,12 @@ CLAIMS = [
 
 
 def _flat(path: Path) -> str:
-    if path.suffix == ".ipynb":
-        text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
-                         if c["cell_type"] == "markdown")
-    else:
-        text = path.read_text()
-    return re.sub(r"\s+", " ", re.sub(r"\n\s*//", "\n", text))
+    """The prose of a notebook (its markdown cells) or of a text file, on one line."""
+    return _one_line(re.sub(r"\n\s*//", "\n", read_source(path)))
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
 
 
 @pytest.mark.parametrize("text,sentence", CLAIMS, ids=[f"{t}:{i}" for i, (t, _) in enumerate(CLAIMS)])
@@ -89,8 +96,7 @@ def test_prose_number_matches_its_record(text, sentence):
 def test_introduction_reading_times_are_the_pages_word_counts():
     """book/intro.ipynb's table of reading times is flashattn.book.words.reading_table() of today's pages
     (`python -m flashattn.book.words --reading-table` prints it)."""
-    assert words.reading_table() in "".join(
-        "".join(c["source"]) for c in json.loads((ROOT / "book" / "intro.ipynb").read_text())["cells"])
+    assert _one_line(words.reading_table()) in _flat(ROOT / "book" / "intro.ipynb")
     assert words.reading_minutes("v8_lab") == 5 * -(-words.count(words.BOOK / "v8_lab.ipynb").prose // 1000)
 
 
